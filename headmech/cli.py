@@ -1,0 +1,150 @@
+"""The ``headmech`` command.
+
+Every command prints a one-line reason and exits with status 2 on bad input (unknown
+model or head type, empty, missing or too-long corpus text, a model without attention
+hooks); long work shows a progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from headmech.errors import HeadmechError
+
+EXIT_BAD_INPUT = 2
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from headmech.models import list_models
+
+    rows = list_models()
+    w = max(len(r["name"]) for r in rows)
+    for r in rows:
+        print(f"{r['name'].ljust(w)}  {r['description']}  [{r['status']}]")
+    return 0
+
+
+def _cmd_types(args: argparse.Namespace) -> int:
+    from headmech.heads import head_types
+
+    types = head_types()
+    w = max((len(n) for n in types), default=4)
+    for name, cls in types.items():
+        extra = " (decoders only)" if cls.causal_only else ""
+        print(
+            f"{name.ljust(w)}  {cls.reference}: {cls.description}{extra}  [threshold {cls.default_threshold:g}, probe {cls.probe}]"
+        )
+        if args.verbose and cls.citation:
+            print(f"{''.ljust(w)}  {cls.citation}")
+    return 0
+
+
+def _cmd_classify(args: argparse.Namespace) -> int:
+    import headmech
+    from headmech.heads import resolve_types
+
+    types = resolve_types(args.types) if args.types else None  # fail fast, before loading
+    if args.corpus is not None:
+        from headmech.probes import load_sentences
+
+        load_sentences(args.corpus)  # fail fast on a missing or empty file
+    t0 = time.perf_counter()
+    print(f"loading {args.model} ...", file=sys.stderr)
+    model = headmech.load_model(args.model, device=args.device)
+    t1 = time.perf_counter()
+    options = {
+        "corpus": args.corpus,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+    }
+    if args.n_sentences is not None:
+        options["n_sentences"] = args.n_sentences
+    if args.n_sequences is not None:
+        options["n_sequences"] = args.n_sequences
+    catalog = headmech.classify(model, types, progress=True, **options)
+    t2 = time.perf_counter()
+    out = Path(args.out)
+    path = catalog.save(out)
+    catalog.heatmap(out / "heatmap.png")
+    print(catalog.table())
+    for name, reason in catalog.meta.get("skipped", {}).items():
+        print(f"skipped {name}: {reason}")
+    print(
+        f"\nwrote {path} and {out / 'heatmap.png'} (load {t1 - t0:.1f}s, classify {t2 - t1:.1f}s)"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headmech",
+        description="Mechanistic analysis of attention heads: classify heads into a cited catalog of types.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser(
+        "models", help="list bundled and toy models", description="List bundled and toy models."
+    )
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser(
+        "types",
+        help="list catalog head types with citations",
+        description="List catalog head types with citations.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="also print full citations")
+    p.set_defaults(func=_cmd_types)
+
+    p = sub.add_parser(
+        "classify",
+        help="score and label every head of a model",
+        description="Score and label every head of MODEL for catalog head types; writes DIR/catalog.json and DIR/heatmap.png.",
+    )
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="minilm-l6, smollm2-135m, toy-induction, or a local Hugging Face model directory",
+    )
+    p.add_argument("--types", help="comma-separated head types (default: all that fit the model)")
+    p.add_argument(
+        "--corpus",
+        help="a UTF-8 text file of prose to probe with (default: the CPython docs' prose)",
+    )
+    p.add_argument(
+        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    p.add_argument(
+        "--n-sentences", type=int, default=None, help="prose sentences to probe with (default 256)"
+    )
+    p.add_argument(
+        "--n-sequences", type=int, default=None, help="repeated random sequences (default 32)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
+    )
+    p.set_defaults(func=_cmd_classify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except HeadmechError as e:
+        print(f"headmech: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("headmech: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

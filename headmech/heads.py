@@ -1,0 +1,192 @@
+"""Head types: the base class, the registry and discovery of the catalog.
+
+A head type is one small class in ``headmech/catalog/`` (or in a third-party package
+registered under the entry-point group ``headmech.head_types``). It declares
+
+* ``name`` (snake_case, written once: it is the registry key), ``reference`` (paper, year)
+  and ``citation``;
+* ``probe``: the probe it is measured on (see :mod:`headmech.probes`);
+* ``reducers()``: the per-head statistics the engine computes inside the hooks — most
+  types only override :meth:`HeadType.targets`, "for each query, which key is the
+  target?", and inherit the attention-mass reducer;
+* ``score()``: statistics → ``[n_layers, n_heads]``; ``select()``: the decision rule with
+  the paper's default threshold;
+* ``details()``: type-specific evidence for ``catalog.json``.
+
+Subclasses register themselves when their class body runs; a second class with the same
+name is refused.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headmech.engine import HeadStats, ProbeBatch, Reducer, target_reducer
+from headmech.errors import UnknownHeadTypeError
+
+if TYPE_CHECKING:
+    from headmech.models import ModelInfo
+
+__all__ = ["HeadIndex", "HeadType", "get_head_type", "head_types", "register"]
+
+ENTRY_POINT_GROUP = "headmech.head_types"
+
+
+class HeadIndex(NamedTuple):
+    """A head: ``(layer, head)``, both 0-indexed."""
+
+    layer: int
+    head: int
+
+    def __str__(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+
+_REGISTRY: dict[str, type[HeadType]] = {}
+
+
+def register(cls: type[HeadType]) -> type[HeadType]:
+    """Add a head type to the registry (subclasses of :class:`HeadType` do this themselves)."""
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{cls.__name__} must set a class attribute `name`")
+    existing = _REGISTRY.get(name)
+    if existing is not None and existing is not cls:
+        same_def = (existing.__module__, existing.__qualname__) == (
+            cls.__module__,
+            cls.__qualname__,
+        )
+        if not same_def:  # re-importing the same module (e.g. notebook reload) is fine
+            raise ValueError(
+                f"head type '{name}' is already registered by {existing.__module__}.{existing.__qualname__}"
+            )
+    _REGISTRY[name] = cls
+    return cls
+
+
+class HeadType:
+    """Base class of a catalog head type.
+
+    Attributes:
+        name: registry key, snake_case (``previous_token``).
+        reference: short citation shown in tables (``"Olsson et al. 2022"``).
+        citation: full reference.
+        description: one sentence: what the head does.
+        probe: the probe it is measured on.
+        default_threshold: the anchor's decision threshold on :meth:`score`.
+        causal_only: True for types that need a decoder (generation, next-token loss).
+        threshold: the threshold in use (constructor argument, else the default).
+    """
+
+    name: ClassVar[str]
+    reference: ClassVar[str] = ""
+    citation: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    probe: ClassVar[str] = "prose"
+    default_threshold: ClassVar[float] = 0.5
+    causal_only: ClassVar[bool] = False
+
+    def __init__(self, threshold: float | None = None) -> None:
+        self.threshold = self.default_threshold if threshold is None else float(threshold)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            register(cls)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(threshold={self.threshold})"
+
+    # --- what the engine computes -------------------------------------------------
+    def targets(self, batch: ProbeBatch) -> Tensor:
+        """Per query, the target key position (``Int[batch, query_pos]``, -1 = none) or
+        set of positions (``Bool[batch, query_pos, key_pos]``)."""
+        raise NotImplementedError(f"{type(self).__name__} must define targets() or reducers()")
+
+    def reducers(self) -> list[Reducer]:
+        """Statistics to stream; by default attention mass on :meth:`targets`."""
+        return [target_reducer(self.name, self.targets)]
+
+    # --- decision -----------------------------------------------------------------
+    def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
+        """The per-head score the threshold applies to (default: mean attention mass on target)."""
+        return stats.mean(f"{self.name}.mass")
+
+    def select(self, score: Float[Tensor, "n_layers n_heads"]) -> list[HeadIndex]:
+        """Heads whose score reaches the threshold, best first."""
+        s = torch.nan_to_num(score, nan=float("-inf"))
+        hits = (s >= self.threshold).nonzero().tolist()
+        hits.sort(key=lambda lh: -float(s[lh[0], lh[1]]))
+        return [HeadIndex(int(layer), int(head)) for layer, head in hits]
+
+    def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
+        """Type-specific evidence for ``catalog.json``."""
+        return {}
+
+    def check_model(self, info: ModelInfo) -> str | None:
+        """Why this type cannot run on the model, or None."""
+        if self.causal_only and not info.causal:
+            return f"head type '{self.name}' needs a causal (decoder) model"
+        return None
+
+
+_discovered = False
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    import headmech.catalog as catalog
+
+    for mod in pkgutil.iter_modules(catalog.__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"headmech.catalog.{mod.name}")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        obj = ep.load()  # importing the module registers its classes
+        if isinstance(obj, type) and issubclass(obj, HeadType) and obj.__dict__.get("name"):
+            register(obj)
+
+
+def head_types() -> dict[str, type[HeadType]]:
+    """All registered head types, by name (catalog and entry points)."""
+    _discover()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get_head_type(name: str) -> type[HeadType]:
+    """A registered type by name; a one-line error naming the known ones otherwise."""
+    types = head_types()
+    if name not in types:
+        raise UnknownHeadTypeError(
+            f"unknown head type '{name}': known types are {', '.join(types) or '(none)'}"
+        )
+    return types[name]
+
+
+def resolve_types(types: Sequence[str | HeadType | type[HeadType]] | str | None) -> list[HeadType]:
+    """Names, classes or instances → instances (default threshold where not given)."""
+    if types is None:
+        return [cls() for cls in head_types().values()]
+    if isinstance(types, str):
+        types = [t.strip() for t in types.split(",") if t.strip()]
+        if not types:
+            raise UnknownHeadTypeError("no head type given")
+    out: list[HeadType] = []
+    for t in types:
+        if isinstance(t, HeadType):
+            out.append(t)
+        elif isinstance(t, type) and issubclass(t, HeadType):
+            out.append(t())
+        else:
+            out.append(get_head_type(str(t))())
+    return out

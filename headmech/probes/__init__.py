@@ -1,0 +1,236 @@
+"""Probe data: the token batches head types are measured on.
+
+A probe is built once per :func:`headmech.classify` call and shared by every head type
+that names it, so classifying N types costs about one pass over the union of their
+probes. Every builder is deterministic under ``seed``.
+
+Built-in probes:
+
+* ``prose`` — real English sentences (the CPython documentation's prose by default, or
+  the user's ``corpus`` file), tokenised with the model's special tokens;
+* ``repeated_random`` — BOS + random tokens + the same tokens again (Olsson et al. 2022).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from headmech.engine import ProbeBatch
+from headmech.errors import InputError
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = [
+    "PROBES",
+    "Probe",
+    "ProbeOptions",
+    "batch_sequences",
+    "build_probe",
+    "prose_probe",
+    "repeated_random_probe",
+    "register_probe",
+]
+
+
+@dataclass
+class ProbeOptions:
+    """Sizes and sources of probe data; ``classify(**probe_options)`` fills these.
+
+    Attributes:
+        corpus: a text file, a list of sentences, or None for the default prose corpus.
+        n_sentences: prose sentences sampled from the corpus.
+        n_sequences: repeated-random-token sequences.
+        half_len: tokens in each half of a repeated sequence.
+        batch_size: sequences per forward pass.
+        seed: seeds every sampler.
+    """
+
+    corpus: str | os.PathLike | Sequence[str] | None = None
+    n_sentences: int = 256
+    n_sequences: int = 32
+    half_len: int = 32
+    batch_size: int = 16
+    seed: int = 0
+
+
+@dataclass
+class Probe:
+    """Batches of one probe plus what produced them."""
+
+    name: str
+    batches: list[ProbeBatch]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(b.n_tokens for b in self.batches)
+
+    @property
+    def n_sequences(self) -> int:
+        return sum(int(b.input_ids.shape[0]) for b in self.batches)
+
+
+ProbeBuilder = Callable[["TransformerBridge", ProbeOptions], Probe]
+PROBES: dict[str, ProbeBuilder] = {}
+
+
+def register_probe(name: str) -> Callable[[ProbeBuilder], ProbeBuilder]:
+    """Decorator: make a probe builder available to head types by name."""
+
+    def deco(fn: ProbeBuilder) -> ProbeBuilder:
+        if name in PROBES:
+            raise ValueError(f"probe '{name}' is already registered")
+        PROBES[name] = fn
+        return fn
+
+    return deco
+
+
+def build_probe(name: str, model: TransformerBridge, options: ProbeOptions) -> Probe:
+    if name not in PROBES:
+        raise InputError(f"unknown probe '{name}' (have: {', '.join(sorted(PROBES))})")
+    return PROBES[name](model, options)
+
+
+def _special_ids(tokenizer: Any) -> torch.Tensor:
+    return torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+
+
+def batch_sequences(
+    sequences: Sequence[Sequence[int]],
+    tokenizer: Any,
+    batch_size: int,
+    extras: Sequence[dict[str, Any]] | None = None,
+) -> list[ProbeBatch]:
+    """Right-pad token sequences into batches of similar length (deterministic order).
+
+    Args:
+        sequences: token ids per sequence.
+        tokenizer: gives the pad id and the special-token ids.
+        batch_size: sequences per batch.
+        extras: optional per-sequence dicts; list-valued entries are padded with -1 and
+            stacked into ``LongTensor[batch, pos]``, other values are collected in lists.
+    """
+    if batch_size < 1:
+        raise InputError(f"batch size must be at least 1, got {batch_size}")
+    order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i]), i))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    special_ids = _special_ids(tokenizer)
+    batches = []
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        width = max(len(sequences[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, : len(sequences[i])] = torch.tensor(list(sequences[i]), dtype=torch.long)
+            mask[row, : len(sequences[i])] = 1
+        special = torch.isin(ids, special_ids) | (mask == 0)
+        batch_extras: dict[str, Any] = {"index": torch.tensor(idx)}
+        if extras is not None:
+            for key in extras[idx[0]]:
+                vals = [extras[i][key] for i in idx]
+                if isinstance(vals[0], (list, tuple)):
+                    t = torch.full((len(idx), width), -1, dtype=torch.long)
+                    for row, v in enumerate(vals):
+                        t[row, : len(v)] = torch.tensor(list(v), dtype=torch.long)
+                    batch_extras[key] = t
+                else:
+                    batch_extras[key] = vals
+        batches.append(ProbeBatch(ids, mask, special, batch_extras))
+    return batches
+
+
+def encode_sentences(model: TransformerBridge, sentences: Sequence[str]) -> list[list[int]]:
+    """Tokenise sentences with the model's special tokens; refuse empty or too-long text."""
+    tokenizer = model.tokenizer
+    n_ctx = int(model.cfg.n_ctx)
+    encoded = []
+    for i, s in enumerate(sentences):
+        if not s.strip():
+            raise InputError(f"sentence {i} of the corpus is empty")
+        ids = tokenizer(s, add_special_tokens=True)["input_ids"]
+        if len(ids) > n_ctx:
+            raise InputError(
+                f"sentence {i} of the corpus has {len(ids)} tokens, more than the model's context of {n_ctx}"
+            )
+        encoded.append(ids)
+    return encoded
+
+
+def load_sentences(corpus: str | os.PathLike | Sequence[str] | None) -> list[str]:
+    """The default prose corpus, a text file's sentences, or the given list."""
+    from headmech.probes import text
+
+    if corpus is None:
+        return text.default_corpus()
+    if isinstance(corpus, (str, os.PathLike)):
+        return text.read_corpus(corpus)
+    sentences = [s for s in corpus if s and s.strip()]
+    if not sentences:
+        raise InputError("the corpus is empty")
+    return sentences
+
+
+@register_probe("prose")
+def prose_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
+    """Sentences sampled from the corpus, one per sequence."""
+    from headmech.probes import text
+
+    sentences = text.sample_sentences(
+        load_sentences(options.corpus), options.n_sentences, options.seed
+    )
+    encoded = encode_sentences(model, sentences)
+    batches = batch_sequences(encoded, model.tokenizer, options.batch_size)
+    return Probe("prose", batches, {"n_sentences": len(sentences)})
+
+
+def random_token_ids(
+    tokenizer: Any, generator: torch.Generator, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """Uniformly random ordinary (non-special) token ids."""
+    vocab = len(tokenizer)
+    allowed = torch.ones(vocab, dtype=torch.bool)
+    allowed[_special_ids(tokenizer)] = False
+    pool = allowed.nonzero()[:, 0]
+    return pool[torch.randint(len(pool), shape, generator=generator)]
+
+
+@register_probe("repeated_random")
+def repeated_random_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
+    """BOS + ``half_len`` random tokens + the same tokens again.
+
+    ``extras["half_len"]`` and ``extras["offset"]`` (the position of the first random
+    token) let types find each token's earlier copy.
+    """
+    tokenizer = model.tokenizer
+    g = torch.Generator().manual_seed(options.seed)
+    half = options.half_len
+    if half < 2:
+        raise InputError(f"half_len must be at least 2, got {half}")
+    first = random_token_ids(tokenizer, g, (options.n_sequences, half))
+    body = torch.cat([first, first], dim=1)
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
+    prefix = [bos] if bos is not None else []
+    suffix = (
+        [tokenizer.sep_token_id]
+        if getattr(model.cfg, "attention_dir", "") == "bidirectional"
+        and tokenizer.sep_token_id is not None
+        else []
+    )
+    seqs = [prefix + row.tolist() + suffix for row in body]
+    if len(seqs[0]) > int(model.cfg.n_ctx):
+        raise InputError(
+            f"repeated sequences of {len(seqs[0])} tokens exceed the model's context of {model.cfg.n_ctx}"
+        )
+    batches = batch_sequences(seqs, tokenizer, options.batch_size)
+    for b in batches:
+        b.extras["half_len"] = half
+        b.extras["offset"] = len(prefix)
+    return Probe("repeated_random", batches, {"half_len": half, "offset": len(prefix)})

