@@ -29,7 +29,7 @@ from headmech.probes import ProbeOptions, build_probe
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["HeadCatalog", "TypeResult", "classify"]
+__all__ = ["HeadCatalog", "TypeResult", "classify", "validate_heads"]
 
 SCHEMA_VERSION = "0.1.0"
 
@@ -187,10 +187,61 @@ class HeadCatalog:
         )
 
 
+def validate_heads(
+    model: TransformerBridge,
+    head_type: HeadType,
+    heads: Sequence[HeadIndex],
+    options: ProbeOptions,
+    *,
+    n_random: int = 5,
+    mode: str | None = None,
+) -> dict[str, Any]:
+    """Ablate the labelled heads, and ``n_random`` draws of as many other heads, and
+    measure the type's behavioural metric (higher is worse) each time.
+
+    Returns:
+        ``{"metric", "mode", "clean", "ablated", "effect", "random_effects",
+        "random_mean", "n_heads"}``; ``effect`` is ablated minus clean.
+    """
+    from headmech.ablation import ablation_hooks, mean_head_outputs, random_heads
+
+    mode = mode or head_type.ablation
+    info = model_info(model)
+    probe = build_probe(head_type.metric_probe or head_type.probe, model, options)
+    means = mean_head_outputs(model, probe.batches) if mode == "mean" else None
+
+    def run(hs: Sequence[HeadIndex]) -> float:
+        hooks = ablation_hooks(model, hs, mode, means) if hs else []  # type: ignore[arg-type]
+        return head_type.metric(model, probe.batches, hooks)
+
+    clean = run([])
+    ablated = run(heads) if heads else clean
+    g = torch.Generator().manual_seed(options.seed)
+    rand = []
+    if heads:
+        for _ in range(n_random):
+            other = random_heads(
+                info.n_layers, info.n_heads, len(heads), exclude=heads, generator=g
+            )
+            rand.append(run(other) - clean)
+    return {
+        "metric": head_type.metric_label(info.causal),
+        "mode": mode,
+        "clean": round(clean, 6),
+        "ablated": round(ablated, 6),
+        "effect": round(ablated - clean, 6),
+        "random_effects": [round(r, 6) for r in rand],
+        "random_mean": round(sum(rand) / len(rand), 6) if rand else None,
+        "n_heads": len(heads),
+    }
+
+
 def classify(
     model: TransformerBridge,
     types: Sequence[str | HeadType | type[HeadType]] | str | None = None,
     *,
+    validate: bool = False,
+    n_random: int = 5,
     progress: bool = False,
     **probe_options: Any,
 ) -> HeadCatalog:
@@ -200,6 +251,10 @@ def classify(
         model: a bridge from :func:`headmech.load_model`.
         types: names, classes or instances (default: every registered type that can run
             on this model; types needing a decoder are skipped on encoders).
+        validate: also ablate each type's labelled heads and ``n_random`` sets of as
+            many random heads, and record the effects on the type's behavioural metric in
+            ``details["validation"]`` (see :func:`validate_heads`).
+        n_random: random draws for validation.
         progress: show progress bars.
         **probe_options: fields of :class:`headmech.probes.ProbeOptions` (``corpus``,
             ``n_sentences``, ``n_sequences``, ``half_len``, ``batch_size``, ``seed``).
@@ -256,8 +311,9 @@ def classify(
         for t in group:
             score = t.score(stats)
             heads = t.select(score)
-            results[t.name] = TypeResult(
-                t.name, t.reference, t.threshold, score, heads, t.details(stats, score, heads)
-            )
+            details = t.details(stats, score, heads)
+            if validate:
+                details["validation"] = validate_heads(model, t, heads, options, n_random=n_random)
+            results[t.name] = TypeResult(t.name, t.reference, t.threshold, score, heads, details)
     ordered = {t.name: results[t.name] for t in runnable}
     return HeadCatalog(info, ordered, meta)

@@ -93,6 +93,10 @@ class HeadType:
     probe: ClassVar[str] = "prose"
     default_threshold: ClassVar[float] = 0.5
     causal_only: ClassVar[bool] = False
+    # behavioural metric (higher is worse); see metric()
+    metric_name: ClassVar[str] = ""
+    metric_probe: ClassVar[str | None] = None  # default: the type's own probe
+    ablation: ClassVar[str] = "zero"  # how validation removes heads (zero, mean, uniform)
 
     def __init__(self, threshold: float | None = None) -> None:
         self.threshold = self.default_threshold if threshold is None else float(threshold)
@@ -130,6 +134,41 @@ class HeadType:
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
         """Type-specific evidence for ``catalog.json``."""
         return {}
+
+    def ideal_pattern(self, batch: ProbeBatch) -> Tensor:
+        """The attention pattern ``[batch, query_pos, key_pos]`` of a perfect head of this
+        type (used to plant the role in positive controls): uniform over the targets;
+        queries without a target keep attending to themselves."""
+        t = self.targets(batch)
+        n = batch.input_ids.shape[1]
+        if t.dtype != torch.bool:
+            has = t >= 0
+            t = torch.nn.functional.one_hot(t.clamp(min=0), n).bool() & has[..., None]
+        t = t & batch.attention_mask.bool()[:, None, :]
+        eye = torch.eye(n, dtype=torch.bool, device=t.device).expand_as(t)
+        t = torch.where(t.any(-1, keepdim=True), t, eye)
+        p = t.float()
+        return p / p.sum(-1, keepdim=True)
+
+    # --- behaviour ----------------------------------------------------------------
+    def metric(self, model: Any, batches: list[ProbeBatch], fwd_hooks: Sequence[Any] = ()) -> float:
+        """The behaviour heads of this type serve, as a damage (higher is worse).
+
+        Default: next-token loss for decoders, sentence-embedding distortion for
+        encoders (:mod:`headmech.metrics`). Validation compares ablating the labelled
+        heads with ablating as many random heads.
+        """
+        from headmech import metrics
+        from headmech.models import model_info
+
+        if model_info(model).causal:
+            return metrics.lm_loss(model, batches, fwd_hooks)
+        return metrics.embedding_distortion(model, batches, fwd_hooks)
+
+    def metric_label(self, causal: bool) -> str:
+        if self.metric_name:
+            return self.metric_name
+        return "next-token loss" if causal else "1 - cos(sentence embedding, unablated)"
 
     def check_model(self, info: ModelInfo) -> str | None:
         """Why this type cannot run on the model, or None."""

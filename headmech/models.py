@@ -17,6 +17,7 @@ folder (``$HEADMECH_CACHE``, default ``~/.cache/headmech``) and later loads read
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import io
@@ -292,6 +293,20 @@ def _smollm2_dir() -> Path:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _smollm2_tokenizer() -> Any:
+    """SmolLM2's tokenizer alone (from the cache if present, else the GGUF: ~3 s)."""
+    from transformers import AutoTokenizer
+
+    cached = cache_dir() / "smollm2-135m"
+    with _quiet():
+        if (cached / "tokenizer.json").exists():
+            return AutoTokenizer.from_pretrained(cached)
+        return AutoTokenizer.from_pretrained(
+            _package_dir(BUNDLED_MODELS["smollm2-135m"]), gguf_file=_SMOLLM2_GGUF
+        )
+
+
 def _load_smollm2() -> tuple[Any, Any]:
     return _load_hf_dir(_smollm2_dir())
 
@@ -413,5 +428,5 @@ def load_model(
         )
     bridge.eval()
     # read back by model_info(): the short name a catalog reports
-    setattr(bridge, "headmech_name", Path(str(name)).name if Path(str(name)).is_dir() else str(name))
+    bridge.headmech_name = Path(str(name)).name if Path(str(name)).is_dir() else str(name)
     return bridge

@@ -63,6 +63,12 @@ class ToyInductionConfig:
     max_half_len: int = 48  # with n uniform in [min_half_len, max_half_len]
     train_len: int = 128  # training sequence length
     periodic: bool = False  # fill the rest of the sequence with repeats of the block
+    sinusoidal_init: bool = True  # start the learned positions from a sinusoidal table
+    pos_init_scale: float = 0.02  # ... scaled to the token embeddings' init std
+    aux_fraction: float = 0.0  # share of each batch that is a skip-bigram chain x[t+1] = perm(x[t-1])
+    classic: bool = True
+    random_offsets: bool = True
+    init_std: float = 0.02
     eval_sequences: int = 64  # eval probe: sequences ...
     eval_half_len: int = 40  # ... of BOS + 40 random tokens + the same 40 again
     eval_seed: int = 12345  # the probe's own seed, distinct from training data
@@ -143,12 +149,15 @@ def _build_model(config: ToyInductionConfig) -> GPT2LMHeadModel:
         eos_token_id=config.vocab_size,
         pad_token_id=config.vocab_size + 1,
         attn_implementation="eager",
+        initializer_range=config.init_std,
     )
     # Weight init uses the global RNG; fork it so the caller's state is untouched
     # and the weights depend only on the seed.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = GPT2LMHeadModel(hf_config)
+    if config.sinusoidal_init:
+        model.transformer.wpe.weight.data.copy_(_sinusoidal(config.n_ctx, config.d_model) * config.init_std)
     for block in model.transformer.h:
         for lin in (block.mlp.c_fc, block.mlp.c_proj):
             lin.weight.data.zero_()
@@ -175,7 +184,23 @@ def _training_batch(config: ToyInductionConfig, gen: torch.Generator) -> torch.T
         else:
             start = int(torch.randint(1, L - 2 * n + 1, (1,), generator=gen))
             ids[b, start + n : start + 2 * n] = ids[b, start : start + n]
+    n_aux = int(round(config.aux_fraction * B))
+    if n_aux:
+        perm = torch.randperm(V, generator=gen)
+        for b in range(n_aux):
+            for t in range(3, L):
+                ids[b, t] = perm[ids[b, t - 2]]
     return ids
+
+
+def _sinusoidal(n_ctx: int, d_model: int) -> torch.Tensor:
+    """Unit-variance sinusoidal table ``[n_ctx, d_model]`` (starting point for learned positions)."""
+    pos = torch.arange(n_ctx, dtype=torch.float32)[:, None]
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
+    table = torch.zeros(n_ctx, d_model)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)
+    return table * math.sqrt(2.0)
 
 
 def _lr_at(step: int, config: ToyInductionConfig) -> float:
@@ -272,7 +297,7 @@ def train_toy_induction(
         ``induction_head`` (best last-layer head), the full score grids, and the
         ``config`` as a dict.
     """
-    if config.n_ctx < 1 + 2 * max(config.max_half_len, config.eval_half_len):
+    if config.n_ctx < max(config.train_len, 1 + 2 * config.eval_half_len) or config.train_len < 2 * config.max_half_len + 1:
         raise ValueError("n_ctx too small for max_half_len / eval_half_len")
     tokenizer = make_toy_tokenizer(config.vocab_size)
     model = _build_model(config)
@@ -286,10 +311,18 @@ def train_toy_induction(
     losses: list[float] = []
     start = time.perf_counter()
     for step in range(config.steps):
-        ids = _training_batch(config, gen)
+        if config.classic:
+            n = int(torch.randint(config.min_half_len, config.max_half_len + 1, (1,), generator=gen))
+            ids = repeated_random_tokens(config.batch_size, n, config.vocab_size, generator=gen, bos_id=bos)
+        else:
+            ids = _training_batch(config, gen)
+        position_ids = None
+        if config.random_offsets:
+            off = torch.randint(0, config.n_ctx - ids.shape[1] + 1, (ids.shape[0], 1), generator=gen)
+            position_ids = off + torch.arange(ids.shape[1])[None]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, config)
-        logits = model(ids).logits
+        logits = model(ids, position_ids=position_ids).logits
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()

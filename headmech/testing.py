@@ -1,0 +1,265 @@
+"""Conformance checks for head types, in the style of scikit-learn's ``check_estimator``.
+
+Each check is a small named function ``check_x(head_type, ...)`` that raises
+``AssertionError`` with a reason; :func:`check_head_type` runs them all and
+:func:`head_type_checks` yields ``(type, check)`` pairs for ``pytest.mark.parametrize``
+so that ``pytest -k check_positive_control`` runs one check for every type.
+
+The checks:
+
+* ``check_metadata`` — name, citation, threshold and probe are declared;
+* ``check_score_shape_and_finite`` — the score is a finite ``[n_layers, n_heads]`` tensor;
+* ``check_deterministic`` — the same seed gives the same scores;
+* ``check_inputs_not_mutated`` — reducers leave the activation and the probe untouched;
+* ``check_positive_control`` — a head whose pattern is replaced by the type's
+  ``ideal_pattern`` is found, and ranked first;
+* ``check_negative_control`` — no head of a randomly initialised model is labelled;
+* ``check_causal`` — on a real model, ablating the labelled heads hurts the type's
+  metric more than ablating as many random heads (mean over draws).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from headmech.engine import HeadStats, stream_statistics
+from headmech.heads import HeadIndex, HeadType, head_types
+from headmech.probes import PROBES, Probe, ProbeOptions, build_probe
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = [
+    "CHECKS",
+    "check_causal",
+    "check_deterministic",
+    "check_head_type",
+    "check_inputs_not_mutated",
+    "check_metadata",
+    "check_negative_control",
+    "check_positive_control",
+    "check_score_shape_and_finite",
+    "head_type_checks",
+    "tiny_model",
+]
+
+# Small probes: the checks run for every type in CI.
+CONTROL_OPTIONS = ProbeOptions(n_sentences=48, n_sequences=16, half_len=16, batch_size=16, seed=0)
+PLANTED = HeadIndex(1, 2)
+
+
+@functools.lru_cache(maxsize=4)
+def tiny_model(kind: str = "causal", seed: int = 0) -> TransformerBridge:
+    """A randomly initialised 2-layer, 4-head model with a real tokenizer.
+
+    ``kind="causal"``: LLaMA with grouped-query attention (2 KV heads) and SmolLM2's
+    tokenizer; ``kind="encoder"``: BERT with MiniLM's tokenizer. Built once per process.
+    """
+    from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
+
+    from headmech.models import load_hf, load_model
+
+    torch.manual_seed(seed)
+    if kind == "causal":
+        from headmech.models import _smollm2_tokenizer
+
+        tok = _smollm2_tokenizer()
+        model: Any = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(tok),
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=256,
+                bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+        )
+    elif kind == "encoder":
+        _, tok = load_hf("minilm-l6")
+        model = BertForMaskedLM(
+            BertConfig(
+                vocab_size=len(tok),
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=128,
+                max_position_embeddings=256,
+            )
+        )
+    else:
+        raise ValueError(f"kind must be 'causal' or 'encoder', got {kind!r}")
+    path = Path(tempfile.mkdtemp(prefix=f"headmech-tiny-{kind}-"))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return load_model(str(path))
+
+
+def _control_model(head_type: HeadType) -> TransformerBridge:
+    return tiny_model("causal" if head_type.causal_only else "encoder")
+
+
+def _stats(
+    head_type: HeadType, model: TransformerBridge, probe: Probe, plant: bool = False
+) -> HeadStats:
+    """Stream the type's statistics; with ``plant``, head PLANTED attends ideally."""
+    if not plant:
+        return stream_statistics(model, probe.batches, head_type.reducers())
+    total: HeadStats | None = None
+    for batch in probe.batches:
+        ideal = head_type.ideal_pattern(batch)  # [batch, query_pos, key_pos]
+
+        def hook(pattern: torch.Tensor, hook: Any, ideal: torch.Tensor = ideal) -> torch.Tensor:
+            out = pattern.clone()
+            out[:, PLANTED.head] = ideal.to(out.dtype)
+            return out
+
+        with model.hooks(fwd_hooks=[(f"blocks.{PLANTED.layer}.attn.hook_pattern", hook)]):
+            s = stream_statistics(model, [batch], head_type.reducers())
+        total = s if total is None else total + s
+    assert total is not None
+    return total
+
+
+def check_metadata(head_type: HeadType) -> None:
+    cls = type(head_type)
+    assert re.fullmatch(r"[a-z][a-z0-9_]*", cls.name), f"name {cls.name!r} is not snake_case"
+    assert cls.__name__.endswith("Head"), f"class {cls.__name__} should be named <Role>Head"
+    assert cls.reference and re.search(r"\d{4}", cls.reference), "reference needs author and year"
+    assert cls.citation, "citation is empty"
+    assert cls.description, "description is empty"
+    assert isinstance(head_type.threshold, float), "threshold must be a float"
+    assert cls.probe in PROBES, f"probe {cls.probe!r} is not registered"
+    assert cls.__doc__ and "References" in cls.__doc__, "docstring needs a References section"
+
+
+def check_score_shape_and_finite(
+    head_type: HeadType, model: TransformerBridge | None = None
+) -> None:
+    model = model or _control_model(head_type)
+    probe = build_probe(head_type.probe, model, CONTROL_OPTIONS)
+    score = head_type.score(_stats(head_type, model, probe))
+    shape = (int(model.cfg.n_layers), int(model.cfg.n_heads))
+    assert tuple(score.shape) == shape, f"score shape {tuple(score.shape)} != {shape}"
+    assert torch.isfinite(score).all(), "score has non-finite entries"
+
+
+def check_deterministic(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    model = model or _control_model(head_type)
+    a = head_type.score(
+        _stats(head_type, model, build_probe(head_type.probe, model, CONTROL_OPTIONS))
+    )
+    b = head_type.score(
+        _stats(head_type, model, build_probe(head_type.probe, model, CONTROL_OPTIONS))
+    )
+    assert torch.equal(a, b), "same seed, different scores"
+
+
+def check_inputs_not_mutated(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    model = model or _control_model(head_type)
+    probe = build_probe(head_type.probe, model, CONTROL_OPTIONS)
+    before = [
+        (b.input_ids.clone(), b.attention_mask.clone(), b.special.clone()) for b in probe.batches
+    ]
+    batch = probe.batches[0]
+    g = torch.Generator().manual_seed(0)
+    n, pos = batch.input_ids.shape
+    h = int(model.cfg.n_heads)
+    for r in head_type.reducers():
+        if r.hook == "hook_pattern":
+            act = torch.rand(n, h, pos, pos, generator=g).softmax(-1)
+        else:
+            act = torch.rand(n, pos, h, int(model.cfg.d_head), generator=g)
+        copy = act.clone()
+        r.fn(act, batch, r.prepare(batch) if r.prepare else None, 0)
+        assert torch.equal(act, copy), f"reducer {r.name} modified its activation"
+    _stats(head_type, model, probe)
+    for b, (ids, mask, special) in zip(probe.batches, before, strict=True):
+        assert torch.equal(b.input_ids, ids) and torch.equal(b.attention_mask, mask), (
+            "probe batch modified"
+        )
+        assert torch.equal(b.special, special), "probe special-token mask modified"
+
+
+def check_positive_control(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    model = model or _control_model(head_type)
+    probe = build_probe(head_type.probe, model, CONTROL_OPTIONS)
+    score = head_type.score(_stats(head_type, model, probe, plant=True))
+    heads = head_type.select(score)
+    assert PLANTED in heads, (
+        f"planted head {PLANTED} not found (its score {float(score[PLANTED]):.3f})"
+    )
+    assert heads[0] == PLANTED, f"planted head {PLANTED} not ranked first: {heads[:3]}"
+
+
+def check_negative_control(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    model = model or _control_model(head_type)
+    probe = build_probe(head_type.probe, model, CONTROL_OPTIONS)
+    score = head_type.score(_stats(head_type, model, probe))
+    heads = head_type.select(score)
+    assert not heads, (
+        f"a random model has {head_type.name} heads: {heads} (max score {float(score.max()):.3f})"
+    )
+
+
+def check_causal(
+    head_type: HeadType,
+    model: TransformerBridge,
+    options: ProbeOptions | None = None,
+    n_random: int = 5,
+) -> dict[str, Any]:
+    """On a real model: ablating the labelled heads hurts more than random heads."""
+    from headmech.classify import classify
+
+    options = options or ProbeOptions()
+    cat = classify(model, [head_type], validate=True, n_random=n_random, **vars(options))
+    v = cat[head_type.name].details["validation"]
+    assert v["n_heads"] > 0, (
+        f"no {head_type.name} heads labelled on this model: nothing to validate"
+    )
+    assert v["effect"] > v["random_mean"], (
+        f"ablating the {v['n_heads']} {head_type.name} heads changes {v['metric']} by {v['effect']:.4f}, "
+        f"random heads by {v['random_mean']:.4f} on average"
+    )
+    return v
+
+
+CHECKS: list[Callable[..., Any]] = [
+    check_metadata,
+    check_score_shape_and_finite,
+    check_deterministic,
+    check_inputs_not_mutated,
+    check_positive_control,
+    check_negative_control,
+]
+
+
+def head_type_checks(types: list[type[HeadType]] | None = None) -> Iterator[Any]:
+    """``pytest.param(type, check, id="name-check")`` for every type and check (no
+    causal check: it needs a real model)."""
+    import pytest
+
+    for cls in types or list(head_types().values()):
+        for check in CHECKS:
+            yield pytest.param(cls, check, id=f"{cls.name}-{check.__name__}")
+
+
+def check_head_type(
+    head_type: HeadType | type[HeadType], model: TransformerBridge | None = None
+) -> None:
+    """Run every control check on a head type (raises ``AssertionError`` naming the check)."""
+    t = head_type() if isinstance(head_type, type) else head_type
+    for check in CHECKS:
+        try:
+            check(t) if check is check_metadata else check(t, model)
+        except AssertionError as e:
+            raise AssertionError(f"{t.name}: {check.__name__}: {e}") from None
