@@ -174,16 +174,32 @@ def random_heads(
     *,
     exclude: Iterable[HeadIndex | Sequence[int]] = (),
     generator: torch.Generator,
+    like: Sequence[HeadIndex | Sequence[int]] | None = None,
 ) -> list[HeadIndex]:
-    """``k`` distinct heads drawn uniformly from those not in ``exclude``."""
+    """``k`` distinct heads drawn uniformly from those not in ``exclude``.
+
+    With ``like`` (a head set to mimic), draw layer-matched controls instead: for each
+    layer, as many heads from that layer as ``like`` has there (topping up from other
+    layers where a layer has too few unexcluded heads). Ablation effects depend strongly on
+    depth, so a layer-matched control is the fair comparison for labelled heads.
+    """
     banned = {(int(a), int(b)) for a, b in exclude}
-    pool = [
-        HeadIndex(layer, h)
-        for layer in range(n_layers)
-        for h in range(n_heads)
-        if (layer, h) not in banned
+    free = [
+        HeadIndex(la, h) for la in range(n_layers) for h in range(n_heads) if (la, h) not in banned
     ]
-    if k > len(pool):
-        raise ValueError(f"cannot draw {k} heads from {len(pool)}")
-    perm = torch.randperm(len(pool), generator=generator)[:k]
-    return [pool[int(i)] for i in perm]
+    if k > len(free):
+        raise ValueError(f"cannot draw {k} heads from {len(free)}")
+
+    def draw(pool: list[HeadIndex], m: int) -> list[HeadIndex]:
+        perm = torch.randperm(len(pool), generator=generator)[:m]
+        return [pool[int(i)] for i in perm]
+
+    if like is None:
+        return draw(free, k)
+    per_layer = _by_layer(like)
+    chosen: list[HeadIndex] = []
+    for layer, hs in sorted(per_layer.items()):
+        pool = [h for h in free if h.layer == layer]
+        chosen += draw(pool, min(len(hs), len(pool)))
+    rest = [h for h in free if h not in chosen]
+    return chosen + draw(rest, k - len(chosen))

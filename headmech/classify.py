@@ -20,9 +20,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import stream_statistics
 from headmech.errors import CatalogFileError, HeadmechError
-from headmech.heads import HeadIndex, HeadType, resolve_types
+from headmech.heads import HeadIndex, HeadType, collect_statistics, resolve_types
 from headmech.models import ModelInfo, model_info
 from headmech.probes import ProbeOptions, build_probe
 
@@ -195,14 +194,21 @@ def validate_heads(
     *,
     n_random: int = 5,
     mode: str | None = None,
+    control: str = "same_layers",
 ) -> dict[str, Any]:
     """Ablate the labelled heads, and ``n_random`` draws of as many other heads, and
     measure the type's behavioural metric (higher is worse) each time.
 
+    Args:
+        control: ``"same_layers"`` draws each random set from the labelled heads' layers
+            (depth alone changes ablation effects a lot); ``"any"`` from every layer.
+
     Returns:
-        ``{"metric", "mode", "clean", "ablated", "effect", "random_effects",
+        ``{"metric", "mode", "control", "clean", "ablated", "effect", "random_effects",
         "random_mean", "n_heads"}``; ``effect`` is ablated minus clean.
     """
+    if control not in ("same_layers", "any"):
+        raise ValueError(f"control must be 'same_layers' or 'any', got {control!r}")
     from headmech.ablation import ablation_hooks, mean_head_outputs, random_heads
 
     mode = mode or head_type.ablation
@@ -227,6 +233,7 @@ def validate_heads(
     return {
         "metric": head_type.metric_label(info.causal),
         "mode": mode,
+        "control": control,
         "clean": round(clean, 6),
         "ablated": round(ablated, 6),
         "effect": round(ablated - clean, 6),
@@ -293,13 +300,11 @@ def classify(
         t0 = time.perf_counter()
         probe = build_probe(probe_name, model, options)
         t1 = time.perf_counter()
-        reducers = [r for t in group for r in t.reducers()]
-        stats = stream_statistics(
+        stats = collect_statistics(
+            group,
             model,
             probe.batches,
-            reducers,
             progress=f"{probe_name} ({', '.join(t.name for t in group)})" if progress else False,
-            total=len(probe.batches),
         )
         meta["probes"][probe_name] = {
             "n_sequences": probe.n_sequences,
@@ -310,7 +315,7 @@ def classify(
         }
         for t in group:
             score = t.score(stats)
-            heads = t.select(score)
+            heads = t.select(score, stats)
             details = t.details(stats, score, heads)
             if validate:
                 details["validation"] = validate_heads(model, t, heads, options, n_random=n_random)

@@ -119,6 +119,11 @@ class HeadStats:
             count = count.detach().to("cpu", torch.float64)
         self.counts[name][layer] += count
 
+    def set(self, name: str, value: Float[Tensor, "n_layers n_heads"]) -> None:
+        """Store a per-head value computed once (from weights), with count 1."""
+        self.sums[name] = value.detach().to("cpu", torch.float64).clone()
+        self.counts[name] = torch.ones_like(self.sums[name])
+
     def mean(self, name: str) -> Float[Tensor, "n_layers n_heads"]:
         """Sum / count; NaN where a head saw no query for this statistic."""
         if name not in self.sums:

@@ -84,13 +84,14 @@ class HeadType:
         default_threshold: the anchor's decision threshold on :meth:`score`.
         causal_only: True for types that need a decoder (generation, next-token loss).
         threshold: the threshold in use (constructor argument, else the default).
+        The constructor also takes ``probe`` to measure the type on another probe.
     """
 
     name: ClassVar[str]
     reference: ClassVar[str] = ""
     citation: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    probe: ClassVar[str] = "prose"
+    probe: str = "prose"  # class default; the constructor may override it per instance
     default_threshold: ClassVar[float] = 0.5
     causal_only: ClassVar[bool] = False
     # behavioural metric (higher is worse); see metric()
@@ -98,8 +99,10 @@ class HeadType:
     metric_probe: ClassVar[str | None] = None  # default: the type's own probe
     ablation: ClassVar[str] = "zero"  # how validation removes heads (zero, mean, uniform)
 
-    def __init__(self, threshold: float | None = None) -> None:
+    def __init__(self, threshold: float | None = None, *, probe: str | None = None) -> None:
         self.threshold = self.default_threshold if threshold is None else float(threshold)
+        if probe is not None:  # e.g. previous_token on repeated random tokens for a toy vocabulary
+            self.probe = probe
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -119,13 +122,25 @@ class HeadType:
         """Statistics to stream; by default attention mass on :meth:`targets`."""
         return [target_reducer(self.name, self.targets)]
 
+    def weight_statistics(self, model: Any) -> dict[str, Tensor]:
+        """Per-head statistics from the weights rather than data (``[n_layers, n_heads]``
+        each); stored in the stats as ``name.key``. Default: none."""
+        return {}
+
+    def ideal_weight_statistics(self) -> dict[str, float]:
+        """Values of :meth:`weight_statistics` for a perfect head (positive controls)."""
+        return {}
+
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         """The per-head score the threshold applies to (default: mean attention mass on target)."""
         return stats.mean(f"{self.name}.mass")
 
-    def select(self, score: Float[Tensor, "n_layers n_heads"]) -> list[HeadIndex]:
-        """Heads whose score reaches the threshold, best first."""
+    def select(
+        self, score: Float[Tensor, "n_layers n_heads"], stats: HeadStats | None = None
+    ) -> list[HeadIndex]:
+        """Heads whose score reaches the threshold, best first (``stats`` lets a type add
+        conditions on other statistics)."""
         s = torch.nan_to_num(score, nan=float("-inf"))
         hits = (s >= self.threshold).nonzero().tolist()
         hits.sort(key=lambda lh: -float(s[lh[0], lh[1]]))
@@ -178,6 +193,30 @@ class HeadType:
 
 
 _discovered = False
+
+
+def collect_statistics(
+    types: Sequence[HeadType],
+    model: Any,
+    batches: Sequence[ProbeBatch],
+    *,
+    progress: bool | str = False,
+) -> HeadStats:
+    """Stream every type's reducers over the batches in one set of passes, then add
+    their weight statistics."""
+    from headmech.engine import stream_statistics
+
+    stats = stream_statistics(
+        model,
+        batches,
+        [r for t in types for r in t.reducers()],
+        progress=progress,
+        total=len(batches),
+    )
+    for t in types:
+        for key, value in t.weight_statistics(model).items():
+            stats.set(f"{t.name}.{key}", value)
+    return stats
 
 
 def _discover() -> None:

@@ -49,6 +49,9 @@ class ProbeOptions:
         half_len: tokens in each half of a repeated sequence.
         batch_size: sequences per forward pass.
         seed: seeds every sampler.
+        needle_lengths: haystack sizes in tokens of the ``needle`` probe (scaled down to
+            fit the model's context).
+        needle_depths: where the needle sits in each haystack (0 = start, 1 = end).
     """
 
     corpus: str | os.PathLike | Sequence[str] | None = None
@@ -57,6 +60,8 @@ class ProbeOptions:
     half_len: int = 32
     batch_size: int = 16
     seed: int = 0
+    needle_lengths: tuple[int, ...] = (300, 700, 1100, 1500)
+    needle_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
 
 
 @dataclass

@@ -1,0 +1,252 @@
+"""Syntactic heads: words attend to their dependency partners more than position explains."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+import headmech.probes.parsed  # noqa: F401  (registers the "parsed_prose" probe)
+from headmech.engine import HeadStats, ProbeBatch, Reducer
+from headmech.heads import HeadIndex, HeadType
+
+RELATIONS: tuple[str, ...] = (
+    "nsubj",
+    "dobj",  # spaCy's label for a direct object (UD's "obj")
+    "amod",
+    "advmod",
+    "det",
+    "pobj",
+    "poss",
+    "aux",
+    "mark",
+)
+DIRECTIONS: tuple[str, ...] = ("dep_to_head", "head_to_dep")
+# Word offsets the positional baseline may pick; a relation whose partners are further apart
+# has a weaker baseline than any in-range offset would give, never a stronger one.
+MAX_OFFSET = 5
+OFFSETS: tuple[int, ...] = tuple(range(-MAX_OFFSET, MAX_OFFSET + 1))
+
+
+@dataclass(frozen=True)
+class _Cases:
+    """One batch's word pooling matrices and (relation, direction) cases."""
+
+    pool_from: Float[Tensor, "batch n_words pos"]  # mean over a word's pieces (queries)
+    pool_to: Float[Tensor, "batch n_words pos"]  # sum over a word's pieces (keys)
+    blocked: Bool[Tensor, "batch n_words n_words"]  # self, and words with no token
+    seq: Int[Tensor, " n_cases"]  # batch row of each case
+    query: Int[Tensor, " n_cases"]  # word whose partner is predicted
+    partner: Int[Tensor, " n_cases"]  # its true dependency partner
+    pair: Int[Tensor, " n_cases"]  # index into SyntacticHead.pairs
+    counts: Float[Tensor, " n_pairs"]
+    offset_hist: Float[Tensor, "n_pairs n_offsets"]  # cases with partner - query == offset
+
+
+class SyntacticHead(HeadType):
+    """A word's most-attended other word is its dependency partner, beyond what position gives.
+
+    On the ``parsed_prose`` probe (spaCy parses aligned with the model's tokens), each
+    head's token attention is pooled to words as Clark et al. do: attention *from* a
+    word split into several tokens is the mean of its tokens' rows, attention *to* it the
+    sum of its tokens' columns. A word's predicted partner is its most-attended other word
+    (itself and special tokens excluded). For each relation (nsubj, dobj, amod, advmod,
+    det, pobj, poss, aux, mark) and direction (dependent -> head, head -> dependent),
+    accuracy is the fraction of cases whose predicted partner is the true one, and the
+    positional baseline is the accuracy of always predicting the most frequent word offset
+    (within -5..+5) for that relation and direction on the same sentences.
+
+    Score: per head, the largest ``accuracy - baseline`` over the (relation, direction)
+    pairs with at least ``min_cases`` cases (0 when no pair has that many). A head is
+    syntactic when it beats the baseline by ``threshold`` (10 points, Voita et al.).
+
+    Args:
+        threshold: accuracy above the positional baseline needed (default 0.10).
+        min_cases: cases a (relation, direction) pair needs to count (default 20).
+        relations: spaCy dependency labels to test.
+
+    References:
+        Voita et al. 2019, "Analyzing Multi-Head Self-Attention: Specialized Heads Do the
+        Heavy Lifting, the Rest Can Be Pruned", ACL (syntactic heads, positional baseline).
+        Clark et al. 2019, "What Does BERT Look At? An Analysis of BERT's Attention",
+        BlackboxNLP (word-level attention, most-attended other word, both directions).
+    """
+
+    name = "syntactic"
+    reference = "Voita et al. 2019"
+    citation = (
+        "Voita, Talbot, Moiseev, Sennrich, Titov 2019, Analyzing Multi-Head Self-Attention: "
+        "Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned, ACL; Clark, "
+        "Khandelwal, Levy, Manning 2019, What Does BERT Look At? An Analysis of BERT's "
+        "Attention, BlackboxNLP"
+    )
+    description = (
+        "attends from words to their dependency partners more often than position explains"
+    )
+    probe = "parsed_prose"
+    default_threshold = 0.10  # Voita et al.: at least 10 points above the positional baseline
+
+    def __init__(
+        self,
+        threshold: float | None = None,
+        min_cases: int = 20,
+        relations: Sequence[str] = RELATIONS,
+    ) -> None:
+        super().__init__(threshold)
+        self.min_cases = int(min_cases)
+        self.relations = tuple(relations)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(threshold={self.threshold}, min_cases={self.min_cases}, "
+            f"relations={self.relations})"
+        )
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """``(relation, direction)`` in a fixed order."""
+        return [(r, d) for r in self.relations for d in DIRECTIONS]
+
+    def _stat(self, relation: str, direction: str, what: str) -> str:
+        return f"{self.name}.{relation}.{direction}.{what}"
+
+    # --- engine -------------------------------------------------------------------
+    def _prepare(self, batch: ProbeBatch) -> _Cases:
+        word_ids: Int[Tensor, "batch pos"] = batch.extras["word_ids"]
+        heads: Int[Tensor, "batch pos"] = batch.extras["word_heads"]  # per word, -1 padded
+        deps: Int[Tensor, "batch pos"] = batch.extras["word_deps"]
+        labels: tuple[str, ...] = batch.extras["dep_labels"]
+        n_words = max(int(word_ids.max()) + 1, 1)
+        has_word = word_ids >= 0
+        # [batch, pos, n_words] -> [batch, n_words, pos]
+        pool_to = (
+            torch.nn.functional.one_hot(word_ids.clamp(min=0), n_words) * has_word[..., None]
+        ).transpose(1, 2)
+        pool_to = pool_to.float()
+        n_pieces = pool_to.sum(-1, keepdim=True)  # [batch, n_words, 1]
+        pool_from = pool_to / n_pieces.clamp(min=1)
+        eye = torch.eye(n_words, dtype=torch.bool, device=word_ids.device)
+        blocked = (n_pieces[..., 0] == 0)[:, None, :] | eye  # [batch, n_words, n_words]
+
+        seq, query, partner, pair = [], [], [], []
+        for r, rel in enumerate(self.relations):
+            if rel not in labels:
+                continue
+            b, dep = (deps[:, :n_words] == labels.index(rel)).nonzero(as_tuple=True)
+            head = heads[b, dep]
+            keep = head != dep  # a root points to itself: no partner
+            b, dep, head = b[keep], dep[keep], head[keep]
+            for d, (q, p) in enumerate(((dep, head), (head, dep))):  # DIRECTIONS order
+                seq.append(b)
+                query.append(q)
+                partner.append(p)
+                pair.append(torch.full_like(b, 2 * r + d))
+        n_pairs = len(self.pairs)
+        if seq:
+            s, q, p, k = (torch.cat(x) for x in (seq, query, partner, pair))
+        else:
+            s = q = p = k = torch.zeros(0, dtype=torch.long, device=word_ids.device)
+        counts = torch.bincount(k, minlength=n_pairs).double()
+        offset = p - q
+        in_range = offset.abs() <= MAX_OFFSET
+        flat = k[in_range] * len(OFFSETS) + offset[in_range] + MAX_OFFSET
+        hist = torch.bincount(flat, minlength=n_pairs * len(OFFSETS)).double()
+        hist = hist.view(n_pairs, len(OFFSETS))  # [n_pairs, n_offsets]
+        return _Cases(pool_from, pool_to, blocked, s, q, p, k, counts, hist)
+
+    def _reduce(
+        self,
+        pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+        batch: ProbeBatch,
+        cases: _Cases,
+        layer: int,
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        n_heads = pattern.shape[1]
+        p_from = cases.pool_from.to(pattern.dtype)[:, None]  # [batch, 1, n_words, pos]
+        p_to = cases.pool_to.to(pattern.dtype)[:, None]
+        word_attn = p_from @ pattern @ p_to.transpose(-1, -2)  # [batch, head, words, words]
+        word_attn = word_attn.masked_fill(cases.blocked[:, None], float("-inf"))
+        pred = word_attn.argmax(-1)  # [batch, head_index, n_words]
+        hit = pred[cases.seq, :, cases.query] == cases.partner[:, None]  # [n_cases, head]
+        hits = torch.zeros(len(self.pairs), n_heads, dtype=torch.float64, device=pattern.device)
+        hits.index_add_(0, cases.pair, hit.double())
+        out: dict[str, tuple[Tensor, Tensor]] = {}
+        for k, (rel, direction) in enumerate(self.pairs):
+            n = cases.counts[k]
+            out[f"{rel}.{direction}.hit"] = (hits[k], n)
+            # the baseline does not depend on the head: the same histogram for every head
+            for j, off in enumerate(OFFSETS):
+                out[f"{rel}.{direction}.offset_{off:+d}"] = (
+                    cases.offset_hist[k, j].expand(n_heads),
+                    n,
+                )
+        return out
+
+    def reducers(self) -> list[Reducer]:
+        return [Reducer(self.name, self._reduce, self._prepare)]
+
+    # --- decision -----------------------------------------------------------------
+    def _table(self, stats: HeadStats) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Per pair: accuracy ``[n_pairs, n_layers, n_heads]``, baseline, its offset and
+        the number of cases (``[n_pairs]`` each)."""
+        acc = torch.stack([stats.mean(self._stat(r, d, "hit")) for r, d in self.pairs])
+        n = torch.stack([stats.counts[self._stat(r, d, "hit")].max() for r, d in self.pairs])
+        hist = torch.stack(
+            [
+                torch.stack([stats.mean(self._stat(r, d, f"offset_{o:+d}")).max() for o in OFFSETS])
+                for r, d in self.pairs
+            ]
+        ).nan_to_num(0.0)  # [n_pairs, n_offsets]
+        baseline, j = hist.max(-1)
+        offset = torch.tensor(OFFSETS)[j]
+        return acc.nan_to_num(0.0), baseline, offset, n
+
+    def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
+        acc, baseline, _, n = self._table(stats)
+        gain = acc - baseline[:, None, None]  # [n_pairs, n_layers, n_heads]
+        eligible = (n >= self.min_cases)[:, None, None]
+        gain = gain.masked_fill(~eligible, float("-inf")).max(0).values
+        # no pair with enough cases: no evidence either way
+        return torch.where(torch.isfinite(gain), gain, torch.zeros_like(gain))
+
+    def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
+        acc, baseline, offset, n = self._table(stats)
+        n_heads = acc.shape[-1]
+        relations: dict[str, dict[str, Any]] = {}
+        per_head: dict[str, list[str]] = {str(h): [] for h in heads}
+        for k, (rel, direction) in enumerate(self.pairs):
+            best = int(acc[k].flatten().argmax())
+            h = HeadIndex(best // n_heads, best % n_heads)
+            gain = float(acc[k][h] - baseline[k])
+            passes = bool(int(n[k]) >= self.min_cases and gain >= self.threshold)
+            relations.setdefault(rel, {})[direction] = {
+                "head": [h.layer, h.head],
+                "accuracy": round(float(acc[k][h]), 4),
+                "baseline": round(float(baseline[k]), 4),
+                "baseline_offset": int(offset[k]),
+                "count": int(n[k]),
+                "syntactic": passes,
+            }
+            if int(n[k]) >= self.min_cases:
+                for lh in heads:
+                    if float(acc[k][lh] - baseline[k]) >= self.threshold:
+                        per_head[str(lh)].append(f"{rel}.{direction}")
+        return {"relations": relations, "head_relations": per_head, "min_cases": self.min_cases}
+
+    def ideal_pattern(self, batch: ProbeBatch) -> Float[Tensor, "batch query_pos key_pos"]:
+        """Every token of a word attends uniformly to the tokens of the word's syntactic head;
+        roots, special tokens and padding attend to themselves."""
+        word_ids: Int[Tensor, "batch pos"] = batch.extras["word_ids"]
+        heads: Int[Tensor, "batch pos"] = batch.extras["word_heads"]
+        n = word_ids.shape[1]
+        head_word = heads.gather(1, word_ids.clamp(min=0))  # [batch, pos]: head of own word
+        head_word = head_word.masked_fill((word_ids < 0) | (head_word == word_ids), -2)
+        target = word_ids[:, None, :] == head_word[:, :, None]  # [batch, query_pos, key_pos]
+        eye = torch.eye(n, dtype=torch.bool, device=target.device).expand_as(target)
+        target = torch.where(target.any(-1, keepdim=True), target, eye)
+        p = target.float()
+        return p / p.sum(-1, keepdim=True)

@@ -1,0 +1,104 @@
+"""Per-head weight matrices for weight-based analyses (copying scores, composition).
+
+TransformerBridge exposes stacked weights: ``W_Q``/``W_O`` per query head and
+``W_K``/``W_V`` per key-value head under grouped-query attention. :func:`head_weights`
+expands K and V to query heads (query head h reads KV head ``h // (n_heads / n_kv)``, as
+Hugging Face's ``repeat_kv`` does) and, for pre-norm models, folds the norm's
+elementwise weight into the matrices that read the normalised residual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = ["HeadWeights", "head_weights", "ov_copying_scores"]
+
+
+@dataclass
+class HeadWeights:
+    """Weights of every head, expanded to query heads."""
+
+    W_Q: Float[Tensor, "n_layers n_heads d_model d_head"]
+    W_K: Float[Tensor, "n_layers n_heads d_model d_head"]
+    W_V: Float[Tensor, "n_layers n_heads d_model d_head"]
+    W_O: Float[Tensor, "n_layers n_heads d_head d_model"]
+    W_E: Float[Tensor, "d_vocab d_model"]
+    W_U: Float[Tensor, "d_model d_vocab"]
+
+
+def _norm_weight(module: object) -> Tensor | None:
+    """The elementwise weight of a (RMS/Layer)Norm bridge, or None."""
+    for name in ("weight", "w"):
+        w = getattr(module, name, None)
+        if isinstance(w, Tensor) and w.dim() == 1:
+            return w
+    orig = getattr(module, "_original_component", None)
+    w = getattr(orig, "weight", None)
+    return w if isinstance(w, Tensor) and w.dim() == 1 else None
+
+
+@torch.no_grad()
+def head_weights(model: TransformerBridge, fold_norms: bool = True) -> HeadWeights:
+    """Q, K, V, O per query head, plus embedding and unembedding.
+
+    Args:
+        model: a bridge.
+        fold_norms: for pre-norm models (not BERT's post-norm), multiply the rows of
+            W_Q/W_K/W_V by the block's ``ln1`` weight and of W_U by ``ln_final``'s, so the
+            matrices act on the residual stream up to the per-position scale.
+    """
+    cfg = model.cfg
+    n_heads = int(cfg.n_heads)
+    W_Q, W_K, W_V, W_O = (
+        t.detach().float().clone() for t in (model.W_Q, model.W_K, model.W_V, model.W_O)
+    )
+    group = n_heads // W_K.shape[1]
+    if group > 1:  # grouped-query attention: KV head h // group serves query head h
+        W_K = W_K.repeat_interleave(group, dim=1)
+        W_V = W_V.repeat_interleave(group, dim=1)
+    W_E = model.W_E.detach().float().clone()
+    W_U = model.W_U.detach().float().clone()
+    pre_norm = getattr(cfg, "attention_dir", "causal") != "bidirectional"
+    if fold_norms and pre_norm:
+        for layer, block in enumerate(model.blocks):
+            w = _norm_weight(block.ln1)
+            if w is not None:
+                scale = w.detach().float()[None, :, None]  # [1, d_model, 1]
+                W_Q[layer] *= scale
+                W_K[layer] *= scale
+                W_V[layer] *= scale
+        wf = _norm_weight(model.ln_final)
+        if wf is not None:
+            W_U = W_U * wf.detach().float()[:, None]
+    return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_U)
+
+
+@torch.no_grad()
+def ov_copying_scores(
+    model: TransformerBridge, weights: HeadWeights | None = None
+) -> Float[Tensor, "n_layers n_heads"]:
+    """Elhage et al. 2021's copying score of each head's full OV circuit.
+
+    For ``M = W_E W_V W_O W_U`` (vocab x vocab), the score is Σλ/Σ|λ| over M's eigenvalues:
+    near 1 when the head raises the logit of the token it attends to (copying). M's
+    nonzero eigenvalues are those of ``W_O W_U W_E W_V`` (d_head x d_head), which is cheap.
+
+    References:
+        Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits";
+        Olsson et al. 2022, "In-context Learning and Induction Heads".
+    """
+    w = weights or head_weights(model)
+    UE = w.W_U @ w.W_E  # [d_model, d_model]
+    small = torch.einsum(
+        "lhdm,mn,lhne->lhde", w.W_O, UE, w.W_V
+    )  # [n_layers, n_heads, d_head, d_head]
+    eig = torch.linalg.eigvals(small.double())
+    return (eig.sum(-1).real / eig.abs().sum(-1).clamp(min=1e-12)).float()
