@@ -21,16 +21,15 @@ if TYPE_CHECKING:
 __all__ = ["catalog_heatmap", "head_heatmap"]
 
 
-def head_heatmap(score: Tensor, ax=None, title: str = "", threshold: float | None = None, **kwargs):
-    """A layer x head heatmap of a ``[n_layers, n_heads]`` score; heads at or above
-    ``threshold`` are outlined."""
+def head_heatmap(score: Tensor, ax=None, title: str = "", heads=(), **kwargs):
+    """A layer x head heatmap of a ``[n_layers, n_heads]`` score; ``heads`` (``(layer, head)``
+    pairs, e.g. the labelled ones) are outlined in red."""
     ax = ax if ax is not None else plt.gca()
     data = score.detach().float().cpu().numpy()
     kwargs.setdefault("cmap", "viridis")
     sns.heatmap(data, ax=ax, square=False, cbar=True, xticklabels=True, yticklabels=True, **kwargs)
-    if threshold is not None:
-        for layer, head in zip(*(data >= threshold).nonzero(), strict=True):
-            ax.add_patch(plt.Rectangle((head, layer), 1, 1, fill=False, edgecolor="red", lw=1.5))
+    for layer, head in heads:
+        ax.add_patch(plt.Rectangle((head, layer), 1, 1, fill=False, edgecolor="red", lw=1.5))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
@@ -50,11 +49,11 @@ def catalog_heatmap(catalog: HeadCatalog, path: str | os.PathLike | None = None)
         squeeze=False,
     )
     for ax, (name, r) in zip(axes.flat, catalog.types.items(), strict=False):
-        head_heatmap(r.score, ax=ax, title=f"{name} ({r.reference})", threshold=r.threshold)
+        head_heatmap(r.score, ax=ax, title=f"{name} ({r.reference})", heads=r.heads)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.suptitle(f"{catalog.model.name}: head scores by type (red: labelled)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     if path is not None:
         fig.savefig(path, dpi=110)
         plt.close(fig)
