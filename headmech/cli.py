@@ -65,18 +65,41 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         options["n_sentences"] = args.n_sentences
     if args.n_sequences is not None:
         options["n_sequences"] = args.n_sequences
-    catalog = headmech.classify(model, types, progress=True, **options)
+    catalog = headmech.classify(
+        model, types, validate=args.validate, n_random=args.n_random, progress=True, **options
+    )
     t2 = time.perf_counter()
     out = Path(args.out)
     path = catalog.save(out)
     catalog.heatmap(out / "heatmap.png")
     print(catalog.table())
+    _print_evidence(catalog)
     for name, reason in catalog.meta.get("skipped", {}).items():
         print(f"skipped {name}: {reason}")
     print(
         f"\nwrote {path} and {out / 'heatmap.png'} (load {t1 - t0:.1f}s, classify {t2 - t1:.1f}s)"
     )
     return 0
+
+
+def _print_evidence(catalog) -> None:  # type: ignore[no-untyped-def]
+    """Each type's own evidence (e.g. syntactic: per relation, best head vs baseline) and
+    validation effects."""
+    from headmech.heads import head_types
+
+    registry = head_types()
+    for name, r in catalog.types.items():
+        lines = registry[name]().report(r.details) if name in registry else []
+        v = r.details.get("validation")
+        if v and v.get("n_heads"):
+            lines.append(
+                f"validation ({v['mode']} ablation, {v['metric']}): labelled heads {v['effect']:+.4f}, "
+                f"{len(v['random_effects'])} random sets of {v['n_heads']} ({v['control']}) {v['random_mean']:+.4f} on average"
+            )
+        if lines:
+            print(f"\n{name}:")
+            for line in lines:
+                print(f"  {line}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
     )
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="ablate each type's labelled heads and as many random same-layer heads; record the effects",
+    )
+    p.add_argument("--n-random", type=int, default=5, help="random head sets for --validate (default 5)")
     p.set_defaults(func=_cmd_classify)
     return parser
 

@@ -185,6 +185,10 @@ class HeadType:
             return self.metric_name
         return "next-token loss" if causal else "1 - cos(sentence embedding, unablated)"
 
+    def report(self, details: dict[str, Any]) -> list[str]:
+        """Lines of type-specific evidence for the command line (default: none)."""
+        return []
+
     def check_model(self, info: ModelInfo) -> str | None:
         """Why this type cannot run on the model, or None."""
         if self.causal_only and not info.causal:

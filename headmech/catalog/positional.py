@@ -65,8 +65,14 @@ class PositionalHead(HeadType):
     probe = "prose"
     default_threshold = 0.9  # Voita et al.: "at least 90% of the time"
 
-    def __init__(self, threshold: float | None = None, exclude_special_keys: bool = True) -> None:
-        super().__init__(threshold)
+    def __init__(
+        self,
+        threshold: float | None = None,
+        exclude_special_keys: bool = True,
+        *,
+        probe: str | None = None,
+    ) -> None:
+        super().__init__(threshold, probe=probe)
         self.exclude_special_keys = exclude_special_keys
 
     def __repr__(self) -> str:
@@ -147,6 +153,12 @@ class PositionalHead(HeadType):
             "exclude_special_keys": self.exclude_special_keys,
             "n_queries": int(stats.counts[f"{self.name}.other"].max()),
         }
+
+    def report(self, details: dict[str, Any]) -> list[str]:
+        return [
+            f"{h}: offset {off:+d}, {details['fraction'][h]:.2f} of queries"
+            for h, off in details.get("offset", {}).items()
+        ]
 
     def ideal_pattern(self, batch: ProbeBatch) -> Float[Tensor, "batch query_pos key_pos"]:
         """A previous-token head: every ordinary token puts all its attention on ``i - 1``

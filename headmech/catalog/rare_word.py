@@ -113,8 +113,10 @@ class RareWordHead(HeadType):
     probe = "prose_frequency"
     default_threshold = 0.3  # headmech's choice (Voita et al. give none): see the docstring
 
-    def __init__(self, threshold: float | None = None, min_ratio: float = 3.0) -> None:
-        super().__init__(threshold)
+    def __init__(
+        self, threshold: float | None = None, min_ratio: float = 3.0, *, probe: str | None = None
+    ) -> None:
+        super().__init__(threshold, probe=probe)
         self.min_ratio = float(min_ratio)
 
     def __repr__(self) -> str:

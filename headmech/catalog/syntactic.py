@@ -95,8 +95,10 @@ class SyntacticHead(HeadType):
         threshold: float | None = None,
         min_cases: int = 20,
         relations: Sequence[str] = RELATIONS,
+        *,
+        probe: str | None = None,
     ) -> None:
-        super().__init__(threshold)
+        super().__init__(threshold, probe=probe)
         self.min_cases = int(min_cases)
         self.relations = tuple(relations)
 
@@ -236,6 +238,18 @@ class SyntacticHead(HeadType):
                     if float(acc[k][lh] - baseline[k]) >= self.threshold:
                         per_head[str(lh)].append(f"{rel}.{direction}")
         return {"relations": relations, "head_relations": per_head, "min_cases": self.min_cases}
+
+    def report(self, details: dict[str, Any]) -> list[str]:
+        lines = ["relation  direction     best head  accuracy  baseline (offset)  cases"]
+        for rel, dirs in details.get("relations", {}).items():
+            for direction, r in dirs.items():
+                head = f"L{r['head'][0]}H{r['head'][1]}" if r.get("head") else "-"
+                mark = " *" if r.get("syntactic") else ""
+                lines.append(
+                    f"{rel:<9} {direction:<13} {head:<10} {r['accuracy']:>8.2f}  "
+                    f"{r['baseline']:>8.2f} ({r['baseline_offset']:+d})    {r['count']:>5}{mark}"
+                )
+        return lines
 
     def ideal_pattern(self, batch: ProbeBatch) -> Float[Tensor, "batch query_pos key_pos"]:
         """Every token of a word attends uniformly to the tokens of the word's syntactic head;
