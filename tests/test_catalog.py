@@ -111,3 +111,35 @@ def test_engine_matches_transformerlens_detector(tiny_models):
             atol=1e-5,
             rtol=1e-4,
         )
+
+
+def test_entry_point_head_types_are_discovered(tmp_path, monkeypatch):
+    """A third-party package registers a type through the `headmech.head_types` group."""
+    from importlib.metadata import EntryPoint
+
+    from headmech import heads
+
+    (tmp_path / "thirdparty_heads.py").write_text(
+        "import torch\n"
+        "from headmech.heads import HeadType\n"
+        "class FirstTokenHead(HeadType):\n"
+        "    '''Attends to position 0.\n\n    References:\n        Nobody 2025.\n    '''\n"
+        "    name = 'first_token_test'\n"
+        "    reference = 'Nobody 2025'\n"
+        "    citation = 'Nobody 2025, a test'\n"
+        "    description = 'attends to the first token'\n"
+        "    def targets(self, batch):\n"
+        "        return torch.zeros_like(batch.input_ids).masked_fill(batch.special, -1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ep = EntryPoint("first_token_test", "thirdparty_heads:FirstTokenHead", heads.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(
+        heads, "entry_points", lambda group: [ep] if group == heads.ENTRY_POINT_GROUP else []
+    )
+    monkeypatch.setattr(heads, "_discovered", False)
+    monkeypatch.setattr(heads, "_REGISTRY", dict(heads._REGISTRY))
+    types = headmech.head_types()
+    assert "first_token_test" in types and "previous_token" in types
+    from headmech.testing import check_head_type
+
+    check_head_type(types["first_token_test"])  # a contributed type passes the harness

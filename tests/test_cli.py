@@ -85,3 +85,29 @@ def test_help_everywhere():
             [sys.executable, "-m", "headmech.cli", *argv], capture_output=True, text=True
         )
         assert r.returncode == 0 and "usage: headmech" in r.stdout
+
+
+def test_classify_validate_and_evidence(capsys, tiny_dirs, tmp_path):
+    code, out, _ = run(
+        capsys,
+        "classify",
+        str(tiny_dirs["bert"]),
+        "--types",
+        "syntactic,previous_token",
+        "--out",
+        str(tmp_path),
+        "--n-sentences",
+        "24",
+        "--validate",
+        "--n-random",
+        "2",
+        "--seed",
+        "1",
+    )
+    assert code == 0, out
+    assert "relation  direction" in out  # syntactic's per-relation table, best head vs baseline
+    data = json.loads((tmp_path / "catalog.json").read_text())
+    for t in data["types"].values():
+        v = t["details"]["validation"]
+        assert v["control"] == "same_layers" and v["clean"] == 0.0  # encoder: embedding distortion
+        assert len(v["random_effects"]) == (2 if t["heads"] else 0)
