@@ -14,7 +14,7 @@ from headmech.catalog.syntactic import DIRECTIONS, SyntacticHead
 from headmech.catalog.syntactic import OFFSETS as SYN_OFFSETS
 from headmech.engine import ProbeBatch
 from headmech.heads import HeadIndex
-from headmech.probes.parsed import DEP_LABELS
+from headmech.probes.prose import DEP_LABELS
 
 # --- hand-made batches ------------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,62 +10,9 @@ from torch import Tensor
 
 from headmech.engine import HeadStats, ProbeBatch, Reducer
 from headmech.heads import HeadIndex, HeadType
-from headmech.probes import (
-    Probe,
-    ProbeOptions,
-    batch_sequences,
-    encode_sentences,
-    load_sentences,
-    register_probe,
-)
 
 if TYPE_CHECKING:
-    from transformer_lens.model_bridge import TransformerBridge
-
-
-@lru_cache(maxsize=4)
-def _default_corpus_counts(tokenizer: Any, vocab_size: int) -> Tensor:
-    """Token counts over the default corpus, once per tokenizer (tokenising ~700 sentences)."""
-    from headmech.probes import text
-
-    return text.token_frequencies(tokenizer, text.default_corpus(), vocab_size=vocab_size)
-
-
-def reference_counts(model: TransformerBridge, corpus: Any = None) -> Tensor:
-    """``[vocab]`` token counts over the whole corpus the probe samples from (default:
-    :func:`headmech.probes.text.default_corpus`, cached)."""
-    from headmech.probes import text
-
-    tokenizer = model.tokenizer
-    vocab = max(len(tokenizer), int(model.cfg.d_vocab))
-    if corpus is None:
-        return _default_corpus_counts(tokenizer, vocab)
-    return text.token_frequencies(tokenizer, load_sentences(corpus), vocab_size=vocab)
-
-
-@register_probe("prose_frequency")
-def prose_frequency_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
-    """The ``prose`` probe's sentences, with each token's count in the reference corpus.
-
-    ``extras["token_count"]``: per token, how often its id occurs in the whole corpus the
-    sentences are sampled from (-1 for special tokens and padding). Counting over the
-    whole corpus, which includes the sentence itself, gives every ordinary token a count
-    of at least one.
-    """
-    from headmech.probes import text
-
-    counts = reference_counts(model, options.corpus)
-    sentences = text.sample_sentences(
-        load_sentences(options.corpus), options.n_sentences, options.seed
-    )
-    encoded = encode_sentences(model, sentences)
-    special_ids = set(model.tokenizer.all_special_ids)
-    extras = [
-        {"token_count": [-1 if i in special_ids else int(counts[i]) for i in ids]}
-        for ids in encoded
-    ]
-    batches = batch_sequences(encoded, model.tokenizer, options.batch_size, extras)
-    return Probe("prose_frequency", batches, {"n_sentences": len(sentences)})
+    pass
 
 
 class RareWordHead(HeadType):
@@ -110,7 +56,7 @@ class RareWordHead(HeadType):
         "Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned, ACL"
     )
     description = "puts its maximum attention on the least frequent token of the sentence"
-    probe = "prose_frequency"
+    probe = "prose"
     default_threshold = 0.3  # headmech's choice (Voita et al. give none): see the docstring
 
     def __init__(

@@ -10,7 +10,6 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-import headmech.probes.parsed  # noqa: F401  (registers the "parsed_prose" probe)
 from headmech.engine import HeadStats, ProbeBatch, Reducer
 from headmech.heads import HeadIndex, HeadType
 
@@ -50,7 +49,7 @@ class _Cases:
 class SyntacticHead(HeadType):
     """A word's most-attended other word is its dependency partner, beyond what position gives.
 
-    On the ``parsed_prose`` probe (spaCy parses aligned with the model's tokens), each
+    On the ``prose`` probe (spaCy parses aligned with the model's tokens), each
     head's token attention is pooled to words as Clark et al. do: attention *from* a
     word split into several tokens is the mean of its tokens' rows, attention *to* it the
     sum of its tokens' columns. A word's predicted partner is its most-attended other word
@@ -87,7 +86,7 @@ class SyntacticHead(HeadType):
     description = (
         "attends from words to their dependency partners more often than position explains"
     )
-    probe = "parsed_prose"
+    probe = "prose"
     default_threshold = 0.10  # Voita et al.: at least 10 points above the positional baseline
 
     def __init__(

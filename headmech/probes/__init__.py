@@ -7,7 +7,8 @@ probes. Every builder is deterministic under ``seed``.
 Built-in probes:
 
 * ``prose`` — real English sentences (the CPython documentation's prose by default, or
-  the user's ``corpus`` file), tokenised with the model's special tokens;
+  the user's ``corpus`` file), tokenised with the model's special tokens, with spaCy
+  parses aligned to the tokens and corpus token counts (:mod:`headmech.probes.prose`);
 * ``repeated_random`` — BOS + random tokens + the same tokens again (Olsson et al. 2022).
 """
 
@@ -32,7 +33,6 @@ __all__ = [
     "ProbeOptions",
     "batch_sequences",
     "build_probe",
-    "prose_probe",
     "repeated_random_probe",
     "register_probe",
 ]
@@ -183,19 +183,6 @@ def load_sentences(corpus: str | os.PathLike | Sequence[str] | None) -> list[str
     return sentences
 
 
-@register_probe("prose")
-def prose_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
-    """Sentences sampled from the corpus, one per sequence."""
-    from headmech.probes import text
-
-    sentences = text.sample_sentences(
-        load_sentences(options.corpus), options.n_sentences, options.seed
-    )
-    encoded = encode_sentences(model, sentences)
-    batches = batch_sequences(encoded, model.tokenizer, options.batch_size)
-    return Probe("prose", batches, {"n_sentences": len(sentences)})
-
-
 def random_token_ids(
     tokenizer: Any, generator: torch.Generator, shape: tuple[int, ...]
 ) -> torch.Tensor:
@@ -239,3 +226,7 @@ def repeated_random_probe(model: TransformerBridge, options: ProbeOptions) -> Pr
         b.extras["half_len"] = half
         b.extras["offset"] = len(prefix)
     return Probe("repeated_random", batches, {"half_len": half, "offset": len(prefix)})
+
+
+# built-in probes defined in their own modules register on import
+from headmech.probes import prose as _prose  # noqa: E402, F401
