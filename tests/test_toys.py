@@ -75,3 +75,20 @@ def test_toy_induction_forms_the_circuit(toy):
     e_best = validate_heads(toy, T, [headmech.HeadIndex(0, best)], opts, n_random=0)["effect"]
     e_worst = validate_heads(toy, T, [headmech.HeadIndex(0, worst)], opts, n_random=0)["effect"]
     assert e_best > 1.0 and e_best > 3 * max(e_worst, 0.05), (e_best, e_worst)
+
+
+@pytest.mark.slow
+def test_toy_bridge_logits_equal_hf(toy):
+    from headmech.models import load_hf
+
+    hf, tok = load_hf("toy-induction")
+    ids = repeated_random_tokens(
+        2, 10, 256, generator=torch.Generator().manual_seed(1), bos_id=tok.bos_token_id
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(toy(ids), hf(ids).logits, atol=1e-5, rtol=1e-4)
+    # attention-only: every MLP outputs exactly zero
+    _, cache = toy.run_with_cache(ids)
+    assert all(
+        float(cache[f"blocks.{layer}.hook_mlp_out"].abs().max()) == 0.0 for layer in range(2)
+    )
