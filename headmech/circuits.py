@@ -297,3 +297,41 @@ def path_patch(
             component,
             verbose=False,
         ).cpu()
+
+
+def add_path_patching_edges(
+    G: nx.DiGraph,
+    model: TransformerBridge,
+    clean_tokens: Tensor,
+    corrupt_tokens: Tensor,
+    metric: Callable[[Tensor], Tensor],
+    senders: Sequence[HeadIndex],
+    component: Kind = "q",
+    top_k: int = 3,
+) -> nx.DiGraph:
+    """Add causal edges: for each sender, the ``top_k`` receivers whose ``component`` path
+    restores the metric most (``effect`` = patched metric - corrupted metric)."""
+    with torch.no_grad():
+        base = float(metric(model(corrupt_tokens)))
+    n_heads = int(model.cfg.n_heads)
+    for s in senders:
+        res = path_patch(model, clean_tokens, corrupt_tokens, metric, s, component)
+        effect = res - base
+        effect[: s.layer + 1] = 0.0  # rows up to the sender are placeholders
+        vals, idx = effect.flatten().abs().topk(min(top_k, effect.numel()))
+        for v, i in zip(vals.tolist(), idx.tolist(), strict=True):
+            if v == 0.0:
+                continue
+            r = HeadIndex(i // n_heads, i % n_heads)
+            for h in (s, r):
+                if str(h) not in G:
+                    G.add_node(str(h), layer=h.layer, head=h.head, types="")
+            G.add_edge(
+                str(s),
+                str(r),
+                kind=f"path-{component}",
+                score=round(float(effect.flatten()[i]), 5),
+                baseline=0.0,
+                ratio=1.0,
+            )
+    return G

@@ -10,6 +10,7 @@ import torch
 
 import headmech
 from headmech.circuits import (
+    add_path_patching_edges,
     composition_baseline,
     composition_scores,
     graph,
@@ -67,6 +68,23 @@ def test_path_patching_runs_and_refuses_gqa_keys(tiny_models):
     corrupt = torch.tensor([[1, 8, 9, 7, 5, 6]])
     res = path_patch(model, clean, corrupt, lambda logits: logits[0, -1, 7], HeadIndex(0, 1), "k")
     assert res.shape == (2, 4) and float(res[0].abs().max()) == 0.0 and torch.isfinite(res).all()
+    G = add_path_patching_edges(
+        nx.DiGraph(),
+        model,
+        clean,
+        corrupt,
+        lambda lg: lg[0, -1, 7],
+        [HeadIndex(0, 1)],
+        "q",
+        top_k=2,
+    )
+    assert G.number_of_edges() == 2 and all(d["kind"] == "path-q" for *_, d in G.edges(data=True))
+    # an edge's effect is the patched metric minus the corrupted one, as path_patch measured it
+    base = float(model(corrupt)[0, -1, 7])
+    q = path_patch(model, clean, corrupt, lambda lg: lg[0, -1, 7], HeadIndex(0, 1), "q")
+    for _, v, d in G.edges(data=True):
+        layer, head = (int(x) for x in v[1:].split("H"))
+        assert d["score"] == pytest.approx(float(q[layer, head]) - base, abs=1e-4)
     with pytest.raises(headmech.HeadmechError, match="grouped-query"):
         path_patch(
             tiny_models["llama"], clean, corrupt, lambda lg: lg[0, -1, 7], HeadIndex(0, 1), "k"
