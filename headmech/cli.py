@@ -102,6 +102,65 @@ def _print_evidence(catalog) -> None:  # type: ignore[no-untyped-def]
                 print(f"  {line}")
 
 
+def _cmd_importance(args: argparse.Namespace) -> int:
+    import headmech
+    from headmech.attribution import METHODS, UnknownMethodError, importance
+    from headmech.probes import ProbeOptions
+    from headmech.tasks import TASKS, UnknownTaskError, get_task
+
+    if args.method not in METHODS:  # fail fast, before loading
+        raise UnknownMethodError(f"unknown method '{args.method}' (have: {', '.join(METHODS)})")
+    if args.task not in TASKS:
+        raise UnknownTaskError(f"unknown task '{args.task}' (have: {', '.join(sorted(TASKS))})")
+    t0 = time.perf_counter()
+    print(f"loading {args.model} ...", file=sys.stderr)
+    model = headmech.load_model(args.model, device=args.device)
+    get_task(args.task, model)  # a causal-only task on an encoder: one-line error
+    options = ProbeOptions(seed=args.seed, batch_size=args.batch_size)
+    if args.n_sentences is not None:
+        options.n_sentences = args.n_sentences
+    if args.n_sequences is not None:
+        options.n_sequences = args.n_sequences
+    if args.half_len is not None:
+        options.half_len = args.half_len
+    result = importance(
+        model, args.method, args.task, probe_options=options, progress=True, seed=args.seed
+    )
+    path = result.save(args.out)
+    top = ", ".join(f"L{la}H{h}" for la, h in result.top(5))
+    print(f"{result.method} / {result.task}: clean {result.metric_clean}  top heads: {top}")
+    print(
+        f"wrote {path} and {Path(args.out) / 'importance.png'} ({result.seconds:.1f}s, "
+        f"{result.forward_equivalents:.1f} forward-pass equivalents; total {time.perf_counter() - t0:.1f}s)"
+    )
+    return 0
+
+
+def _cmd_circuit(args: argparse.Namespace) -> int:
+    import headmech
+    from headmech.circuits import draw, graph, save_graph
+    from headmech.heads import resolve_types
+
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or any(k not in ("q", "k", "v") for k in kinds):
+        raise HeadmechError(f"--kinds takes q, k and v, got '{args.kinds}'")
+    types = resolve_types(args.types) if args.types else None
+    print(f"loading {args.model} ...", file=sys.stderr)
+    model = headmech.load_model(args.model, device=args.device)
+    catalog = headmech.classify(model, types, progress=True, seed=args.seed)
+    G = graph(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
+    out = Path(args.out)
+    files = save_graph(G, out)
+    draw(G, out / "circuit.png")
+    edges = sorted(G.edges(data=True), key=lambda e: -e[2]["ratio"])
+    print(f"{G.number_of_nodes()} heads, {G.number_of_edges()} edges (score / random baseline):")
+    for u, v, d in edges[:40]:
+        tu, tv = G.nodes[u]["types"] or "-", G.nodes[v]["types"] or "-"
+        print(f"  {u} ({tu}) -{d['kind']}-> {v} ({tv})  {d['score']:.3f}  x{d['ratio']:.1f}")
+    print(f"\nwrote {files['graphml']}, {files['json']} and {out / 'circuit.png'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="headmech",
@@ -157,8 +216,64 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ablate each type's labelled heads and as many random same-layer heads; record the effects",
     )
-    p.add_argument("--n-random", type=int, default=5, help="random head sets for --validate (default 5)")
+    p.add_argument(
+        "--n-random", type=int, default=5, help="random head sets for --validate (default 5)"
+    )
     p.set_defaults(func=_cmd_classify)
+
+    p = sub.add_parser(
+        "importance",
+        help="score every head's importance for a task",
+        description="Score every head of MODEL for a task by an attribution method; writes DIR/importance.json and DIR/importance.png.",
+    )
+    p.add_argument("model", metavar="MODEL", help="a bundled, toy or local Hugging Face model")
+    p.add_argument(
+        "--method",
+        required=True,
+        metavar="M",
+        help="zero, mean, resample, uniform, patching, attribution_patching, mask_gradient, dla, confidence, lrp",
+    )
+    p.add_argument(
+        "--task", default="lm", metavar="T", help="lm, induction or retrieval (default lm)"
+    )
+    p.add_argument(
+        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    p.add_argument("--n-sentences", type=int, default=None, help="prose sentences (default 256)")
+    p.add_argument(
+        "--n-sequences", type=int, default=None, help="repeated random sequences (default 32)"
+    )
+    p.add_argument(
+        "--half-len", type=int, default=None, help="tokens per repeated half (default 32)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
+    )
+    p.set_defaults(func=_cmd_importance)
+
+    p = sub.add_parser(
+        "circuit",
+        help="graph how catalogued heads compose",
+        description="Classify MODEL's heads, then graph which earlier heads feed the labelled heads' "
+        "queries, keys and values (weight-based composition, Elhage et al. 2021); writes "
+        "DIR/circuit.graphml, DIR/circuit.json and DIR/circuit.png.",
+    )
+    p.add_argument("model", metavar="MODEL", help="a bundled, toy or local Hugging Face model")
+    p.add_argument(
+        "--types", help="comma-separated head types whose heads are receivers (default: all)"
+    )
+    p.add_argument("--kinds", default="q,k,v", help="composition kinds (default q,k,v)")
+    p.add_argument(
+        "--top-k", type=int, default=3, help="strongest senders kept per receiver and kind"
+    )
+    p.add_argument(
+        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    p.set_defaults(func=_cmd_circuit)
     return parser
 
 
