@@ -1,0 +1,55 @@
+"""Confidence (Voita et al. 2019): how peaked a head's attention is.
+
+A head's confidence is its maximum attention weight at a query, averaged over the real
+query tokens of a probe; special tokens (BOS/CLS/SEP/EOS, padding) are excluded as
+queries and as keys (Voita et al. excluded EOS, where heads park attention). Confident
+heads put most of their mass on one token; Voita et al. found that the heads LRP ranks
+important tend to be confident. It needs no task metric: one streaming pass over the probe
+(a :class:`headmech.engine.Reducer`, no cache).
+
+References:
+    Voita, Talbot, Moiseev, Sennrich, Titov 2019, "Analyzing Multi-Head Self-Attention:
+    Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned", ACL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from jaxtyping import Float
+from torch import Tensor
+
+from headmech.engine import ProbeBatch, Reducer, stream_statistics
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = ["confidence", "confidence_reducer"]
+
+
+def confidence_reducer(name: str = "confidence") -> Reducer:
+    """Sum over real, non-special queries of the maximum weight on a non-special key."""
+
+    def prepare(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+        ordinary = ~batch.special  # [batch, pos]
+        return ordinary, ordinary
+
+    def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
+        queries, keys = prepared
+        # pattern: [batch, head_index, query_pos, key_pos]
+        top = (pattern * keys[:, None, None, :].to(pattern.dtype)).amax(-1)  # [batch, head, query]
+        w = queries[:, None, :].to(pattern.dtype)
+        return {"max": ((top * w).sum((0, 2)), queries.sum())}
+
+    return Reducer(name, fn, prepare)
+
+
+def confidence(
+    model: TransformerBridge, batches: Sequence[ProbeBatch], *, progress: bool | str = False
+) -> Float[Tensor, "n_layers n_heads"]:
+    """Mean maximum attention weight per head (Voita et al. 2019)."""
+    stats = stream_statistics(
+        model, batches, [confidence_reducer()], progress=progress, total=len(batches)
+    )
+    return stats.mean("confidence.max")

@@ -1,0 +1,194 @@
+"""Direct logit attribution (DLA): what a head writes straight into the answer's logit.
+
+A causal model's logits are linear in the residual stream once the final norm's scale is
+frozen at its clean value: ``logit_y = (resid - mean(resid)) / s · w · W_U[:, y] + const``
+(LayerNorm; RMSNorm has no centring). The residual stream is a sum of components, and a
+head's component is ``z_h @ W_O[h]``, so each head gets a share of the logit: its
+*direct* effect, ignoring what later layers make of its output. We score the correct next
+token against the mean over the vocabulary (``W_U[:, y] - mean_v W_U[:, v]``: the part of
+the logit that survives the softmax's shift invariance; ``baseline=`` a token id compares
+with that token instead), averaged over the task's target tokens. Per-head DLAs plus the
+other components (embeddings, MLPs, attention biases, the norm's bias and ``b_U``) add up
+to ``logit_y - baseline`` exactly (tested).
+
+For a post-LN encoder (BERT) nothing reaches the output unnormalised: a head's direct path
+runs through the LayerNorm after its attention block and every later LayerNorm on the skip
+connections (MLPs bypassed), each linearised with its clean scale. The pooled direct
+contribution is projected on the clean sentence embedding, ``c·e0/|e0|²`` (the encoder
+``lm`` task's gradient metric).
+
+References:
+    Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits".
+    nostalgebraist 2020, "interpreting GPT: the logit lens".
+    TransformerLens, ``tools/analysis/direct_logit_attribution.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headmech.attribution.ablation import Cost
+from headmech.engine import ProbeBatch
+from headmech.errors import HeadmechError
+from headmech.tasks import EmbeddingTask, Task, TokenLossTask
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = ["direct_logit_attribution", "frozen_norm"]
+
+
+def frozen_norm(
+    x: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"], norm: Any, kind: str
+) -> Float[Tensor, "... d_model"]:
+    """The linear part of a LayerNorm/RMSNorm with its scale frozen (bias left out)."""
+    if kind == "LN":
+        x = x - x.mean(-1, keepdim=True)
+    return x / scale * norm.weight.to(x.dtype)
+
+
+def _capture(
+    model: TransformerBridge, batch: ProbeBatch, names: Sequence[str]
+) -> dict[str, Tensor]:
+    store: dict[str, Tensor] = {}
+
+    def make(name: str) -> Callable[..., None]:
+        def grab(x: Tensor, hook: Any) -> None:
+            store[name] = x.detach()
+
+        return grab
+
+    dev = next(model.parameters()).device
+    with torch.no_grad(), model.hooks(fwd_hooks=[(n, make(n)) for n in names]):
+        model(
+            batch.input_ids.to(dev),
+            attention_mask=batch.attention_mask.to(dev),
+            stop_at_layer=int(model.cfg.n_layers),
+            return_type=None,
+        )
+    return store
+
+
+def _causal_batch(
+    model: TransformerBridge, task: TokenLossTask, batch: ProbeBatch, baseline: int | None
+) -> tuple[Tensor, int]:
+    n_layers = int(model.cfg.n_layers)
+    kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
+    # the final norm's scale is recorded by a hook inside ln_final, which
+    # stop_at_layer skips: recompute it from the final residual stream
+    names = [f"blocks.{la}.attn.hook_z" for la in range(n_layers)]
+    names.append(f"blocks.{n_layers - 1}.hook_out")
+    st = _capture(model, batch, names)
+    dev = next(model.parameters()).device
+    query, target = task.select(batch.to(dev))  # [batch, pos] each
+    resid = st[f"blocks.{n_layers - 1}.hook_out"][query]  # [n, d_model]
+    scale = _norm_scale(model, resid, kind)  # [n, 1]
+    W_U = model.W_U  # [d_model, d_vocab]
+    base = W_U.mean(1) if baseline is None else W_U[:, baseline]  # [d_model]
+    direction = (W_U[:, target[query]].T - base) * model.ln_final.weight  # [n, d_model]
+    out = torch.zeros(n_layers, int(model.cfg.n_heads), device=dev)
+    for la in range(n_layers):
+        z = st[f"blocks.{la}.attn.hook_z"][query]  # [n, n_heads, d_head]
+        c = torch.einsum("nhd,hdm->nhm", z, model.blocks[la].attn.W_O)  # [n, n_heads, d_model]
+        if kind == "LN":
+            c = c - c.mean(-1, keepdim=True)
+        out[la] = torch.einsum("nhm,nm->h", c / scale[:, None], direction)
+    return out, int(query.sum())
+
+
+def _norm_scale(model: TransformerBridge, resid: Tensor, kind: str) -> Tensor:
+    """The final norm's clean scale for these residual vectors (what its hook_scale holds)."""
+    store: dict[str, Tensor] = {}
+
+    def grab(s: Tensor, hook: Any) -> None:
+        store["s"] = s.detach()
+
+    with torch.no_grad(), model.hooks(fwd_hooks=[("ln_final.hook_scale", grab)]):
+        model.ln_final(resid)
+    if "s" in store:
+        return store["s"].reshape(resid.shape[0], 1)
+    eps = float(getattr(model.cfg, "eps", 1e-5))
+    x = resid - resid.mean(-1, keepdim=True) if kind == "LN" else resid
+    return (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+
+def _encoder_batch(
+    model: TransformerBridge, task: EmbeddingTask, batch: ProbeBatch
+) -> tuple[Tensor, int]:
+    n_layers = int(model.cfg.n_layers)
+    names = [f"blocks.{la}.attn.hook_z" for la in range(n_layers)]
+    names += [f"blocks.{la}.{ln}.hook_scale" for la in range(n_layers) for ln in ("ln1", "ln2")]
+    names.append(f"blocks.{n_layers - 1}.hook_out")
+    st = _capture(model, batch, names)
+    dev = next(model.parameters()).device
+    mask = batch.attention_mask.to(dev)
+    m = mask[..., None].float()
+    h = st[f"blocks.{n_layers - 1}.hook_out"]
+    e0 = (h * m).sum(1) / m.sum(1)  # [batch, d_model]
+    proj = e0 / (e0 * e0).sum(-1, keepdim=True)  # [batch, d_model]: c.e0/|e0|^2
+    out = torch.zeros(n_layers, int(model.cfg.n_heads), device=dev)
+    for la in range(n_layers):
+        z = st[f"blocks.{la}.attn.hook_z"]  # [batch, pos, n_heads, d_head]
+        c = torch.einsum("bphd,hdm->bphm", z, model.blocks[la].attn.W_O)
+        for later in range(la, n_layers):  # post-LN skip path: ln1 and ln2 of each block
+            for ln in ("ln1", "ln2"):
+                s = st[f"blocks.{later}.{ln}.hook_scale"][:, :, None]  # [batch, pos, 1, 1]
+                c = frozen_norm(c, s, getattr(model.blocks[later], ln), "LN")
+        pooled = (c * m[..., None]).sum(1) / m.sum(1)[..., None]  # [batch, n_heads, d_model]
+        out[la] = torch.einsum("bhm,bm->h", pooled, proj)
+    return out, int(batch.input_ids.shape[0])
+
+
+def direct_logit_attribution(
+    model: TransformerBridge,
+    task: Task,
+    batches: Sequence[ProbeBatch],
+    *,
+    baseline: int | None = None,
+    cost: Cost | None = None,
+    progress: bool | str = False,
+) -> Float[Tensor, "n_layers n_heads"]:
+    """Mean direct logit attribution of every head over the task's targets.
+
+    Args:
+        model: a ``TransformerBridge``.
+        task: a causal token task (``lm``, ``induction``, ``retrieval``) or the encoder
+            ``lm`` task (projection on the clean embedding).
+        batches: the task's probe batches.
+        baseline: a token id to compare the correct token with (default: the mean over
+            the vocabulary).
+
+    Returns:
+        ``[n_layers, n_heads]``; positive: the head pushes the correct token (or the clean
+        embedding direction) directly.
+    """
+    is_encoder = isinstance(task, EmbeddingTask)
+    if not is_encoder and not isinstance(task, TokenLossTask):
+        raise HeadmechError(
+            f"direct logit attribution needs target tokens (lm, induction, retrieval); "
+            f"task '{task.name}' has none"
+        )
+    total, n = None, 0
+    it: Any = batches
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(batches, desc=progress if isinstance(progress, str) else "DLA", leave=False)
+    for batch in it:
+        if is_encoder:
+            assert isinstance(task, EmbeddingTask)
+            s, k = _encoder_batch(model, task, batch)
+        else:
+            assert isinstance(task, TokenLossTask)
+            s, k = _causal_batch(model, task, batch, baseline)
+        total = s.double().cpu() if total is None else total + s.double().cpu()
+        n += k
+        if cost is not None:
+            cost.add(int(batch.input_ids.shape[0]))
+    assert total is not None
+    return (total / max(n, 1)).float()

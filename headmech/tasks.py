@@ -1,0 +1,406 @@
+"""Tasks: what a head is important *for*.
+
+A task pairs a probe (the data) with a differentiable *damage* (higher is worse, the
+convention of :mod:`headmech.metrics`), so every attribution method reads "how much does
+this head matter for the task" the same way. A task computes, for one forward pass under
+given ``fwd_hooks``, a sum and a count per *copy* of the batch: attribution methods
+stack several interventions along the batch dimension (copy ``i`` of the batch carries
+intervention ``i``), and a task splits the result back.
+
+Built-in tasks:
+
+* ``lm`` — causal models: mean next-token loss on the prose probe. Encoders: sentence
+  embedding fidelity, ``1 - cos(e, e0)`` between the mean-pooled final hidden state ``e``
+  and the unablated model's ``e0``.
+* ``induction`` — loss on the repeated half of random-token sequences
+  (``repeated_random`` probe; Olsson et al. 2022).
+* ``retrieval`` — teacher-forced needle-answer NLL (``needle`` probe; causal only).
+* :class:`CallableTask` — any function of the logits (or of the final hidden state),
+  ``CallableTask(fn, on="logits" | "hidden")`` with ``fn(output, batch) -> scalar``.
+
+**The encoder ``lm`` subtlety.** Cosine fidelity is at its optimum on the clean model, so
+its gradient with respect to head masks or head outputs is exactly zero there, and every
+first-order method (mask gradient, attribution patching) would see nothing. Gradient
+methods therefore use the *projection damage* ``1 - e·e0/|e0|²`` (the embedding's
+component along its clean direction, relative to the clean norm): it equals the cosine
+damage's value 0 at the clean point, is linear in ``e`` and has a non-zero gradient.
+A head that rotates the embedding away from ``e0`` also shrinks that component, so the
+two agree on which heads matter to first order in the direction of ``e0``; what the
+projection misses is a pure rotation that keeps ``e·e0``. Results say which metric each
+method used (``ImportanceResult.metric``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+import headmech.probes.needle  # noqa: F401  (registers the "needle" probe)
+from headmech.engine import ProbeBatch
+from headmech.errors import HeadmechError
+from headmech.probes import ProbeOptions, build_probe, random_token_ids
+from headmech.probes.needle import needle_spans
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = [
+    "TASKS",
+    "CallableTask",
+    "EmbeddingTask",
+    "Task",
+    "TokenLossTask",
+    "UnknownTaskError",
+    "get_task",
+    "is_causal",
+]
+
+Hooks = Sequence[tuple[Any, Any]]
+
+
+class UnknownTaskError(HeadmechError):
+    """A task name that is not defined, or a task that does not fit the model."""
+
+
+def is_causal(model: TransformerBridge) -> bool:
+    return getattr(model.cfg, "attention_dir", "causal") != "bidirectional"
+
+
+def _device(model: TransformerBridge) -> torch.device:
+    return next(model.parameters()).device
+
+
+def final_resid(
+    model: TransformerBridge,
+    ids: Int[Tensor, "batch pos"],
+    mask: Int[Tensor, "batch pos"],
+    fwd_hooks: Hooks = (),
+) -> Float[Tensor, "batch pos d_model"]:
+    """The last block's output (before the final norm); the unembedding is skipped."""
+    n_layers = int(model.cfg.n_layers)
+    out: dict[str, Tensor] = {}
+
+    def grab(resid: Tensor, hook: Any) -> None:
+        out["h"] = resid
+
+    hooks = [*fwd_hooks, (f"blocks.{n_layers - 1}.hook_out", grab)]
+    with model.hooks(fwd_hooks=hooks):
+        model(ids, attention_mask=mask, stop_at_layer=n_layers, return_type=None)
+    return out["h"]
+
+
+def unembed(
+    model: TransformerBridge, resid: Float[Tensor, "n d_model"]
+) -> Float[Tensor, "n d_vocab"]:
+    """Final norm and unembedding of selected residual vectors (avoids full logits)."""
+    normed = model.ln_final(resid)
+    logits = normed @ model.W_U
+    b_U = getattr(model, "b_U", None)
+    return logits + b_U if b_U is not None else logits
+
+
+class Task:
+    """A probe plus a differentiable damage (higher is worse).
+
+    Attributes:
+        name: registry key.
+        probe: the probe it runs on (:func:`headmech.probes.build_probe`).
+        causal_only: refused on encoders.
+        metric: what :meth:`damage` measures (recorded in results).
+        gradient_metric: what :meth:`damage` with ``linear=True`` measures (gradient
+            methods use it; the same as ``metric`` unless the metric is flat at the clean
+            model).
+    """
+
+    name: str = "task"
+    probe: str = "prose"
+    causal_only: bool = False
+    metric: str = ""
+    gradient_metric: str = ""
+
+    def check(self, model: TransformerBridge) -> None:
+        """Raise a one-line error when the task does not fit the model."""
+        if self.causal_only and not is_causal(model):
+            raise UnknownTaskError(
+                f"task '{self.name}' needs a causal (decoder) model; this one is an encoder"
+            )
+
+    def batches(self, model: TransformerBridge, options: ProbeOptions) -> list[ProbeBatch]:
+        return build_probe(self.probe, model, options).batches
+
+    def reference(self, model: TransformerBridge, batch: ProbeBatch) -> Any:
+        """Clean-run data the damage compares with (None unless the task needs it)."""
+        return None
+
+    def damage(
+        self,
+        model: TransformerBridge,
+        batch: ProbeBatch,
+        fwd_hooks: Hooks = (),
+        *,
+        copies: int = 1,
+        reference: Any = None,
+        linear: bool = False,
+    ) -> tuple[Float[Tensor, " copies"], Float[Tensor, " copies"]]:
+        """Sum and count of the damage in each copy of ``batch`` stacked ``copies`` times.
+
+        Gradients flow when autograd is enabled (callers choose ``torch.no_grad``).
+        """
+        raise NotImplementedError
+
+    def corrupt(self, batch: ProbeBatch, model: TransformerBridge, seed: int) -> ProbeBatch:
+        """A corrupted version of ``batch`` (same length) for patching methods."""
+        raise UnknownTaskError(
+            f"task '{self.name}' defines no corrupted inputs: patching needs clean/corrupt pairs"
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+def _stack(batch: ProbeBatch, copies: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    ids = batch.input_ids.to(device).repeat(copies, 1)  # [copies * batch, pos]
+    mask = batch.attention_mask.to(device).repeat(copies, 1)
+    return ids, mask
+
+
+class TokenLossTask(Task):
+    """Cross-entropy of chosen target tokens at chosen query positions (causal models).
+
+    ``select(batch)`` returns the query positions (``Bool[batch, pos]``) and the token each
+    should predict there (``Int[batch, pos]``): the same selection serves the loss and
+    direct logit attribution.
+    """
+
+    causal_only = True
+
+    def __init__(
+        self,
+        name: str,
+        probe: str,
+        select: Callable[[ProbeBatch], tuple[Tensor, Tensor]],
+        metric: str,
+        corrupt: Callable[[ProbeBatch, Any, int], ProbeBatch] | None = None,
+    ) -> None:
+        self.name = name
+        self.probe = probe
+        self.select = select
+        self.metric = metric
+        self.gradient_metric = metric
+        self._corrupt = corrupt
+
+    def damage(self, model, batch, fwd_hooks=(), *, copies=1, reference=None, linear=False):
+        dev = _device(model)
+        ids, mask = _stack(batch, copies, dev)
+        query, target = self.select(batch.to(dev))  # [batch, pos] each
+        resid = final_resid(model, ids, mask, fwd_hooks)  # [copies * batch, pos, d_model]
+        resid = resid.view(copies, *query.shape, -1)  # [copies, batch, pos, d_model]
+        sel = query[None].expand(copies, -1, -1)
+        logits = unembed(model, resid[sel]).float()  # [n_selected, d_vocab]
+        loss = F.cross_entropy(logits, target[None].expand(copies, -1, -1)[sel], reduction="none")
+        copy_of = torch.arange(copies, device=dev)[:, None, None].expand_as(sel)[sel]
+        sums = torch.zeros(copies, device=dev, dtype=loss.dtype).index_add(0, copy_of, loss)
+        counts = torch.full((copies,), float(query.sum()), device=dev)
+        return sums, counts
+
+    def corrupt(self, batch, model, seed):
+        if self._corrupt is None:
+            return super().corrupt(batch, model, seed)
+        return self._corrupt(batch, model, seed)
+
+
+# offset so corruptions never replay the probe's own draws (probes seed from 0, 1, ...)
+_CORRUPT_SEED = 0x5EED_C0DE
+
+
+def _select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    ids, mask = batch.input_ids, batch.attention_mask.bool()
+    query = torch.zeros_like(mask)
+    query[:, :-1] = mask[:, 1:]  # position i predicts token i + 1 when that token is real
+    target = torch.zeros_like(ids)
+    target[:, :-1] = ids[:, 1:]
+    return query, target
+
+
+def _select_induction(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    query, target = _select_lm(batch)
+    half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
+    pos = torch.arange(query.shape[1], device=query.device)
+    # the repeated tokens but the first: predicted from positions off+half .. off+2*half-2
+    window = (pos >= off + half) & (pos <= off + 2 * half - 2)
+    return query & window[None], target
+
+
+def _corrupt_induction(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """Fresh random tokens in the first half: the second half is no longer a repeat."""
+    half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
+    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    ids[:, off : off + half] = random_token_ids(model.tokenizer, g, (ids.shape[0], half))
+    return replace(batch, input_ids=ids)
+
+
+def _select_retrieval(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    answer_pos, _, valid, _ = needle_spans(batch)
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    qpos = (answer_pos - 1).clamp(min=0)  # the position that predicts each answer token
+    query.scatter_(1, qpos, valid)
+    target = torch.zeros_like(batch.input_ids)
+    target.scatter_(1, qpos, batch.input_ids.gather(1, answer_pos.clamp(min=0)))
+    return query, target
+
+
+def _corrupt_retrieval(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """The needle's code tokens replaced by random tokens; the answer keeps the real code."""
+    _, source_pos, valid, _ = needle_spans(batch)
+    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    fresh = random_token_ids(model.tokenizer, g, tuple(source_pos.shape))
+    rows = torch.arange(ids.shape[0])[:, None].expand_as(source_pos)
+    ids[rows[valid], source_pos[valid]] = fresh[valid]
+    return replace(batch, input_ids=ids)
+
+
+class EmbeddingTask(Task):
+    """Encoder ``lm``: fidelity of the mean-pooled sentence embedding to the clean model's.
+
+    ``metric``: ``1 - cos(e, e0)``; ``gradient_metric`` (``linear=True``):
+    ``1 - e·e0/|e0|²``, whose gradient at the clean model is not zero (module docstring).
+    """
+
+    name = "lm"
+    probe = "prose"
+    metric = "1 - cos(e, e0), mean-pooled final hidden state vs the clean model"
+    gradient_metric = "1 - e.e0/|e0|^2 (projection on the clean embedding; cosine's gradient is 0 at the clean model)"
+
+    def reference(self, model, batch):
+        with torch.no_grad():
+            return self._pool(model, batch, (), 1)[0].detach()
+
+    def _pool(self, model: Any, batch: ProbeBatch, fwd_hooks: Hooks, copies: int) -> Tensor:
+        dev = _device(model)
+        ids, mask = _stack(batch, copies, dev)
+        h = final_resid(model, ids, mask, fwd_hooks)  # [copies * batch, pos, d_model]
+        m = mask[..., None].to(h.dtype)
+        pooled = (h * m).sum(1) / m.sum(1)  # [copies * batch, d_model]
+        return pooled.view(copies, batch.input_ids.shape[0], -1)  # [copies, batch, d_model]
+
+    def damage(self, model, batch, fwd_hooks=(), *, copies=1, reference=None, linear=False):
+        if reference is None:
+            reference = self.reference(model, batch)
+        e = self._pool(model, batch, fwd_hooks, copies).float()
+        e0 = reference.float()[None]  # [1, batch, d_model]
+        if linear:
+            sim = (e * e0).sum(-1) / (e0 * e0).sum(-1)
+        else:
+            sim = F.cosine_similarity(e, e0.expand_as(e), dim=-1)
+        sums = (1.0 - sim).sum(1)  # [copies]
+        return sums, torch.full_like(sums, float(e.shape[1]))
+
+
+class CallableTask(Task):
+    """A user metric: ``fn(output, batch) -> scalar damage`` per batch (higher is worse).
+
+    ``output`` is the logits ``[batch, pos, d_vocab]`` (``on="logits"``) or the final
+    hidden state ``[batch, pos, d_model]`` (``on="hidden"``). The task's value is the mean
+    of ``fn`` over the probe's batches. With stacked copies, ``fn`` sees one copy at a time,
+    so a TransformerLens-style metric (a scalar over the batch) works unchanged.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[Tensor, ProbeBatch], Tensor],
+        *,
+        name: str = "custom",
+        probe: str = "prose",
+        on: Literal["logits", "hidden"] = "logits",
+        metric: str | None = None,
+        batches: list[ProbeBatch] | None = None,
+        corrupt_batches: list[ProbeBatch] | None = None,
+    ) -> None:
+        if on not in ("logits", "hidden"):
+            raise ValueError(f"on must be 'logits' or 'hidden', got {on!r}")
+        self.fn = fn
+        self.name = name
+        self.probe = probe
+        self.on = on
+        self.metric = metric or f"{getattr(fn, '__name__', 'user metric')} on the {on}"
+        self.gradient_metric = self.metric
+        self._batches = batches
+        self._corrupt = corrupt_batches
+
+    def batches(self, model, options):
+        return self._batches if self._batches is not None else super().batches(model, options)
+
+    def damage(self, model, batch, fwd_hooks=(), *, copies=1, reference=None, linear=False):
+        dev = _device(model)
+        ids, mask = _stack(batch, copies, dev)
+        if self.on == "logits":
+            with model.hooks(fwd_hooks=list(fwd_hooks)):
+                out = model(ids, attention_mask=mask)
+        else:
+            out = final_resid(model, ids, mask, fwd_hooks)
+        out = out.view(copies, *batch.input_ids.shape, -1)  # [copies, batch, pos, d]
+        b = batch.to(dev)
+        vals = torch.stack(
+            [torch.as_tensor(self.fn(out[i], b)).float().reshape(()) for i in range(copies)]
+        )
+        return vals, torch.ones_like(vals)
+
+    def corrupt(self, batch, model, seed):
+        if self._corrupt is None or self._batches is None:
+            return super().corrupt(batch, model, seed)
+        for b, c in zip(self._batches, self._corrupt, strict=True):
+            if b is batch:
+                return c
+        raise UnknownTaskError("no corrupted counterpart for this batch")
+
+
+TASKS: dict[str, Callable[[Any], Task]] = {}
+
+
+def _lm(model: Any) -> Task:
+    if is_causal(model):
+        return TokenLossTask(
+            "lm", "prose", _select_lm, "mean next-token cross-entropy on the prose probe"
+        )
+    return EmbeddingTask()
+
+
+TASKS["lm"] = _lm
+TASKS["induction"] = lambda model: TokenLossTask(
+    "induction",
+    "repeated_random",
+    _select_induction,
+    "mean loss on the repeated half of random-token sequences",
+    _corrupt_induction,
+)
+TASKS["retrieval"] = lambda model: TokenLossTask(
+    "retrieval",
+    "needle",
+    _select_retrieval,
+    "mean NLL of the teacher-forced needle answer tokens",
+    _corrupt_retrieval,
+)
+
+
+def get_task(task: str | Task, model: TransformerBridge) -> Task:
+    """A task by name (``lm``, ``induction``, ``retrieval``) or as given; checked for the model.
+
+    Raises:
+        UnknownTaskError: an unknown name, or a causal-only task on an encoder.
+    """
+    if isinstance(task, Task):
+        out = task
+    elif task in TASKS:
+        out = TASKS[task](model)
+    else:
+        raise UnknownTaskError(f"unknown task '{task}' (have: {', '.join(sorted(TASKS))})")
+    out.check(model)
+    return out
