@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from headmech.errors import HeadmechError
 
@@ -161,6 +162,133 @@ def _cmd_circuit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prune(args: argparse.Namespace) -> int:
+    import json
+
+    import headmech
+    from headmech.probes import ProbeOptions
+    from headmech.pruning import PruningResult, michel_prune
+    from headmech.tasks import TASKS, UnknownTaskError, get_task
+
+    if args.method not in ("michel", "l0", "mae"):
+        raise HeadmechError(f"unknown pruning method '{args.method}' (have: michel, l0, mae)")
+    if args.task not in TASKS:
+        raise UnknownTaskError(f"unknown task '{args.task}' (have: {', '.join(sorted(TASKS))})")
+    try:
+        lams = [float(x) for x in args.lams.split(",") if x.strip()]
+    except ValueError:
+        raise HeadmechError(f"--lams takes comma-separated numbers, got '{args.lams}'") from None
+    t0 = time.perf_counter()
+    print(f"loading {args.model} ...", file=sys.stderr)
+    model = headmech.load_model(args.model, device=args.device)
+    task = get_task(args.task, model)
+    options = ProbeOptions(seed=args.seed, batch_size=args.batch_size)
+    if args.n_sentences is not None:
+        options.n_sentences = args.n_sentences
+    if args.n_sequences is not None:
+        options.n_sequences = args.n_sequences
+    if args.half_len is not None:
+        options.half_len = args.half_len
+    catalog = None
+    if args.catalog:
+        from headmech.classify import HeadCatalog
+
+        catalog = HeadCatalog.load(args.catalog)
+        if (catalog.model.n_layers, catalog.model.n_heads) != (
+            model.cfg.n_layers,
+            model.cfg.n_heads,
+        ):
+            raise HeadmechError(f"{args.catalog} describes a model of another shape")
+    out = Path(args.out)
+    if args.method == "mae":
+        from headmech.pruning.mae import compare_mae
+
+        c = compare_mae(model, task, probe_options=options, seed=args.seed)
+        out.mkdir(parents=True, exist_ok=True)
+        data = {
+            "method": "mae",
+            "task": task.name,
+            "steps": [],
+            "survival": {},
+            "comparison": {
+                "base": c.base,
+                "mae": c.mae,
+                "finetuned": c.finetuned,
+                "model_steps": c.model_steps,
+            },
+            "mae_improves": c.mae_improves,
+        }
+        (out / "pruning.json").write_text(json.dumps(data, indent=1) + "\n")
+        print(
+            f"mae / {task.name} (held out, lower is better): base {c.base:.4f}, "
+            f"MAE gates + {c.model_steps} model steps {c.mae:.4f}, fine-tuned alone {c.finetuned:.4f}"
+        )
+        print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
+        return 0
+    if args.method == "l0":
+        from headmech.pruning.l0 import l0_sweep
+        from headmech.pruning.survival import survival
+
+        sweep = l0_sweep(
+            model, lams, steps=args.l0_steps, task=task, probe_options=options, seed=args.seed
+        )
+        n_heads = int(model.cfg.n_heads)
+        steps: list[dict[str, Any]] = [
+            {
+                "n_kept": int(model.cfg.n_layers) * n_heads,
+                "heads_kept": [
+                    [la, h] for la in range(int(model.cfg.n_layers)) for h in range(n_heads)
+                ],
+                "metric": sweep.results[0].base_metric,
+                "lambda": 0.0,
+            }
+        ]
+        for r in sorted(sweep.results, key=lambda r: (-r.heads_kept, r.lam)):
+            kept = [[int(a), int(b)] for a, b in (r.hard_mask > 0).nonzero().tolist()]
+            steps.append(
+                {"n_kept": r.heads_kept, "heads_kept": kept, "metric": r.metric, "lambda": r.lam}
+            )
+        result = PruningResult(
+            method="l0",
+            task=task.name,
+            steps=steps,
+            survival=survival([st["heads_kept"] for st in steps], catalog) if catalog else {},
+            n_heads_total=int(model.cfg.n_layers) * n_heads,
+            metric=task.metric,
+            model=str(getattr(model, "headmech_name", args.model)),
+        )
+    else:
+        result = michel_prune(
+            model,
+            args.task,
+            fraction=args.fraction,
+            steps=args.steps,
+            probe_options=options,
+            catalog=catalog,
+            progress=True,
+        )
+    path = result.save(out)
+    if catalog is not None:
+        from headmech.pruning.survival import enrichment, removal_order
+
+        n_kept = [st["n_kept"] for st in result.steps]
+        print("types by when pruning removed half their heads (heads kept then):")
+        for row in removal_order(result.survival, n_kept):
+            print(f"  {row['type']}: {row['half_removed_at_n_kept']}")
+        half = min(result.steps, key=lambda st: abs(st["n_kept"] - n_kept[0] / 2))
+        print(
+            f"enrichment of catalogued heads among the {half['n_kept']} kept: {enrichment(half['heads_kept'], catalog)}"
+        )
+    for st in result.steps:
+        lam = f"  (lambda {st['lambda']:g})" if "lambda" in st else ""
+        print(f"  {st['n_kept']:4d} heads kept: {st['metric']:.4f}{lam}")
+    print(
+        f"{args.method} / {result.task}: {result.removable_fraction(0.05):.0%} of heads removable at <= 5% metric loss"
+    )
+    print(f"wrote {path} and {out / 'pruning.png'} (total {time.perf_counter() - t0:.1f}s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="headmech",
@@ -274,6 +402,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
     p.set_defaults(func=_cmd_circuit)
+
+    p = sub.add_parser(
+        "prune",
+        help="prune heads iteratively and record the task metric",
+        description="Prune MODEL's heads for a task (michel: Michel et al. 2019, 10% of the "
+        "remaining heads per step by mask-gradient importance); writes DIR/pruning.json and "
+        "DIR/pruning.png.",
+    )
+    p.add_argument("model", metavar="MODEL", help="a bundled, toy or local Hugging Face model")
+    p.add_argument("--method", required=True, metavar="M", help="michel (l0, mae: not yet)")
+    p.add_argument(
+        "--task", default="lm", metavar="T", help="lm, induction or retrieval (default lm)"
+    )
+    p.add_argument(
+        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
+    )
+    p.add_argument(
+        "--fraction", type=float, default=0.1, help="share of remaining heads per step (0.1)"
+    )
+    p.add_argument("--steps", type=int, default=None, help="stop after N steps (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    p.add_argument("--n-sentences", type=int, default=None, help="prose sentences (default 256)")
+    p.add_argument(
+        "--n-sequences", type=int, default=None, help="repeated random sequences (default 32)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
+    )
+    p.add_argument(
+        "--half-len", type=int, default=None, help="tokens per repeated half (default 32)"
+    )
+    p.add_argument(
+        "--catalog", help="a catalog.json from `headmech classify`: report which types survive"
+    )
+    p.add_argument(
+        "--lams",
+        default="0.01,0.1,1,3,10",
+        help="l0: λ values of the sweep (default 0.01,0.1,1,3,10)",
+    )
+    p.add_argument(
+        "--l0-steps", type=int, default=100, help="l0: gate training steps per λ (default 100)"
+    )
+    p.set_defaults(func=_cmd_prune)
     return parser
 
 
