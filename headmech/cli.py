@@ -106,7 +106,6 @@ def _print_evidence(catalog) -> None:  # type: ignore[no-untyped-def]
 def _cmd_importance(args: argparse.Namespace) -> int:
     import headmech
     from headmech.attribution import METHODS, UnknownMethodError, importance
-    from headmech.probes import ProbeOptions
     from headmech.tasks import TASKS, UnknownTaskError, get_task
 
     if args.method not in METHODS:  # fail fast, before loading
@@ -117,13 +116,7 @@ def _cmd_importance(args: argparse.Namespace) -> int:
     print(f"loading {args.model} ...", file=sys.stderr)
     model = headmech.load_model(args.model, device=args.device)
     get_task(args.task, model)  # a causal-only task on an encoder: one-line error
-    options = ProbeOptions(seed=args.seed, batch_size=args.batch_size)
-    if args.n_sentences is not None:
-        options.n_sentences = args.n_sentences
-    if args.n_sequences is not None:
-        options.n_sequences = args.n_sequences
-    if args.half_len is not None:
-        options.half_len = args.half_len
+    options = _probe_options(args)
     result = importance(
         model, args.method, args.task, probe_options=options, progress=True, seed=args.seed
     )
@@ -166,7 +159,6 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     import json
 
     import headmech
-    from headmech.probes import ProbeOptions
     from headmech.pruning import PruningResult, michel_prune
     from headmech.tasks import TASKS, UnknownTaskError, get_task
 
@@ -182,13 +174,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     print(f"loading {args.model} ...", file=sys.stderr)
     model = headmech.load_model(args.model, device=args.device)
     task = get_task(args.task, model)
-    options = ProbeOptions(seed=args.seed, batch_size=args.batch_size)
-    if args.n_sentences is not None:
-        options.n_sentences = args.n_sentences
-    if args.n_sequences is not None:
-        options.n_sequences = args.n_sequences
-    if args.half_len is not None:
-        options.half_len = args.half_len
+    options = _probe_options(args)
     catalog = None
     if args.catalog:
         from headmech.classify import HeadCatalog
@@ -289,6 +275,37 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Output folder, seed, device and probe sizes (importance and prune)."""
+    p.add_argument(
+        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    p.add_argument("--n-sentences", type=int, default=None, help="prose sentences (default 256)")
+    p.add_argument(
+        "--n-sequences", type=int, default=None, help="repeated random sequences (default 32)"
+    )
+    p.add_argument(
+        "--half-len", type=int, default=None, help="tokens per repeated half (default 32)"
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
+    )
+
+
+def _probe_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """ProbeOptions from the run options; unset sizes keep the library defaults."""
+    from headmech.probes import ProbeOptions
+
+    sizes = {k: getattr(args, k) for k in ("n_sentences", "n_sequences", "half_len")}
+    return ProbeOptions(
+        seed=args.seed,
+        batch_size=args.batch_size,
+        **{k: v for k, v in sizes.items() if v is not None},
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="headmech",
@@ -364,21 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task", default="lm", metavar="T", help="lm, induction or retrieval (default lm)"
     )
-    p.add_argument(
-        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
-    p.add_argument("--n-sentences", type=int, default=None, help="prose sentences (default 256)")
-    p.add_argument(
-        "--n-sequences", type=int, default=None, help="repeated random sequences (default 32)"
-    )
-    p.add_argument(
-        "--half-len", type=int, default=None, help="tokens per repeated half (default 32)"
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
-    )
+    _add_run_options(p)
     p.set_defaults(func=_cmd_importance)
 
     p = sub.add_parser(
@@ -407,32 +410,24 @@ def build_parser() -> argparse.ArgumentParser:
         "prune",
         help="prune heads iteratively and record the task metric",
         description="Prune MODEL's heads for a task (michel: Michel et al. 2019, 10% of the "
-        "remaining heads per step by mask-gradient importance); writes DIR/pruning.json and "
-        "DIR/pruning.png.",
+        "remaining heads per step by mask-gradient importance; l0: Voita et al. 2019 Hard "
+        "Concrete gates over a λ sweep; mae: Peng et al. 2020 input-dependent gates against "
+        "fine-tuning); writes DIR/pruning.json and DIR/pruning.png.",
     )
     p.add_argument("model", metavar="MODEL", help="a bundled, toy or local Hugging Face model")
-    p.add_argument("--method", required=True, metavar="M", help="michel (l0, mae: not yet)")
+    p.add_argument("--method", required=True, metavar="M", help="michel, l0 or mae")
     p.add_argument(
         "--task", default="lm", metavar="T", help="lm, induction or retrieval (default lm)"
     )
+    _add_run_options(p)
     p.add_argument(
-        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
+        "--fraction",
+        type=float,
+        default=0.1,
+        help="michel: share of remaining heads per step (0.1)",
     )
     p.add_argument(
-        "--fraction", type=float, default=0.1, help="share of remaining heads per step (0.1)"
-    )
-    p.add_argument("--steps", type=int, default=None, help="stop after N steps (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
-    p.add_argument("--n-sentences", type=int, default=None, help="prose sentences (default 256)")
-    p.add_argument(
-        "--n-sequences", type=int, default=None, help="repeated random sequences (default 32)"
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
-    )
-    p.add_argument(
-        "--half-len", type=int, default=None, help="tokens per repeated half (default 32)"
+        "--steps", type=int, default=None, help="michel: stop after N steps (default: all)"
     )
     p.add_argument(
         "--catalog", help="a catalog.json from `headmech classify`: report which types survive"
