@@ -1,7 +1,9 @@
 """Head types: the base class, the registry and discovery of the catalog.
 
 A head type is one small class in ``headmech/catalog/`` (or in a third-party package
-registered under the entry-point group ``headmech.head_types``). It declares
+registered under the entry-point group ``headmech.head_types``, or in a ``.py`` file in a
+folder listed in ``$HEADMECH_CATALOG_PATH``, which is how to try a new type before
+contributing it). It declares
 
 * ``name`` (snake_case, written once: it is the registry key), ``reference`` (paper, year)
   and ``citation``;
@@ -20,7 +22,10 @@ name is refused.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 import pkgutil
+import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -30,14 +35,22 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.engine import HeadStats, ProbeBatch, Reducer, target_reducer
-from headmech.errors import UnknownHeadTypeError
+from headmech.errors import HeadmechError, UnknownHeadTypeError
 
 if TYPE_CHECKING:
     from headmech.models import ModelInfo
 
-__all__ = ["HeadIndex", "HeadType", "get_head_type", "head_types", "register"]
+__all__ = [
+    "HeadIndex",
+    "HeadType",
+    "get_head_type",
+    "head_types",
+    "load_catalog_folder",
+    "register",
+]
 
 ENTRY_POINT_GROUP = "headmech.head_types"
+CATALOG_PATH_ENV = "HEADMECH_CATALOG_PATH"  # extra folders of head-type files (os.pathsep)
 
 
 class HeadIndex(NamedTuple):
@@ -237,6 +250,47 @@ def _discover() -> None:
         obj = ep.load()  # importing the module registers its classes
         if isinstance(obj, type) and issubclass(obj, HeadType) and obj.__dict__.get("name"):
             register(obj)
+    for folder in os.environ.get(CATALOG_PATH_ENV, "").split(os.pathsep):
+        if folder:
+            load_catalog_folder(folder)
+
+
+def load_catalog_folder(folder: str | os.PathLike) -> list[str]:
+    """Import every ``*.py`` file of a folder as head-type definitions.
+
+    Folders in ``$HEADMECH_CATALOG_PATH`` are loaded this way by discovery, so a new type
+    can be written, checked and used (``headmech types``, ``headmech classify --types``)
+    before it moves into ``headmech/catalog/``.
+
+    Returns:
+        The names of the head types the files registered.
+
+    Raises:
+        HeadmechError: the folder is missing, or a file fails to import (one line).
+    """
+    from pathlib import Path
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise HeadmechError(f"{CATALOG_PATH_ENV}: '{root}' is not a folder")
+    before = set(_REGISTRY)
+    for path in sorted(root.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        module_name = f"headmech_local_catalog.{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise HeadmechError(f"cannot import head-type file {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[module_name]
+            raise HeadmechError(
+                f"cannot import head-type file {path}: {type(e).__name__}: {e}"
+            ) from None
+    return sorted(set(_REGISTRY) - before)
 
 
 def head_types() -> dict[str, type[HeadType]]:

@@ -49,6 +49,7 @@ __all__ = [
     "load_hf",
     "load_model",
     "model_info",
+    "toy_checkpoints",
 ]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -141,16 +142,28 @@ class ToyModel:
 
     name: str
     description: str
-    # () -> (hf_model, tokenizer, training metrics); imported lazily
-    train: Callable[[], tuple[Any, Any, dict[str, Any]]]
+    # (checkpoint folder) -> (hf_model, tokenizer, training metrics); imported lazily.
+    # Training checkpoints are saved under the folder as step-NNNNN/ model directories.
+    train: Callable[[Path], tuple[Any, Any, dict[str, Any]]]
     # identifies the recipe: a changed recipe trains into a new cache folder
     fingerprint: Callable[[], str]
 
 
-def _train_toy_induction() -> tuple[Any, Any, dict[str, Any]]:
-    from headmech.toys import ToyInductionConfig, train_toy_induction
+TOY_CHECKPOINT_EVERY = 50  # training steps between saved checkpoints of a toy model
 
-    return train_toy_induction(ToyInductionConfig())
+
+def _train_toy_induction(checkpoints: Path) -> tuple[Any, Any, dict[str, Any]]:
+    from headmech.toys import ToyInductionConfig, make_toy_tokenizer, train_toy_induction
+
+    config = ToyInductionConfig()
+    tokenizer = make_toy_tokenizer(config.vocab_size)
+
+    def save(step: int, model: Any) -> None:
+        with _quiet():
+            model.save_pretrained(checkpoints / f"step-{step:05d}")
+            tokenizer.save_pretrained(checkpoints / f"step-{step:05d}")
+
+    return train_toy_induction(config, checkpoint_every=TOY_CHECKPOINT_EVERY, on_checkpoint=save)
 
 
 def _fingerprint_toy_induction() -> str:
@@ -158,7 +171,8 @@ def _fingerprint_toy_induction() -> str:
 
     from headmech.toys import ToyInductionConfig
 
-    blob = json.dumps(asdict(ToyInductionConfig()), sort_keys=True)
+    recipe = {**asdict(ToyInductionConfig()), "checkpoint_every": TOY_CHECKPOINT_EVERY}
+    blob = json.dumps(recipe, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
@@ -182,9 +196,13 @@ def ensure_toy(name: str) -> Path:
     out = toy_path(name)
     if (out / "config.json").exists():
         return out
-    model, tokenizer, metrics = TOY_MODELS[name].train()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out.parent))
+    try:
+        model, tokenizer, metrics = TOY_MODELS[name].train(tmp / "checkpoints")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "training.json").write_text(json.dumps(metrics, indent=1, default=str))
@@ -193,6 +211,22 @@ def ensure_toy(name: str) -> Path:
     except OSError:  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def toy_checkpoints(name: str) -> dict[int, Path]:
+    """The saved training checkpoints of a toy model, by optimizer step (0 = untrained).
+
+    Trains the toy once if it is not cached. Each value is a Hugging Face model directory
+    that :func:`load_model` loads like any other.
+
+    Examples:
+        >>> ckpts = toy_checkpoints("toy-induction")  # doctest: +SKIP
+        >>> model = load_model(ckpts[500])  # doctest: +SKIP
+    """
+    if name not in TOY_MODELS:
+        raise UnknownModelError(f"unknown toy model '{name}': use one of {', '.join(TOY_MODELS)}")
+    folder = ensure_toy(name) / "checkpoints"
+    return {int(p.name.split("-")[1]): p for p in sorted(folder.glob("step-*"))}
 
 
 def list_models() -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ Examples:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -195,13 +196,21 @@ def _eval_metrics(model: LlamaForCausalLM, config: ToyInductionConfig) -> dict[s
 
 
 def train_toy_induction(
-    config: ToyInductionConfig | None = None, *, progress: bool = False
+    config: ToyInductionConfig | None = None,
+    *,
+    progress: bool = False,
+    checkpoint_every: int = 0,
+    on_checkpoint: Callable[[int, LlamaForCausalLM], None] | None = None,
 ) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast, dict[str, Any]]:
     """Train the toy induction model from scratch (deterministic under ``config.seed``).
 
     Args:
         config: the recipe (default :class:`ToyInductionConfig`).
         progress: print the loss every 250 steps.
+        checkpoint_every: call ``on_checkpoint(step, model)`` before training (step 0),
+            after every ``checkpoint_every`` optimizer steps and after the last one, with
+            the model in eval mode (0: never). Checkpoints do not change the training run.
+        on_checkpoint: the callback, e.g. one that saves the model; it must not modify it.
 
     Returns:
         ``(model, tokenizer, metrics)``: the model in eval mode, its tokenizer, and
@@ -222,7 +231,19 @@ def train_toy_induction(
     )
     g = torch.Generator().manual_seed(config.seed + 1)
     losses: list[float] = []
+
+    def checkpoint(step: int) -> None:
+        if on_checkpoint is None or checkpoint_every <= 0:
+            return
+        if step % checkpoint_every and step != config.steps:
+            return
+        model.eval()
+        with torch.no_grad():
+            on_checkpoint(step, model)
+        model.train()
+
     start = time.perf_counter()
+    checkpoint(0)
     for step in range(config.steps):
         n = int(torch.randint(config.min_half_len, config.max_half_len + 1, (1,), generator=g))
         ids = repeated_random_tokens(
@@ -237,6 +258,7 @@ def train_toy_induction(
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(loss.item())
+        checkpoint(step + 1)
         if progress and (step % 250 == 0 or step == config.steps - 1):
             print(
                 f"step {step:5d}  loss {loss.item():.3f}  {time.perf_counter() - start:.0f}s",

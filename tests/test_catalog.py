@@ -143,3 +143,37 @@ def test_entry_point_head_types_are_discovered(tmp_path, monkeypatch):
     from headmech.testing import check_head_type
 
     check_head_type(types["first_token_test"])  # a contributed type passes the harness
+
+
+def test_catalog_path_folders_are_discovered(tmp_path, monkeypatch):
+    """A type in a $HEADMECH_CATALOG_PATH folder is found by discovery and the CLI; a
+    broken file there is a one-line error."""
+    from headmech import heads
+
+    (tmp_path / "first_token_path.py").write_text(
+        "import torch\n"
+        "from headmech.heads import HeadType\n"
+        "class FirstTokenPathHead(HeadType):\n"
+        "    name = 'first_token_path'\n"
+        "    reference = 'Nobody 2026'\n"
+        "    citation = 'Nobody 2026, a test'\n"
+        "    description = 'attends to the first token'\n"
+        "    def targets(self, batch):\n"
+        "        return torch.zeros_like(batch.input_ids).masked_fill(batch.special, -1)\n"
+    )
+    monkeypatch.setenv(heads.CATALOG_PATH_ENV, str(tmp_path))
+    monkeypatch.setattr(heads, "_discovered", False)
+    monkeypatch.setattr(heads, "_REGISTRY", dict(heads._REGISTRY))
+    assert "first_token_path" in headmech.head_types()
+    assert heads.load_catalog_folder(tmp_path) == []  # loading again registers nothing new
+
+    from headmech.cli import main
+
+    monkeypatch.setattr(heads, "_discovered", False)
+    assert main(["types"]) == 0
+    (tmp_path / "broken.py").write_text("def broken(:\n")
+    monkeypatch.setattr(heads, "_discovered", False)
+    with pytest.raises(headmech.HeadmechError, match="broken.py: SyntaxError"):
+        headmech.head_types()
+    monkeypatch.setattr(heads, "_discovered", False)
+    assert main(["types"]) == 2

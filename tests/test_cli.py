@@ -111,3 +111,10 @@ def test_classify_validate_and_evidence(capsys, tiny_dirs, tmp_path):
         v = t["details"]["validation"]
         assert v["control"] == "same_layers" and v["clean"] == 0.0  # encoder: embedding distortion
         assert len(v["random_effects"]) == (2 if t["heads"] else 0)
+
+
+def test_python_dash_m_headmech_runs_the_cli():
+    out = subprocess.run(
+        [sys.executable, "-m", "headmech", "types"], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and "previous_token" in out.stdout
