@@ -40,6 +40,40 @@ def test_training_is_deterministic_under_the_seed():
     assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
 
 
+def test_checkpoints_are_taken_on_schedule_and_do_not_change_training():
+    cfg = ToyInductionConfig(steps=5, batch_size=4)
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+
+    def keep(step, model):
+        assert not model.training
+        seen[step] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    a, _, _ = train_toy_induction(cfg, checkpoint_every=2, on_checkpoint=keep)
+    b, _, _ = train_toy_induction(cfg)
+    assert sorted(seen) == [0, 2, 4, 5]  # before training, every 2 steps, and the end
+    for name, p in b.state_dict().items():
+        assert torch.equal(a.state_dict()[name], p), name
+        assert torch.equal(seen[5][name], p), name
+    assert not torch.equal(
+        seen[0]["model.embed_tokens.weight"], seen[5]["model.embed_tokens.weight"]
+    )
+
+
+@pytest.mark.slow
+def test_cached_toy_has_loadable_checkpoints():
+    from headmech.models import TOY_CHECKPOINT_EVERY, toy_checkpoints
+
+    ckpts = toy_checkpoints("toy-induction")
+    steps = ToyInductionConfig().steps
+    assert sorted(ckpts) == list(range(0, steps + 1, TOY_CHECKPOINT_EVERY))
+    final, _ = headmech.load_hf(ckpts[steps])
+    cached, _ = headmech.load_hf("toy-induction")
+    for (name, p), q in zip(final.state_dict().items(), cached.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+    with pytest.raises(headmech.HeadmechError, match="unknown toy model"):
+        toy_checkpoints("toy-nothing")
+
+
 @pytest.fixture(scope="module")
 def toy():
     return headmech.load_model("toy-induction")  # trained once (about a minute), then cached
