@@ -27,9 +27,23 @@ def test_there_are_six_tutorials_without_stored_outputs():
         )
 
 
+@pytest.fixture(scope="module")
+def kernel_name(tmp_path_factory) -> str:
+    """A kernel spec for this interpreter, so the notebooks run in the test's environment
+    even where a system-wide "python3" kernel points at another Python."""
+    from ipykernel.kernelspec import install
+
+    prefix = tmp_path_factory.mktemp("jupyter")
+    install(kernel_name="headmech-tutorials", prefix=str(prefix))
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        filter(None, [str(prefix / "share" / "jupyter"), os.environ.get("JUPYTER_PATH")])
+    )
+    return "headmech-tutorials"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_tutorial_runs(path, tmp_path, monkeypatch):
+def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
     monkeypatch.setenv("HEADMECH_TUTORIAL_SMALL", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     # the kernel imports headmech from this checkout, also when it is not installed
@@ -39,7 +53,7 @@ def test_tutorial_runs(path, tmp_path, monkeypatch):
     )
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
-        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        nb, timeout=900, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}}
     )
     try:
         client.execute()
