@@ -43,8 +43,12 @@ format: setup
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
+BENCH_ARGS ?=
 bench: setup
-	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	rm -f benchmarks/results.json
+	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f $(BENCH_ARGS) || exit 1; done
+	$(PY) benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache

@@ -11,18 +11,18 @@ call it). Target: at least 5x faster, scores equal within 1e-5 on TL's definitio
 query row, "mul" error measure). Prompts all have the same token length, so TL's mean of
 per-prompt scores equals headmech's token-weighted mean.
 
-Usage: python benchmarks/bench_classify.py [--model smollm2-135m] [--device cpu] [--n-prompts 16]
+Usage: python benchmarks/bench_classify.py [--model smollm2-135m] [--device cpu] [--threads N] [--n-prompts 16]
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from common import add_arguments, clock, record, start
 
 
-def figure_1(model, device) -> None:  # type: ignore[no-untyped-def]
+def figure_1(model, device) -> dict:  # type: ignore[no-untyped-def]
     import headmech
     from headmech.engine import bare_forward
     from headmech.heads import collect_statistics, resolve_types
@@ -38,19 +38,29 @@ def figure_1(model, device) -> None:  # type: ignore[no-untyped-def]
     probes = {name: build_probe(name, model, options) for name in groups}
     batches = [b for p in probes.values() for b in p.batches]
     bare_forward(model, batches[:1])  # warm-up
-    t0 = time.perf_counter()
+    t0 = clock(device)
     bare_forward(model, batches)
-    bare = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    bare = clock(device) - t0
+    t0 = clock(device)
     for name, group in groups.items():
         collect_statistics(group, model, probes[name].batches)
-    engine = time.perf_counter() - t0
+    engine = clock(device) - t0
     n_tok = sum(p.n_tokens for p in probes.values())
+    ratio = engine / bare
     print(
         f"figure 1: {len(types)} types on {len(probes)} probes ({n_tok} tokens, {len(batches)} batches): "
-        f"bare {bare:.2f}s, classify streaming {engine:.2f}s, ratio = {engine / bare:.2f} (target <= 1.3)"
+        f"bare {bare:.2f}s, classify streaming {engine:.2f}s, ratio = {ratio:.2f} (target <= 1.3)"
     )
     del headmech
+    return {
+        "figure": "1",
+        "what": f"classify with all {len(types)} types / bare forward passes over the same batches "
+        f"({info.name}, {n_tok} tokens on {len(probes)} shared probes)",
+        "result": f"{ratio:.2f}x ({engine:.1f} s vs {bare:.1f} s)",
+        "target": "<= 1.3",
+        "met": ratio <= 1.3,
+        "values": {"classify_s": engine, "bare_s": bare},
+    }
 
 
 def tl_targets(kind: str):  # type: ignore[no-untyped-def]
@@ -71,7 +81,7 @@ def tl_targets(kind: str):  # type: ignore[no-untyped-def]
     return fn
 
 
-def figure_2(model, n_prompts: int, seq_len: int) -> None:  # type: ignore[no-untyped-def]
+def figure_2(model, n_prompts: int, seq_len: int, device) -> dict:  # type: ignore[no-untyped-def]
     from transformer_lens.head_detector import detect_head
 
     from headmech.engine import stream_statistics, target_reducer
@@ -89,32 +99,45 @@ def figure_2(model, n_prompts: int, seq_len: int) -> None:  # type: ignore[no-un
             prompts.append(text)
             tokens.append(ids)
     kinds = ["previous_token_head", "duplicate_token_head", "induction_head"]
-    t0 = time.perf_counter()
+    t0 = clock(device)
     want = {k: torch.stack([detect_head(model, p, k) for p in prompts]).mean(0) for k in kinds}
-    tl = time.perf_counter() - t0
+    tl = clock(device) - t0
     batches = batch_sequences(tokens, tok, batch_size=16)
-    t0 = time.perf_counter()
+    t0 = clock(device)
     stats = stream_statistics(model, batches, [target_reducer(k, tl_targets(k)) for k in kinds])
-    ours = time.perf_counter() - t0
-    err = max(float((stats.mean(f"{k}.rows") - want[k].float()).abs().max()) for k in kinds)
+    ours = clock(device) - t0
+    err = max(float((stats.mean(f"{k}.rows") - want[k].float().cpu()).abs().max()) for k in kinds)
     print(
         f"figure 2: 3 detector scores, {n_prompts} prompts of {len(tokens[0])} tokens: TL detect_head {tl:.2f}s, "
         f"headmech {ours:.2f}s, speed-up = {tl / ours:.1f}x (target >= 5), max |difference| = {err:.1e} (target 1e-5)"
     )
+    return {
+        "figure": "2",
+        "what": "previous-token, duplicate-token and induction scores of all heads vs "
+        f"TransformerLens detect_head, one call per type and prompt ({n_prompts} prompts of "
+        f"{len(tokens[0])} tokens)",
+        "result": f"{tl / ours:.1f}x faster ({ours:.1f} s vs {tl:.1f} s), max difference {err:.1e}",
+        "target": ">= 5x, within 1e-5",
+        "met": tl / ours >= 5 and err <= 1e-5,
+        "values": {"headmech_s": ours, "tl_s": tl, "max_diff": err},
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--device", default=None)
+    add_arguments(ap)
     ap.add_argument("--n-prompts", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=64)
     args = ap.parse_args()
+    start(args)
     import headmech
 
     model = headmech.load_model(args.model, device=args.device)
-    figure_1(model, args.device)
-    figure_2(model, args.n_prompts, args.seq_len)
+    rows = [
+        figure_1(model, args.device),
+        figure_2(model, args.n_prompts, args.seq_len, args.device),
+    ]
+    record("bench_classify", args.device, rows)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
+from headmech.engine import ProbeBatch, run_blocks
 from headmech.errors import HeadmechError
 from headmech.heads import HeadIndex
 
@@ -158,12 +158,7 @@ def mean_head_outputs(
         for batch in batches:
             real = batch.attention_mask.bool()
             count += real.sum()
-            model(
-                batch.input_ids.to(device),
-                attention_mask=batch.attention_mask.to(device),
-                stop_at_layer=int(cfg.n_layers),
-                return_type=None,
-            )
+            run_blocks(model, batch.input_ids.to(device), batch.attention_mask.to(device))
     return (sums / count).float()
 
 

@@ -42,7 +42,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 import headmech.probes.needle  # noqa: F401  (registers the "needle" probe)
-from headmech.engine import ProbeBatch
+from headmech.engine import ProbeBatch, run_blocks
 from headmech.errors import HeadmechError
 from headmech.probes import ProbeOptions, build_probe, random_token_ids
 from headmech.probes.needle import needle_spans
@@ -91,7 +91,7 @@ def final_resid(
 
     hooks = [*fwd_hooks, (f"blocks.{n_layers - 1}.hook_out", grab)]
     with model.hooks(fwd_hooks=hooks):
-        model(ids, attention_mask=mask, stop_at_layer=n_layers, return_type=None)
+        run_blocks(model, ids, mask)
     return out["h"]
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from headmech.engine import HeadStats, stream_statistics, target_reducer
+from headmech.engine import HeadStats, ProbeBatch, stream_statistics, target_reducer
 from headmech.heads import get_head_type
 from headmech.probes import ProbeOptions, batch_sequences, build_probe, encode_sentences
 
@@ -177,3 +177,32 @@ def test_probes_are_deterministic(tiny_models):
     assert all(
         torch.equal(x.input_ids, y.input_ids) for x, y in zip(p1.batches, p2.batches, strict=True)
     )
+
+
+@pytest.mark.parametrize("kind", ["causal", "encoder"])
+def test_run_blocks_stops_before_the_unembedding(kind):
+    """Statistics passes never compute logits: TransformerLens' ``stop_at_layer=n_layers``
+    did not stop, and on BERT the bridge never stops; ``run_blocks`` does."""
+    from headmech.engine import run_blocks
+    from headmech.testing import tiny_model
+
+    model = tiny_model(kind)
+    n_layers = int(model.cfg.n_layers)
+    ids = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    fired: list[str] = []
+    hook = ("unembed.hook_in", lambda x, hook: fired.append(hook.name))
+    with torch.no_grad(), model.hooks(fwd_hooks=[hook]):
+        out = run_blocks(model, ids)
+        stream_statistics(
+            model,
+            [ProbeBatch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool))],
+            [
+                target_reducer(
+                    "prev",
+                    lambda b: (torch.arange(b.input_ids.shape[1]) - 1).expand_as(b.input_ids),
+                )
+            ],
+        )
+    assert fired == []
+    _, cache = model.run_with_cache(ids)
+    torch.testing.assert_close(out, cache[f"blocks.{n_layers - 1}.hook_out"])

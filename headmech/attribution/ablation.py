@@ -33,7 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.ablation import mean_head_outputs, pattern_edits_apply
-from headmech.engine import ProbeBatch
+from headmech.engine import ProbeBatch, run_blocks
 from headmech.errors import HeadmechError
 from headmech.heads import HeadIndex
 from headmech.tasks import Task, is_causal
@@ -168,12 +168,7 @@ def capture_z(
         torch.no_grad(),
         model.hooks(fwd_hooks=[(f"blocks.{la}.attn.hook_z", make(la)) for la in range(n_layers)]),
     ):
-        model(
-            batch.input_ids.to(dev),
-            attention_mask=batch.attention_mask.to(dev),
-            stop_at_layer=n_layers,
-            return_type=None,
-        )
+        run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev))
     return torch.stack([store[la] for la in range(n_layers)])
 
 

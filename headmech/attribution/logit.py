@@ -33,7 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.attribution.ablation import Cost
-from headmech.engine import ProbeBatch
+from headmech.engine import ProbeBatch, run_blocks
 from headmech.errors import HeadmechError
 from headmech.tasks import EmbeddingTask, Task, TokenLossTask
 
@@ -65,12 +65,7 @@ def _capture(
 
     dev = next(model.parameters()).device
     with torch.no_grad(), model.hooks(fwd_hooks=[(n, make(n)) for n in names]):
-        model(
-            batch.input_ids.to(dev),
-            attention_mask=batch.attention_mask.to(dev),
-            stop_at_layer=int(model.cfg.n_layers),
-            return_type=None,
-        )
+        run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev))
     return store
 
 
