@@ -75,7 +75,7 @@ def _causal_batch(
     n_layers = int(model.cfg.n_layers)
     kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
     # the final norm's scale is recorded by a hook inside ln_final, which
-    # stop_at_layer skips: recompute it from the final residual stream
+    # run_blocks (used by _capture) never reaches: recompute it from the final residual stream
     names = [f"blocks.{la}.attn.hook_z" for la in range(n_layers)]
     names.append(f"blocks.{n_layers - 1}.hook_out")
     st = _capture(model, batch, names)
