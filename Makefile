@@ -14,7 +14,7 @@ STAMP := $(VENV)/.headmech-setup
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test lint docs format bench clean
 
 setup: $(STAMP)
 
@@ -36,11 +36,17 @@ lint: setup
 	$(VENV)/bin/ruff format --check headmech tests benchmarks
 	$(VENV)/bin/mypy
 
+# API reference from the docstrings (pdoc, Google style); any warning fails the build
+docs: setup
+	rm -rf docs/api
+	$(PY) -W error -m pdoc headmech -d google -o docs/api
+	@echo "API reference: docs/api/index.html"
+
 format: setup
 	$(VENV)/bin/ruff format headmech tests benchmarks
 	$(VENV)/bin/ruff check --fix headmech tests benchmarks
 
-test: setup lint
+test: setup lint docs
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
@@ -51,4 +57,4 @@ bench: setup
 	$(PY) benchmarks/report.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_OUT) docs/api .pytest_cache .mypy_cache .ruff_cache

@@ -11,8 +11,7 @@ Examples:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from headmech._version import __version__
 from headmech.classify import HeadCatalog, TypeResult, classify
 from headmech.engine import HeadStats, ProbeBatch, Reducer, stream_statistics, target_reducer
 from headmech.errors import HeadmechError

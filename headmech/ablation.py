@@ -1,21 +1,24 @@
-"""Head ablation through hooks: zero, mean and uniform-attention.
+"""Head ablation: zero, mean, resample and uniform-attention, as interventions.
 
-Three ways to take heads out, which can disagree (REFERENCES.md, "implications"):
+Four ways to take a head out, which can disagree (Michel et al. 2019; Wu et al. 2024):
 
-* ``zero`` — the head's output ``hook_z`` is set to 0 (Michel et al. 2019's mask ξ_h = 0);
-* ``mean`` — ``hook_z`` is replaced by its mean over a probe set (keeps the average
-  contribution, removes the input dependence);
+* ``zero`` — the head's output ``hook_z`` is 0 (Michel et al. 2019's mask ξ_h = 0);
+* ``mean`` — ``hook_z`` is its mean over a probe (keeps the average contribution,
+  removes the input dependence);
+* ``resample`` — ``hook_z`` is the head's output on *another* probe input at the same
+  position (the next sequence of the batch; Chan et al. 2022's resampling ablation);
 * ``uniform`` — the head attends uniformly to every key it may see (Wu et al. 2024 mask
-  retrieval heads this way); its value path stays.
+  retrieval heads this way); its value path stays. Only where the bridge honours
+  ``hook_pattern`` edits (not BERT's).
 
-Each function returns TransformerLens ``fwd_hooks`` (``(hook_name, fn)`` pairs) for
-``model.hooks(fwd_hooks=...)``; hooks return a modified copy and never write into the
-activation they receive.
+:func:`ablation` builds the :class:`~headmech.interventions.Intervention`;
+:func:`ablation_variants` builds, per batch, the interventions of many head sets for the
+batched runner (resampling needs the batch's own head outputs). :func:`random_heads`
+draws control sets.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,143 +26,117 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import ProbeBatch, run_blocks
+from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.heads import HeadIndex
+from headmech.interventions import (
+    Cost,
+    Intervention,
+    Mean,
+    Patch,
+    Uniform,
+    Zero,
+    capture_z,
+    hooks,
+    mean_outputs,
+)
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["AblationMode", "ablation_hooks", "mean_head_outputs", "random_heads"]
+__all__ = [
+    "ABLATION_MODES",
+    "AblationMode",
+    "ablation",
+    "ablation_hooks",
+    "ablation_variants",
+    "mean_head_outputs",
+    "random_heads",
+]
 
-AblationMode = Literal["zero", "mean", "uniform"]
-Hook = tuple[str, Callable[..., Tensor]]
+AblationMode = Literal["zero", "mean", "resample", "uniform"]
+ABLATION_MODES: tuple[str, ...] = ("zero", "mean", "resample", "uniform")
+
+mean_head_outputs = mean_outputs  # the name tutorials and papers use
 
 
-def _by_layer(heads: Iterable[HeadIndex | Sequence[int]]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for layer, head in heads:
-        out.setdefault(int(layer), []).append(int(head))
-    return out
+def ablation(
+    heads: Iterable[HeadIndex | Sequence[int]],
+    mode: str = "zero",
+    means: Float[Tensor, "n_layers n_heads d_head"] | None = None,
+    source_z: Tensor | None = None,
+) -> Intervention:
+    """The intervention that ablates ``heads``.
+
+    Args:
+        heads: ``(layer, head)`` pairs (query heads under grouped-query attention).
+        mode: ``zero``, ``mean``, ``resample`` or ``uniform``.
+        means: per-head mean ``hook_z`` for ``mean`` (:func:`mean_head_outputs`).
+        source_z: for ``resample``, the other inputs' ``hook_z``
+            (``[n_layers, batch, pos, n_heads, d_head]``).
+    """
+    if mode == "zero":
+        return Intervention.on(heads, Zero())
+    if mode == "mean":
+        if means is None:
+            raise HeadmechError("mean ablation needs `means` (headmech.ablation.mean_head_outputs)")
+        return Intervention.on(heads, Mean(means))
+    if mode == "resample":
+        if source_z is None:
+            raise HeadmechError("resample ablation needs `source_z`, another input's hook_z")
+        return Intervention.on(heads, Patch(source_z))
+    if mode == "uniform":
+        return Intervention.on(heads, Uniform(), site="pattern")
+    raise HeadmechError(f"unknown ablation mode '{mode}' (have: {', '.join(ABLATION_MODES)})")
 
 
 def ablation_hooks(
     model: TransformerBridge,
     heads: Iterable[HeadIndex | Sequence[int]],
-    mode: AblationMode = "zero",
+    mode: str = "zero",
     means: Float[Tensor, "n_layers n_heads d_head"] | None = None,
-) -> list[Hook]:
-    """Hooks that ablate ``heads``.
+) -> list[tuple[str, Callable[..., Any]]]:
+    """TransformerLens ``fwd_hooks`` that ablate ``heads`` (for ``model.hooks`` or
+    ``run_with_hooks``); ``zero``, ``mean`` or ``uniform``."""
+    heads = list(heads)
+    return hooks(model, [ablation(heads, mode, means)]) if heads else []
 
-    Args:
-        model: the bridge the hooks are for (its config says causal or not).
-        heads: ``(layer, head)`` pairs (query heads under grouped-query attention).
-        mode: ``"zero"``, ``"mean"`` or ``"uniform"``.
-        means: per-head mean ``hook_z`` for ``"mean"`` (see :func:`mean_head_outputs`).
 
-    Returns:
-        ``fwd_hooks`` for ``model.hooks``.
+def ablation_variants(
+    model: TransformerBridge,
+    batches: Sequence[ProbeBatch],
+    head_sets: Sequence[Iterable[HeadIndex | Sequence[int]]],
+    mode: str = "zero",
+    cost: Cost | None = None,
+) -> Callable[[int, ProbeBatch], list[list[Intervention]]]:
+    """Per batch, one ablation per head set (for :func:`headmech.interventions.run_variants`).
+
+    ``mean`` ablation computes the probe's mean outputs once; ``resample`` captures each
+    batch's outputs and gives every sequence the next sequence's (a roll by one).
     """
-    layers = _by_layer(heads)
-    if mode == "uniform" and layers and not pattern_edits_apply(model):
-        raise HeadmechError(
-            "uniform-attention ablation is not possible on this model: its bridge ignores "
-            "edits of hook_pattern; use zero or mean ablation"
-        )
-    causal = getattr(model.cfg, "attention_dir", "causal") != "bidirectional"
-    hooks: list[Hook] = []
-    if mode == "mean" and means is None:
-        raise ValueError("mean ablation needs `means` (headmech.ablation.mean_head_outputs)")
-    for layer, hs in sorted(layers.items()):
-        idx = torch.tensor(sorted(set(hs)))
-        if mode in ("zero", "mean"):
+    if mode not in ABLATION_MODES:
+        raise HeadmechError(f"unknown ablation mode '{mode}' (have: {', '.join(ABLATION_MODES)})")
+    sets = [[(int(la), int(h)) for la, h in s] for s in head_sets]
+    means = None
+    if mode == "mean":
+        means = mean_outputs(model, batches)  # [n_layers, n_heads, d_head]
+        if cost is not None:
+            cost.add(sum(int(b.input_ids.shape[0]) for b in batches))
 
-            def z_hook(z: Tensor, hook: Any, idx: Tensor = idx, layer: int = layer) -> Tensor:
-                # z: [batch, pos, head_index, d_head]
-                z = z.clone()
-                if mode == "zero":
-                    z[:, :, idx] = 0.0
-                else:
-                    assert means is not None
-                    z[:, :, idx] = means[layer, idx].to(z.dtype).to(z.device)
-                return z
+    def for_batch(bi: int, batch: ProbeBatch) -> list[list[Intervention]]:
+        source = None
+        if mode == "resample":
+            if batch.input_ids.shape[0] < 2:
+                raise HeadmechError(
+                    "resample ablation needs at least 2 sequences per batch (another input's "
+                    "head output); raise the batch size"
+                )
+            source = capture_z(model, batch).roll(1, dims=1)  # [n_layers, batch, pos, heads, d]
+            if cost is not None:
+                cost.add(int(batch.input_ids.shape[0]))
+        return [[ablation(s, mode, means, source)] if s else [] for s in sets]
 
-            hooks.append((f"blocks.{layer}.attn.hook_z", z_hook))
-        elif mode == "uniform":
-
-            def p_hook(pattern: Tensor, hook: Any, idx: Tensor = idx) -> Tensor:
-                # pattern: [batch, head_index, query_pos, key_pos]
-                n_q, n_k = pattern.shape[-2:]
-                if causal:  # keys up to the query (offset for cached keys)
-                    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=pattern.device)
-                    allowed = allowed.tril(n_k - n_q)[None, None]
-                else:  # real keys: padding gets exactly zero weight from every head
-                    allowed = (pattern > 0).any(1, keepdim=True)
-                u = allowed.to(pattern.dtype)
-                u = u / u.sum(-1, keepdim=True).clamp(min=1)
-                out = pattern.clone()
-                out[:, idx] = u[:, 0, None].expand(-1, len(idx), -1, -1)
-                return out
-
-            hooks.append((f"blocks.{layer}.attn.hook_pattern", p_hook))
-        else:
-            raise ValueError(f"unknown ablation mode '{mode}' (zero, mean, uniform)")
-    return hooks
-
-
-def pattern_edits_apply(model: TransformerBridge) -> bool:
-    """Whether an edited ``hook_pattern`` changes the model's output.
-
-    Some bridges (BERT's) let the wrapped Hugging Face attention consume the original
-    pattern and discard hook edits; uniform-attention ablation cannot work there.
-    """
-    cached = getattr(model, "_headmech_pattern_edits_apply", None)
-    if cached is not None:
-        return bool(cached)
-    ids = torch.tensor([[model.tokenizer.bos_token_id or 1, 5, 6, 7, 8]]).clamp(
-        max=int(model.cfg.d_vocab) - 1
-    )
-    ids = ids.to(next(model.parameters()).device)
-
-    def flat(p: Tensor, hook: Any) -> Tensor:
-        return torch.ones_like(p) / p.shape[-1]
-
-    with torch.inference_mode():
-        clean = model(ids)
-        with (
-            model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", flat)]),
-            warnings.catch_warnings(),
-        ):
-            warnings.simplefilter("ignore")
-            edited = model(ids)
-    ok = not torch.allclose(clean, edited)
-    model._headmech_pattern_edits_apply = ok
-    return ok
-
-
-def mean_head_outputs(
-    model: TransformerBridge, batches: Iterable[ProbeBatch]
-) -> Float[Tensor, "n_layers n_heads d_head"]:
-    """Mean ``hook_z`` of every head over the real tokens of a probe (for mean ablation)."""
-    cfg = model.cfg
-    sums = torch.zeros(int(cfg.n_layers), int(cfg.n_heads), int(cfg.d_head), dtype=torch.float64)
-    count = torch.zeros((), dtype=torch.float64)
-    real = torch.ones(0, dtype=torch.bool)
-
-    def hook(z: Tensor, hook: Any) -> None:
-        # z: [batch, pos, head_index, d_head]
-        sums[int(hook.name.split(".")[1])] += z[real.to(z.device)].sum(0).double().cpu()
-
-    device = next(model.parameters()).device
-    with (
-        torch.inference_mode(),
-        model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_z"), hook)]),
-    ):
-        for batch in batches:
-            real = batch.attention_mask.bool()
-            count += real.sum()
-            run_blocks(model, batch.input_ids.to(device), batch.attention_mask.to(device))
-    return (sums / count).float()
+    return for_batch
 
 
 def random_heads(
@@ -183,7 +160,7 @@ def random_heads(
         HeadIndex(la, h) for la in range(n_layers) for h in range(n_heads) if (la, h) not in banned
     ]
     if k > len(free):
-        raise ValueError(f"cannot draw {k} heads from {len(free)}")
+        raise HeadmechError(f"cannot draw {k} heads from {len(free)}")
 
     def draw(pool: list[HeadIndex], m: int) -> list[HeadIndex]:
         perm = torch.randperm(len(pool), generator=generator)[:m]
@@ -191,10 +168,12 @@ def random_heads(
 
     if like is None:
         return draw(free, k)
-    per_layer = _by_layer(like)
+    per_layer: dict[int, int] = {}
+    for layer, _ in like:
+        per_layer[int(layer)] = per_layer.get(int(layer), 0) + 1
     chosen: list[HeadIndex] = []
-    for layer, hs in sorted(per_layer.items()):
+    for layer, n in sorted(per_layer.items()):
         pool = [h for h in free if h.layer == layer]
-        chosen += draw(pool, min(len(hs), len(pool)))
+        chosen += draw(pool, min(n, len(pool)))
     rest = [h for h in free if h not in chosen]
     return chosen + draw(rest, k - len(chosen))

@@ -17,7 +17,8 @@ around ``1/sqrt(d_model)``-ish, so every score comes with that baseline
 causally on prompts; :func:`path_patch` wraps TransformerLens' exact direct-path patch.
 
 :func:`graph` turns scores into a ``networkx.DiGraph`` of heads labelled with their
-catalog types; :func:`draw` and :func:`save_graph` draw and export it.
+catalog types; :func:`circuit` wraps it in a :class:`Circuit` whose ``save`` writes the
+GraphML, node-link JSON and figure that ``headmech circuit`` writes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import networkx as nx
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
     from headmech.classify import HeadCatalog
 
 __all__ = [
+    "Circuit",
+    "add_path_patching_edges",
+    "circuit",
     "composition_baseline",
     "composition_scores",
     "draw",
@@ -135,6 +140,20 @@ def composition_baseline(
     return sum(vals) / len(vals)
 
 
+def _senders(
+    scores: Tensor, receiver: HeadIndex, top_k: int, floor: float
+) -> list[tuple[HeadIndex, float]]:
+    """The ``top_k`` earlier heads with the highest score into ``receiver``, above ``floor``."""
+    n_heads = scores.shape[1]
+    s = scores[: receiver.layer, :, receiver.layer, receiver.head]  # [sender_layer, sender_head]
+    vals, idx = s.flatten().topk(min(top_k, s.numel()))
+    return [
+        (HeadIndex(i // n_heads, i % n_heads), v)
+        for v, i in zip(vals.tolist(), idx.tolist(), strict=True)
+        if v >= floor
+    ]
+
+
 def graph(
     model: TransformerBridge,
     catalog: HeadCatalog | None = None,
@@ -163,18 +182,14 @@ def graph(
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     labels = catalog.labels() if catalog is not None else {}
     if receivers is None:
-        receivers = (
-            list(labels)
-            if labels
-            else [HeadIndex(la, h) for la in range(n_layers) for h in range(n_heads)]
-        )
+        everyone = [HeadIndex(la, h) for la in range(n_layers) for h in range(n_heads)]
+        receivers = list(labels) if labels else everyone
     G = nx.DiGraph(model=str(getattr(model, "headmech_name", "model")))
 
     def add_node(h: HeadIndex) -> str:
-        name = str(h)
-        if name not in G:
-            G.add_node(name, layer=h.layer, head=h.head, types=",".join(labels.get(h, [])))
-        return name
+        if str(h) not in G:
+            G.add_node(str(h), layer=h.layer, head=h.head, types=",".join(labels.get(h, [])))
+        return str(h)
 
     for h in labels:
         add_node(h)
@@ -182,24 +197,58 @@ def graph(
         scores = composition_scores(model, kind, w)
         base = composition_baseline(model, kind)
         for r in receivers:
-            if r.layer == 0:
-                continue
-            s = scores[: r.layer, :, r.layer, r.head]  # [sender_layer, sender_head]
-            vals, idx = s.flatten().topk(min(top_k, s.numel()))
-            for v, i in zip(vals.tolist(), idx.tolist(), strict=True):
-                if v < min_ratio * base:
-                    continue
-                sender = HeadIndex(i // n_heads, i % n_heads)
-                u, t = add_node(sender), add_node(r)
+            for sender, v in _senders(scores, r, top_k, min_ratio * base):
                 G.add_edge(
-                    u,
-                    t,
+                    add_node(sender),
+                    add_node(r),
                     kind=kind,
                     score=round(v, 5),
                     baseline=round(base, 5),
                     ratio=round(v / base, 3),
                 )
     return G
+
+
+@dataclass
+class Circuit:
+    """A head graph and what it was computed from; ``save(dir)`` writes what the
+    ``headmech circuit`` command writes.
+
+    Attributes:
+        graph: nodes ``"L{l}H{h}"`` (``layer``, ``head``, ``types``), edges with ``kind``,
+            ``score``, ``baseline``, ``ratio``.
+        model: the model's short name.
+    """
+
+    graph: nx.DiGraph
+    model: str = ""
+
+    def edges(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """Edges, strongest (ratio to the random baseline) first."""
+        return sorted(self.graph.edges(data=True), key=lambda e: -e[2]["ratio"])
+
+    def save(self, out: str | os.PathLike) -> dict[str, str]:
+        """Write ``circuit.graphml``, ``circuit.json`` (node-link) and ``circuit.png``."""
+        files = save_graph(self.graph, out)
+        files["png"] = os.path.join(out, "circuit.png")
+        draw(self.graph, files["png"])
+        return files
+
+
+def circuit(
+    model: TransformerBridge,
+    catalog: HeadCatalog | None = None,
+    *,
+    kinds: Sequence[Kind] = ("q", "k", "v"),
+    top_k: int = 3,
+    min_ratio: float = 1.5,
+) -> Circuit:
+    """:func:`graph` as a :class:`Circuit` (receivers: the catalog's labelled heads)."""
+    for k in kinds:
+        if k not in ("q", "k", "v"):
+            raise HeadmechError(f"composition kinds are q, k and v, got '{k}'")
+    G = graph(model, catalog, kinds=kinds, top_k=top_k, min_ratio=min_ratio)
+    return Circuit(G, str(getattr(model, "headmech_name", "model")))
 
 
 def save_graph(G: nx.DiGraph, out: str | os.PathLike) -> dict[str, str]:
@@ -245,11 +294,9 @@ def draw(G: nx.DiGraph, path: str | os.PathLike | None = None, title: str = "") 
     ax.legend(fontsize=7, loc="best")
     ax.set_xlabel("layer")
     ax.set_title(title or f"{G.graph.get('model', '')}: head composition")
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-    return fig
+    from headmech.plot import finish
+
+    return finish(fig, path)
 
 
 def path_patch(

@@ -3,7 +3,7 @@
 :func:`classify` groups the requested types by probe, builds each probe once, streams
 all of that probe's statistics in one set of forward passes, then lets each type score
 and label the heads. The result, :class:`HeadCatalog`, round-trips through
-``catalog.json`` (schema in DESIGN.md).
+``catalog.json`` (schema in docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class TypeResult:
     details: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """This type's entry in ``catalog.json``."""
         score = [
             [None if v != v else round(float(v), 6) for v in row] for row in self.score.tolist()
         ]
@@ -75,6 +76,7 @@ class HeadCatalog:
         return self.types[name]
 
     def heads(self, type_name: str) -> list[HeadIndex]:
+        """The heads labelled with ``type_name``, best first."""
         return self.types[type_name].heads
 
     def labels(self) -> dict[HeadIndex, list[str]]:
@@ -87,7 +89,8 @@ class HeadCatalog:
 
     # --- JSON -------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        from headmech import __version__
+        """The ``catalog.json`` contents (schema in docs/architecture.md)."""
+        from headmech._version import __version__
 
         return {
             "headmech_version": __version__,
@@ -100,13 +103,19 @@ class HeadCatalog:
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write ``catalog.json`` (a directory gets ``catalog.json`` inside it)."""
+        """Write what ``headmech classify`` writes: a directory gets ``catalog.json`` and
+        ``heatmap.png``; a path ending in ``.json`` gets the JSON alone. Returns the JSON
+        path."""
         p = Path(path)
-        if p.suffix != ".json":
-            p.mkdir(parents=True, exist_ok=True)
-            p = p / "catalog.json"
-        p.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        return p
+        if p.suffix == ".json":
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+            return p
+        p.mkdir(parents=True, exist_ok=True)
+        (p / "catalog.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        if self.types:
+            self.heatmap(p / "heatmap.png")
+        return p / "catalog.json"
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> HeadCatalog:
@@ -173,7 +182,7 @@ class HeadCatalog:
                 lines.append("-" * (sum(widths) + 8 + len(row[4])))
         return "\n".join(lines)
 
-    def heatmap(self, path: str | os.PathLike | None = None):
+    def heatmap(self, path: str | os.PathLike | None = None) -> Any:
         """A seaborn layer x head heatmap per type; saved to ``path`` if given."""
         from headmech.plot import catalog_heatmap
 
@@ -197,7 +206,10 @@ def validate_heads(
     control: str = "same_layers",
 ) -> dict[str, Any]:
     """Ablate the labelled heads, and ``n_random`` draws of as many other heads, and
-    measure the type's behavioural metric (higher is worse) each time.
+    measure the type's task metric (higher is worse) each time.
+
+    All sets ride in the same batched forward passes
+    (:func:`headmech.interventions.run_variants`).
 
     Args:
         control: ``"same_layers"`` draws each random set from the labelled heads' layers
@@ -209,29 +221,25 @@ def validate_heads(
     """
     if control not in ("same_layers", "any"):
         raise ValueError(f"control must be 'same_layers' or 'any', got {control!r}")
-    from headmech.ablation import ablation_hooks, mean_head_outputs, random_heads
+    from headmech.ablation import random_heads
+    from headmech.attribution.ablation import ablate_sets
+    from headmech.tasks import get_task
 
     mode = mode or head_type.ablation
     info = model_info(model)
-    probe = build_probe(head_type.metric_probe or head_type.probe, model, options)
-    means = mean_head_outputs(model, probe.batches) if mode == "mean" else None
-
-    def run(hs: Sequence[HeadIndex]) -> float:
-        hooks = ablation_hooks(model, hs, mode, means) if hs else []  # type: ignore[arg-type]
-        return head_type.metric(model, probe.batches, hooks)
-
-    clean = run([])
-    ablated = run(heads) if heads else clean
+    task = get_task(head_type.task, model)
+    batches = task.batches(model, options)
     g = torch.Generator().manual_seed(options.seed)
-    rand = []
-    if heads:
-        for _ in range(n_random):
-            other = random_heads(
-                info.n_layers, info.n_heads, len(heads), exclude=heads, generator=g
-            )
-            rand.append(run(other) - clean)
+    controls = [
+        random_heads(info.n_layers, info.n_heads, len(heads), exclude=heads, generator=g)
+        for _ in range(n_random if heads else 0)
+    ]
+    sets = [list(heads), *controls] if heads else []
+    values, clean = ablate_sets(model, task, batches, sets, mode)  # type: ignore[arg-type]
+    ablated = float(values[0]) if heads else clean
+    rand = [float(v) - clean for v in values[1:]]
     return {
-        "metric": head_type.metric_label(info.causal),
+        "metric": task.description,
         "mode": mode,
         "control": control,
         "clean": round(clean, 6),
@@ -241,6 +249,52 @@ def validate_heads(
         "random_mean": round(sum(rand) / len(rand), 6) if rand else None,
         "n_heads": len(heads),
     }
+
+
+def _runnable(
+    types: Sequence[str | HeadType | type[HeadType]] | str | None, info: ModelInfo
+) -> tuple[list[HeadType], dict[str, str]]:
+    """The requested types that fit the model; a type the user named that does not fit is
+    an error, a default type that does not fit is skipped with its reason."""
+    runnable: list[HeadType] = []
+    skipped: dict[str, str] = {}
+    for t in resolve_types(types):
+        reason = t.check_model(info)
+        if reason is None:
+            runnable.append(t)
+        elif types is not None:
+            raise HeadmechError(reason)
+        else:
+            skipped[t.name] = reason
+    return runnable, skipped
+
+
+def _classify_probe(
+    model: TransformerBridge,
+    probe_name: str,
+    group: list[HeadType],
+    options: ProbeOptions,
+    progress: bool,
+) -> tuple[dict[str, tuple[Tensor, list[HeadIndex], dict[str, Any]]], dict[str, Any]]:
+    """Build one probe, stream its types' statistics in one set of passes, score and label."""
+    t0 = time.perf_counter()
+    probe = build_probe(probe_name, model, options)
+    t1 = time.perf_counter()
+    desc = f"{probe_name} ({', '.join(t.name for t in group)})" if progress else False
+    stats = collect_statistics(group, model, probe.batches, progress=desc)
+    meta = {
+        "n_sequences": probe.n_sequences,
+        "n_tokens": probe.n_tokens,
+        "build_seconds": round(t1 - t0, 3),
+        "stream_seconds": round(time.perf_counter() - t1, 3),
+        **probe.info,
+    }
+    out = {}
+    for t in group:
+        score = t.score(stats)
+        heads = t.select(score, stats)
+        out[t.name] = (score, heads, t.details(stats, score, heads))
+    return out, meta
 
 
 def classify(
@@ -259,7 +313,7 @@ def classify(
         types: names, classes or instances (default: every registered type that can run
             on this model; types needing a decoder are skipped on encoders).
         validate: also ablate each type's labelled heads and ``n_random`` sets of as
-            many random heads, and record the effects on the type's behavioural metric in
+            many random heads, and record the effects on the type's task metric in
             ``details["validation"]`` (see :func:`validate_heads`).
         n_random: random draws for validation.
         progress: show progress bars.
@@ -279,44 +333,18 @@ def classify(
     except TypeError as e:
         raise HeadmechError(f"unknown probe option: {e}") from None
     info = model_info(model)
-    requested = resolve_types(types)
-    runnable: list[HeadType] = []
-    skipped: dict[str, str] = {}
-    for t in requested:
-        reason = t.check_model(info)
-        if reason is None:
-            runnable.append(t)
-        elif types is not None:
-            raise HeadmechError(reason)
-        else:
-            skipped[t.name] = reason
+    runnable, skipped = _runnable(types, info)
     by_probe: dict[str, list[HeadType]] = {}
     for t in runnable:
         by_probe.setdefault(t.probe, []).append(t)
-
     results: dict[str, TypeResult] = {}
     meta: dict[str, Any] = {"skipped": skipped, "probes": {}}
     for probe_name, group in by_probe.items():
-        t0 = time.perf_counter()
-        probe = build_probe(probe_name, model, options)
-        t1 = time.perf_counter()
-        stats = collect_statistics(
-            group,
-            model,
-            probe.batches,
-            progress=f"{probe_name} ({', '.join(t.name for t in group)})" if progress else False,
+        found, meta["probes"][probe_name] = _classify_probe(
+            model, probe_name, group, options, progress
         )
-        meta["probes"][probe_name] = {
-            "n_sequences": probe.n_sequences,
-            "n_tokens": probe.n_tokens,
-            "build_seconds": round(t1 - t0, 3),
-            "stream_seconds": round(time.perf_counter() - t1, 3),
-            **probe.info,
-        }
         for t in group:
-            score = t.score(stats)
-            heads = t.select(score, stats)
-            details = t.details(stats, score, heads)
+            score, heads, details = found[t.name]
             if validate:
                 details["validation"] = validate_heads(model, t, heads, options, n_random=n_random)
             results[t.name] = TypeResult(t.name, t.reference, t.threshold, score, heads, details)

@@ -63,6 +63,7 @@ class ProbeBatch:
         return int(self.attention_mask.sum())
 
     def to(self, device: torch.device | str) -> ProbeBatch:
+        """The batch with every tensor on ``device``."""
         return ProbeBatch(
             self.input_ids.to(device),
             self.attention_mask.to(device),
@@ -112,6 +113,7 @@ class HeadStats:
         return torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)
 
     def add(self, name: str, layer: int, total: Tensor, count: Tensor | float) -> None:
+        """Add one layer's per-head sums ``total`` (``[n_heads]``) and ``count``."""
         if name not in self.sums:
             self.sums[name] = self._zeros()
             self.counts[name] = self._zeros()
@@ -242,6 +244,36 @@ def _layer_of(hook_name: str) -> int:
     return int(hook_name.split(".")[1])
 
 
+def _reduce_hooks(
+    reducers: Sequence[Reducer],
+    layers: Sequence[int],
+    stats: HeadStats,
+    state: dict[str, Any],
+) -> list[tuple[str, Callable[..., None]]]:
+    """One read-only hook per (attention hook kind, layer), running its reducers on the
+    current batch (``state["batch"]``) with their prepared data (``state["prepared"]``)."""
+
+    def make_hook(group: list[Reducer]) -> Callable[..., None]:
+        def hook_fn(activation: Tensor, *, hook: Any) -> None:
+            layer = _layer_of(hook.name)
+            for r in group:
+                out = r.fn(activation.detach(), state["batch"], state["prepared"][r.name], layer)
+                for stat, (total_, count) in out.items():
+                    stats.add(f"{r.name}.{stat}", layer, total_, count)
+            return None  # read-only: the forward pass is unchanged
+
+        return hook_fn
+
+    by_hook: dict[str, list[Reducer]] = {}
+    for r in reducers:
+        by_hook.setdefault(r.hook, []).append(r)
+    return [
+        (f"blocks.{layer}.attn.{hook}", make_hook(group))
+        for hook, group in by_hook.items()
+        for layer in layers
+    ]
+
+
 def stream_statistics(
     model: TransformerBridge,
     batches: Iterable[ProbeBatch],
@@ -268,37 +300,15 @@ def stream_statistics(
     Returns:
         :class:`HeadStats` with ``reducer.stat`` entries.
     """
-    cfg = model.cfg
-    n_layers, n_heads = int(cfg.n_layers), int(cfg.n_heads)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     stats = HeadStats(n_layers, n_heads)
     layers = list(range(n_layers)) if layers is None else list(layers)
     device = next(model.parameters()).device
     names = [r.name for r in reducers]
     if len(set(names)) != len(names):
         raise ValueError(f"reducer names must be unique, got {names}")
-    current: dict[str, ProbeBatch] = {}
-    prepared: dict[str, Any] = {}
-
-    def make_hook(group: list[Reducer]):
-        def hook_fn(activation: Tensor, *, hook: Any) -> None:
-            layer = _layer_of(hook.name)
-            batch = current["batch"]
-            for r in group:
-                out = r.fn(activation.detach(), batch, prepared[r.name], layer)
-                for stat, (total_, count) in out.items():
-                    stats.add(f"{r.name}.{stat}", layer, total_, count)
-            return None  # read-only: the forward pass is unchanged
-
-        return hook_fn
-
-    by_hook: dict[str, list[Reducer]] = {}
-    for r in reducers:
-        by_hook.setdefault(r.hook, []).append(r)
-    fwd_hooks = [
-        (f"blocks.{layer}.attn.{hook}", make_hook(group))
-        for hook, group in by_hook.items()
-        for layer in layers
-    ]
+    state: dict[str, Any] = {"prepared": {}}
+    fwd_hooks = _reduce_hooks(reducers, layers, stats, state)
     iterator: Iterable[ProbeBatch] = batches
     if progress:
         from tqdm.auto import tqdm
@@ -308,9 +318,9 @@ def stream_statistics(
     with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
         for batch in iterator:
             batch = batch.to(device)
-            current["batch"] = batch
+            state["batch"] = batch
             for r in reducers:
-                prepared[r.name] = r.prepare(batch) if r.prepare else None
+                state["prepared"][r.name] = r.prepare(batch) if r.prepare else None
             run_blocks(model, batch.input_ids, batch.attention_mask, max(layers) + 1)
     return stats
 

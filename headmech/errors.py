@@ -35,3 +35,11 @@ class UnknownHeadTypeError(HeadmechError):
 
 class CatalogFileError(HeadmechError):
     """A catalog.json that cannot be read back."""
+
+
+class UnknownTaskError(HeadmechError):
+    """A task name that is not registered, or a task that does not fit the model."""
+
+
+class UnknownMethodError(HeadmechError):
+    """An attribution or pruning method name that is not registered."""

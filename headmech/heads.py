@@ -13,10 +13,16 @@ contributing it). It declares
   target?", and inherit the attention-mass reducer;
 * ``score()``: statistics → ``[n_layers, n_heads]``; ``select()``: the decision rule with
   the paper's default threshold;
-* ``details()``: type-specific evidence for ``catalog.json``.
+* ``details()``: type-specific evidence for ``catalog.json``;
+* ``task``: the name of the task (:mod:`headmech.tasks`) whose metric ablating heads of
+  this type should hurt (catalog validation).
 
-Subclasses register themselves when their class body runs; a second class with the same
-name is refused.
+Registration is explicit and needs no import order: the head-type registry
+(:data:`headmech.registry.HEAD_TYPES`) imports every module of ``headmech/catalog/``, every
+``.py`` file of the ``$HEADMECH_CATALOG_PATH`` folders and the entry points, and
+registers each :class:`HeadType` subclass with a ``name`` defined there. A type defined
+elsewhere (a notebook) is passed to :func:`headmech.classify` as a class or instance, or
+registered with :func:`register`. A second class with the same name is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ import os
 import pkgutil
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
@@ -39,17 +44,18 @@ from headmech.errors import HeadmechError, UnknownHeadTypeError
 
 if TYPE_CHECKING:
     from headmech.models import ModelInfo
+    from headmech.registry import Registry
 
 __all__ = [
     "HeadIndex",
     "HeadType",
     "get_head_type",
     "head_types",
+    "load_catalog",
     "load_catalog_folder",
     "register",
 ]
 
-ENTRY_POINT_GROUP = "headmech.head_types"
 CATALOG_PATH_ENV = "HEADMECH_CATALOG_PATH"  # extra folders of head-type files (os.pathsep)
 
 
@@ -63,26 +69,16 @@ class HeadIndex(NamedTuple):
         return f"L{self.layer}H{self.head}"
 
 
-_REGISTRY: dict[str, type[HeadType]] = {}
-
-
 def register(cls: type[HeadType]) -> type[HeadType]:
-    """Add a head type to the registry (subclasses of :class:`HeadType` do this themselves)."""
+    """Add a head type to the registry under its ``name`` (a second, different class with
+    the same name is refused: ``ValueError``)."""
+    from headmech.registry import HEAD_TYPES
+
     name = cls.__dict__.get("name")
     if not isinstance(name, str) or not name:
         raise TypeError(f"{cls.__name__} must set a class attribute `name`")
-    existing = _REGISTRY.get(name)
-    if existing is not None and existing is not cls:
-        same_def = (existing.__module__, existing.__qualname__) == (
-            cls.__module__,
-            cls.__qualname__,
-        )
-        if not same_def:  # re-importing the same module (e.g. notebook reload) is fine
-            raise ValueError(
-                f"head type '{name}' is already registered by {existing.__module__}.{existing.__qualname__}"
-            )
-    _REGISTRY[name] = cls
-    return cls
+    HEAD_TYPES.load()
+    return HEAD_TYPES.register(name, cls, summary=cls.description)
 
 
 class HeadType:
@@ -96,6 +92,8 @@ class HeadType:
         probe: the probe it is measured on.
         default_threshold: the anchor's decision threshold on :meth:`score`.
         causal_only: True for types that need a decoder (generation, next-token loss).
+        task: the task whose metric validation measures (``lm``, ``induction``, ...).
+        ablation: how validation removes the heads (``zero``, ``mean``, ``uniform``).
         threshold: the threshold in use (constructor argument, else the default).
         The constructor also takes ``probe`` to measure the type on another probe.
     """
@@ -107,20 +105,14 @@ class HeadType:
     probe: str = "prose"  # class default; the constructor may override it per instance
     default_threshold: ClassVar[float] = 0.5
     causal_only: ClassVar[bool] = False
-    # behavioural metric (higher is worse); see metric()
-    metric_name: ClassVar[str] = ""
-    metric_probe: ClassVar[str | None] = None  # default: the type's own probe
+    # the task whose metric (higher is worse) ablating heads of this type should hurt
+    task: ClassVar[str] = "lm"
     ablation: ClassVar[str] = "zero"  # how validation removes heads (zero, mean, uniform)
 
     def __init__(self, threshold: float | None = None, *, probe: str | None = None) -> None:
         self.threshold = self.default_threshold if threshold is None else float(threshold)
         if probe is not None:  # e.g. previous_token on repeated random tokens for a toy vocabulary
             self.probe = probe
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            register(cls)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(threshold={self.threshold})"
@@ -179,25 +171,6 @@ class HeadType:
         return p / p.sum(-1, keepdim=True)
 
     # --- behaviour ----------------------------------------------------------------
-    def metric(self, model: Any, batches: list[ProbeBatch], fwd_hooks: Sequence[Any] = ()) -> float:
-        """The behaviour heads of this type serve, as a damage (higher is worse).
-
-        Default: next-token loss for decoders, sentence-embedding distortion for
-        encoders (:mod:`headmech.metrics`). Validation compares ablating the labelled
-        heads with ablating as many random heads.
-        """
-        from headmech import metrics
-        from headmech.models import model_info
-
-        if model_info(model).causal:
-            return metrics.lm_loss(model, batches, fwd_hooks)
-        return metrics.embedding_distortion(model, batches, fwd_hooks)
-
-    def metric_label(self, causal: bool) -> str:
-        if self.metric_name:
-            return self.metric_name
-        return "next-token loss" if causal else "1 - cos(sentence embedding, unablated)"
-
     def report(self, details: dict[str, Any]) -> list[str]:
         """Lines of type-specific evidence for the command line (default: none)."""
         return []
@@ -207,9 +180,6 @@ class HeadType:
         if self.causal_only and not info.causal:
             return f"head type '{self.name}' needs a causal (decoder) model"
         return None
-
-
-_discovered = False
 
 
 def collect_statistics(
@@ -236,44 +206,41 @@ def collect_statistics(
     return stats
 
 
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
+def _types_in(module: Any) -> list[type[HeadType]]:
+    """The head types a module defines (subclasses with their own ``name``)."""
+    return [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, HeadType)
+        and obj.__module__ == module.__name__
+        and isinstance(obj.__dict__.get("name"), str)
+    ]
+
+
+def load_catalog(registry: Registry[Any]) -> None:
+    """Register the types of ``headmech/catalog/`` and the ``$HEADMECH_CATALOG_PATH``
+    folders (the head-type registry's loader; entry points follow)."""
     import headmech.catalog as catalog
 
     for mod in pkgutil.iter_modules(catalog.__path__):
         if not mod.name.startswith("_"):
-            importlib.import_module(f"headmech.catalog.{mod.name}")
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()  # importing the module registers its classes
-        if isinstance(obj, type) and issubclass(obj, HeadType) and obj.__dict__.get("name"):
-            register(obj)
+            module = importlib.import_module(f"headmech.catalog.{mod.name}")
+            for cls in _types_in(module):
+                registry.register(cls.name, cls, summary=cls.description)
     for folder in os.environ.get(CATALOG_PATH_ENV, "").split(os.pathsep):
         if folder:
-            load_catalog_folder(folder)
+            for cls in _import_folder(folder):
+                registry.register(cls.name, cls, summary=cls.description)
 
 
-def load_catalog_folder(folder: str | os.PathLike) -> list[str]:
-    """Import every ``*.py`` file of a folder as head-type definitions.
-
-    Folders in ``$HEADMECH_CATALOG_PATH`` are loaded this way by discovery, so a new type
-    can be written, checked and used (``headmech types``, ``headmech classify --types``)
-    before it moves into ``headmech/catalog/``.
-
-    Returns:
-        The names of the head types the files registered.
-
-    Raises:
-        HeadmechError: the folder is missing, or a file fails to import (one line).
-    """
+def _import_folder(folder: str | os.PathLike) -> list[type[HeadType]]:
     from pathlib import Path
 
     root = Path(folder)
     if not root.is_dir():
         raise HeadmechError(f"{CATALOG_PATH_ENV}: '{root}' is not a folder")
-    before = set(_REGISTRY)
+    found: list[type[HeadType]] = []
     for path in sorted(root.glob("*.py")):
         if path.name.startswith("_"):
             continue
@@ -290,23 +257,44 @@ def load_catalog_folder(folder: str | os.PathLike) -> list[str]:
             raise HeadmechError(
                 f"cannot import head-type file {path}: {type(e).__name__}: {e}"
             ) from None
-    return sorted(set(_REGISTRY) - before)
+        found += _types_in(module)
+    return found
+
+
+def load_catalog_folder(folder: str | os.PathLike) -> list[str]:
+    """Import every ``*.py`` file of a folder as head-type definitions and register them.
+
+    Folders in ``$HEADMECH_CATALOG_PATH`` are loaded this way by the registry, so a new
+    type can be written, checked and used (``headmech types``, ``headmech classify
+    --types``) before it moves into ``headmech/catalog/``.
+
+    Returns:
+        The names of the head types the files define (registering the same definitions
+        again is allowed: reloading a folder is idempotent).
+
+    Raises:
+        HeadmechError: the folder is missing, or a file fails to import (one line).
+    """
+    from headmech.registry import HEAD_TYPES
+
+    found = _import_folder(folder)
+    for cls in found:
+        HEAD_TYPES.register(cls.name, cls, summary=cls.description)
+    return sorted(cls.name for cls in found)
 
 
 def head_types() -> dict[str, type[HeadType]]:
-    """All registered head types, by name (catalog and entry points)."""
-    _discover()
-    return dict(sorted(_REGISTRY.items()))
+    """All registered head types, by name (catalog, catalog-path folders, entry points)."""
+    from headmech.registry import HEAD_TYPES
+
+    return {e.name: e.obj for e in HEAD_TYPES.entries()}
 
 
 def get_head_type(name: str) -> type[HeadType]:
     """A registered type by name; a one-line error naming the known ones otherwise."""
-    types = head_types()
-    if name not in types:
-        raise UnknownHeadTypeError(
-            f"unknown head type '{name}': known types are {', '.join(types) or '(none)'}"
-        )
-    return types[name]
+    from headmech.registry import HEAD_TYPES
+
+    return HEAD_TYPES.get(name)
 
 
 def resolve_types(types: Sequence[str | HeadType | type[HeadType]] | str | None) -> list[HeadType]:

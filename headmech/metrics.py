@@ -1,10 +1,10 @@
-"""Behavioural metrics as plain floats, for catalog validation.
+"""Task metrics as plain floats, under any TransformerLens hooks.
 
-Convention: every metric is a *damage* — higher is worse (a loss, or one minus a fidelity)
-— so the effect of an ablation is ``metric(ablated) - metric(clean)`` and a positive
-effect means the ablated heads were needed. The damages themselves are defined once, as
-tasks (:mod:`headmech.tasks`); these functions average a task's damage over probe batches
-under optional ``fwd_hooks``.
+Convention (as everywhere in headmech): a metric is a loss, higher is worse, so the effect
+of an intervention is ``metric(intervened) - metric(clean)``. The metrics themselves are
+defined once, as tasks (:mod:`headmech.tasks`); these functions average a task's metric
+over probe batches while the caller's ``fwd_hooks`` are active, for code that speaks in
+TransformerLens hooks (inside headmech, use :func:`headmech.interventions.evaluate`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from headmech.engine import ProbeBatch
+from headmech.interventions import evaluate
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -29,17 +28,15 @@ Hooks = Sequence[tuple[Any, Any]]
 def task_metric(
     model: TransformerBridge, task: str | Task, batches: Iterable[ProbeBatch], fwd_hooks: Hooks = ()
 ) -> float:
-    """Mean damage of ``task`` over the batches (token- or sentence-weighted, as the task counts)."""
+    """Mean metric of ``task`` over the batches with ``fwd_hooks`` active (references, where
+    the task needs them, come from the clean model)."""
     from headmech.tasks import get_task
 
     t = get_task(task, model)
-    total, n = 0.0, 0.0
-    with torch.no_grad():
-        for b in batches:
-            s, c = t.damage(model, b, list(fwd_hooks), reference=t.reference(model, b))
-            total += float(s.sum())
-            n += float(c.sum())
-    return total / max(n, 1.0)
+    batches = list(batches)
+    refs = [t.reference(model, b) for b in batches]
+    with model.hooks(fwd_hooks=list(fwd_hooks)):
+        return evaluate(model, t, batches, references=refs)
 
 
 def lm_loss(

@@ -1,14 +1,17 @@
-"""Seaborn figures of per-head results."""
+"""Seaborn figures of per-head results.
+
+Every function returns its figure; with a ``path`` it saves the figure there and closes
+it. No backend is chosen here: matplotlib picks a non-interactive one on a machine
+without a display, notebooks keep their inline backend, and the command line selects
+Agg when it starts.
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files, not windows; notebooks still display returned figures
 import matplotlib.pyplot as plt
 import seaborn as sns
 from torch import Tensor
@@ -17,13 +20,27 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from headmech.classify import HeadCatalog
+    from headmech.pruning.result import PruningResult
 
-__all__ = ["catalog_heatmap", "head_heatmap"]
+__all__ = ["catalog_heatmap", "finish", "head_heatmap", "pruning_curve", "score_heatmap"]
 
 
-def head_heatmap(score: Tensor, ax=None, title: str = "", heads=(), **kwargs):
-    """A layer x head heatmap of a ``[n_layers, n_heads]`` score; ``heads`` (``(layer, head)``
-    pairs, e.g. the labelled ones) are outlined in red."""
+def finish(fig: Figure, path: str | os.PathLike | None, *, layout: bool = True) -> Figure:
+    """Lay the figure out; with a ``path``, save it there (110 dpi) and close it."""
+    if layout:
+        fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return fig
+
+
+def head_heatmap(
+    score: Tensor, ax: Any = None, title: str = "", heads: Any = (), **kwargs: Any
+) -> Any:
+    """A layer x head heatmap of a ``[n_layers, n_heads]`` score on ``ax`` (default: the
+    current axes); ``heads`` (``(layer, head)`` pairs, e.g. the labelled ones) are outlined
+    in red. Returns the axes."""
     ax = ax if ax is not None else plt.gca()
     data = score.detach().float().cpu().numpy()
     kwargs.setdefault("cmap", "viridis")
@@ -54,7 +71,24 @@ def catalog_heatmap(catalog: HeadCatalog, path: str | os.PathLike | None = None)
         ax.axis("off")
     fig.suptitle(f"{catalog.model.name}: head scores by type (red: labelled)")
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-    return fig
+    return finish(fig, path, layout=False)
+
+
+def score_heatmap(score: Tensor, title: str = "", path: str | os.PathLike | None = None) -> Figure:
+    """One ``[n_layers, n_heads]`` score as a figure sized to the model."""
+    n_layers, n_heads = score.shape
+    fig, ax = plt.subplots(figsize=(1.6 + 0.35 * n_heads, 1.2 + 0.22 * n_layers))
+    head_heatmap(score, ax=ax, title=title)
+    return finish(fig, path)
+
+
+def pruning_curve(result: PruningResult, path: str | os.PathLike | None = None) -> Figure:
+    """The task metric against the number of heads kept."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    kept = [int(s["n_kept"]) for s in result.steps]
+    sns.lineplot(x=kept, y=[float(s["metric"]) for s in result.steps], marker="o", ax=ax)
+    ax.invert_xaxis()
+    ax.set_xlabel("heads kept")
+    ax.set_ylabel(f"{result.task} metric (lower is better)")
+    ax.set_title(f"{result.model} {result.method} pruning / {result.task}")
+    return finish(fig, path)

@@ -1,11 +1,17 @@
 """Tasks: what a head is important *for*.
 
-A task pairs a probe (the data) with a differentiable *damage* (higher is worse, the
-convention of :mod:`headmech.metrics`), so every attribution method reads "how much does
-this head matter for the task" the same way. A task computes, for one forward pass under
-given ``fwd_hooks``, a sum and a count per *copy* of the batch: attribution methods
-stack several interventions along the batch dimension (copy ``i`` of the batch carries
-intervention ``i``), and a task splits the result back.
+A task pairs a probe (the data) with a differentiable **metric**. The metric has one
+meaning everywhere in headmech: a loss, higher is worse, so the effect of removing heads
+is ``metric(intervened) - metric(clean)`` and a positive effect means they were needed.
+Importance methods, pruning, catalog validation and circuits all take a task object.
+
+The protocol (:class:`Task`): ``batches(model, options)`` builds the probe;
+``metric(model, batch, copies=k)`` runs one forward pass on the batch stacked ``k``
+times and returns a sum and a count per copy, so the intervention runner
+(:func:`headmech.interventions.run_variants`) can carry ``k`` interventions in one pass
+(copy ``i`` carries variant ``i``); the interventions themselves are hooks the caller
+has applied around the call. ``reference`` gives clean-run data a metric compares with,
+``corrupt`` a corrupted batch for patching methods.
 
 Built-in tasks:
 
@@ -18,21 +24,24 @@ Built-in tasks:
 * :class:`CallableTask` — any function of the logits (or of the final hidden state),
   ``CallableTask(fn, on="logits" | "hidden")`` with ``fn(output, batch) -> scalar``.
 
+Tasks are registered in :data:`headmech.registry.TASKS` (a plug-in package adds one
+through the entry-point group ``headmech.tasks``: a factory ``model -> Task``).
+
 **The encoder ``lm`` subtlety.** Cosine fidelity is at its optimum on the clean model, so
 its gradient with respect to head masks or head outputs is exactly zero there, and every
 first-order method (mask gradient, attribution patching) would see nothing. Gradient
-methods therefore use the *projection damage* ``1 - e·e0/|e0|²`` (the embedding's
+methods therefore use the *projection metric* ``1 - e·e0/|e0|²`` (the embedding's
 component along its clean direction, relative to the clean norm): it equals the cosine
-damage's value 0 at the clean point, is linear in ``e`` and has a non-zero gradient.
+metric's value 0 at the clean point, is linear in ``e`` and has a non-zero gradient.
 A head that rotates the embedding away from ``e0`` also shrinks that component, so the
 two agree on which heads matter to first order in the direction of ``e0``; what the
 projection misses is a pure rotation that keeps ``e·e0``. Results say which metric each
-method used (``ImportanceResult.metric``).
+method used (``ImportanceResult.metric_description``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,17 +50,16 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-import headmech.probes.needle  # noqa: F401  (registers the "needle" probe)
 from headmech.engine import ProbeBatch, run_blocks
-from headmech.errors import HeadmechError
+from headmech.errors import UnknownTaskError
 from headmech.probes import ProbeOptions, build_probe, random_token_ids
 from headmech.probes.needle import needle_spans
+from headmech.registry import TASKS
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
 __all__ = [
-    "TASKS",
     "CallableTask",
     "EmbeddingTask",
     "Task",
@@ -59,40 +67,17 @@ __all__ = [
     "UnknownTaskError",
     "get_task",
     "is_causal",
+    "unembed",
 ]
-
-Hooks = Sequence[tuple[Any, Any]]
-
-
-class UnknownTaskError(HeadmechError):
-    """A task name that is not defined, or a task that does not fit the model."""
 
 
 def is_causal(model: TransformerBridge) -> bool:
+    """Whether the model is a decoder (causal attention) rather than an encoder."""
     return getattr(model.cfg, "attention_dir", "causal") != "bidirectional"
 
 
 def _device(model: TransformerBridge) -> torch.device:
     return next(model.parameters()).device
-
-
-def final_resid(
-    model: TransformerBridge,
-    ids: Int[Tensor, "batch pos"],
-    mask: Int[Tensor, "batch pos"],
-    fwd_hooks: Hooks = (),
-) -> Float[Tensor, "batch pos d_model"]:
-    """The last block's output (before the final norm); the unembedding is skipped."""
-    n_layers = int(model.cfg.n_layers)
-    out: dict[str, Tensor] = {}
-
-    def grab(resid: Tensor, hook: Any) -> None:
-        out["h"] = resid
-
-    hooks = [*fwd_hooks, (f"blocks.{n_layers - 1}.hook_out", grab)]
-    with model.hooks(fwd_hooks=hooks):
-        run_blocks(model, ids, mask)
-    return out["h"]
 
 
 def unembed(
@@ -106,23 +91,22 @@ def unembed(
 
 
 class Task:
-    """A probe plus a differentiable damage (higher is worse).
+    """A probe plus a differentiable metric (a loss: higher is worse).
 
     Attributes:
         name: registry key.
         probe: the probe it runs on (:func:`headmech.probes.build_probe`).
         causal_only: refused on encoders.
-        metric: what :meth:`damage` measures (recorded in results).
-        gradient_metric: what :meth:`damage` with ``linear=True`` measures (gradient
-            methods use it; the same as ``metric`` unless the metric is flat at the clean
-            model).
+        description: what :meth:`metric` measures (recorded in results).
+        gradient_description: what :meth:`metric` with ``linear=True`` measures (gradient
+            methods use it; the same unless the metric is flat at the clean model).
     """
 
     name: str = "task"
     probe: str = "prose"
     causal_only: bool = False
-    metric: str = ""
-    gradient_metric: str = ""
+    description: str = ""
+    gradient_description: str = ""
 
     def check(self, model: TransformerBridge) -> None:
         """Raise a one-line error when the task does not fit the model."""
@@ -132,23 +116,25 @@ class Task:
             )
 
     def batches(self, model: TransformerBridge, options: ProbeOptions) -> list[ProbeBatch]:
+        """The task's probe batches under ``options``."""
         return build_probe(self.probe, model, options).batches
 
     def reference(self, model: TransformerBridge, batch: ProbeBatch) -> Any:
-        """Clean-run data the damage compares with (None unless the task needs it)."""
+        """Clean-run data the metric compares with (None unless the task needs it); computed
+        with no intervention applied."""
         return None
 
-    def damage(
+    def metric(
         self,
         model: TransformerBridge,
         batch: ProbeBatch,
-        fwd_hooks: Hooks = (),
         *,
         copies: int = 1,
         reference: Any = None,
         linear: bool = False,
     ) -> tuple[Float[Tensor, " copies"], Float[Tensor, " copies"]]:
-        """Sum and count of the damage in each copy of ``batch`` stacked ``copies`` times.
+        """Sum and count of the metric in each copy of ``batch`` stacked ``copies`` times,
+        from one forward pass under whatever interventions the caller applied.
 
         Gradients flow when autograd is enabled (callers choose ``torch.no_grad``).
         """
@@ -185,21 +171,21 @@ class TokenLossTask(Task):
         name: str,
         probe: str,
         select: Callable[[ProbeBatch], tuple[Tensor, Tensor]],
-        metric: str,
+        description: str,
         corrupt: Callable[[ProbeBatch, Any, int], ProbeBatch] | None = None,
     ) -> None:
         self.name = name
         self.probe = probe
         self.select = select
-        self.metric = metric
-        self.gradient_metric = metric
+        self.description = description
+        self.gradient_description = description
         self._corrupt = corrupt
 
-    def damage(self, model, batch, fwd_hooks=(), *, copies=1, reference=None, linear=False):
+    def metric(self, model, batch, *, copies=1, reference=None, linear=False):
         dev = _device(model)
         ids, mask = _stack(batch, copies, dev)
         query, target = self.select(batch.to(dev))  # [batch, pos] each
-        resid = final_resid(model, ids, mask, fwd_hooks)  # [copies * batch, pos, d_model]
+        resid = run_blocks(model, ids, mask)  # [copies * batch, pos, d_model]
         resid = resid.view(copies, *query.shape, -1)  # [copies, batch, pos, d_model]
         sel = query[None].expand(copies, -1, -1)
         logits = unembed(model, resid[sel]).float()  # [n_selected, d_vocab]
@@ -270,31 +256,34 @@ def _corrupt_retrieval(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
 class EmbeddingTask(Task):
     """Encoder ``lm``: fidelity of the mean-pooled sentence embedding to the clean model's.
 
-    ``metric``: ``1 - cos(e, e0)``; ``gradient_metric`` (``linear=True``):
+    ``description``: ``1 - cos(e, e0)``; ``gradient_description`` (``linear=True``):
     ``1 - e·e0/|e0|²``, whose gradient at the clean model is not zero (module docstring).
+    The reference ``e0`` is computed with no intervention applied.
     """
 
     name = "lm"
     probe = "prose"
-    metric = "1 - cos(e, e0), mean-pooled final hidden state vs the clean model"
-    gradient_metric = "1 - e.e0/|e0|^2 (projection on the clean embedding; cosine's gradient is 0 at the clean model)"
+    description = "1 - cos(e, e0), mean-pooled final hidden state vs the clean model"
+    gradient_description = "1 - e.e0/|e0|^2 (projection on the clean embedding; cosine's gradient is 0 at the clean model)"
 
     def reference(self, model, batch):
         with torch.no_grad():
-            return self._pool(model, batch, (), 1)[0].detach()
+            return self._pool(model, batch, 1)[0].detach()
 
-    def _pool(self, model: Any, batch: ProbeBatch, fwd_hooks: Hooks, copies: int) -> Tensor:
+    def _pool(self, model: Any, batch: ProbeBatch, copies: int) -> Tensor:
         dev = _device(model)
         ids, mask = _stack(batch, copies, dev)
-        h = final_resid(model, ids, mask, fwd_hooks)  # [copies * batch, pos, d_model]
+        h = run_blocks(model, ids, mask)  # [copies * batch, pos, d_model]
         m = mask[..., None].to(h.dtype)
         pooled = (h * m).sum(1) / m.sum(1)  # [copies * batch, d_model]
         return pooled.view(copies, batch.input_ids.shape[0], -1)  # [copies, batch, d_model]
 
-    def damage(self, model, batch, fwd_hooks=(), *, copies=1, reference=None, linear=False):
+    def metric(self, model, batch, *, copies=1, reference=None, linear=False):
         if reference is None:
-            reference = self.reference(model, batch)
-        e = self._pool(model, batch, fwd_hooks, copies).float()
+            raise UnknownTaskError(
+                "the encoder lm task needs the clean embedding: pass reference=task.reference(model, batch)"
+            )
+        e = self._pool(model, batch, copies).float()
         e0 = reference.float()[None]  # [1, batch, d_model]
         if linear:
             sim = (e * e0).sum(-1) / (e0 * e0).sum(-1)
@@ -305,7 +294,7 @@ class EmbeddingTask(Task):
 
 
 class CallableTask(Task):
-    """A user metric: ``fn(output, batch) -> scalar damage`` per batch (higher is worse).
+    """A user metric: ``fn(output, batch) -> scalar`` per batch (a loss: higher is worse).
 
     ``output`` is the logits ``[batch, pos, d_vocab]`` (``on="logits"``) or the final
     hidden state ``[batch, pos, d_model]`` (``on="hidden"``). The task's value is the mean
@@ -330,22 +319,21 @@ class CallableTask(Task):
         self.name = name
         self.probe = probe
         self.on = on
-        self.metric = metric or f"{getattr(fn, '__name__', 'user metric')} on the {on}"
-        self.gradient_metric = self.metric
+        self.description = metric or f"{getattr(fn, '__name__', 'user metric')} on the {on}"
+        self.gradient_description = self.description
         self._batches = batches
         self._corrupt = corrupt_batches
 
     def batches(self, model, options):
         return self._batches if self._batches is not None else super().batches(model, options)
 
-    def damage(self, model, batch, fwd_hooks=(), *, copies=1, reference=None, linear=False):
+    def metric(self, model, batch, *, copies=1, reference=None, linear=False):
         dev = _device(model)
         ids, mask = _stack(batch, copies, dev)
         if self.on == "logits":
-            with model.hooks(fwd_hooks=list(fwd_hooks)):
-                out = model(ids, attention_mask=mask)
+            out = model(ids, attention_mask=mask)
         else:
-            out = final_resid(model, ids, mask, fwd_hooks)
+            out = run_blocks(model, ids, mask)
         out = out.view(copies, *batch.input_ids.shape, -1)  # [copies, batch, pos, d]
         b = batch.to(dev)
         vals = torch.stack(
@@ -362,9 +350,6 @@ class CallableTask(Task):
         raise UnknownTaskError("no corrupted counterpart for this batch")
 
 
-TASKS: dict[str, Callable[[Any], Task]] = {}
-
-
 def _lm(model: Any) -> Task:
     if is_causal(model):
         return TokenLossTask(
@@ -373,34 +358,43 @@ def _lm(model: Any) -> Task:
     return EmbeddingTask()
 
 
-TASKS["lm"] = _lm
-TASKS["induction"] = lambda model: TokenLossTask(
-    "induction",
-    "repeated_random",
-    _select_induction,
-    "mean loss on the repeated half of random-token sequences",
-    _corrupt_induction,
+def _induction(model: Any) -> Task:
+    return TokenLossTask(
+        "induction",
+        "repeated_random",
+        _select_induction,
+        "mean loss on the repeated half of random-token sequences",
+        _corrupt_induction,
+    )
+
+
+def _retrieval(model: Any) -> Task:
+    return TokenLossTask(
+        "retrieval",
+        "needle",
+        _select_retrieval,
+        "mean NLL of the teacher-forced needle answer tokens",
+        _corrupt_retrieval,
+    )
+
+
+TASKS.register(
+    "lm", _lm, summary="next-token loss (decoders), 1 - cos of the sentence embedding (encoders)"
 )
-TASKS["retrieval"] = lambda model: TokenLossTask(
-    "retrieval",
-    "needle",
-    _select_retrieval,
-    "mean NLL of the teacher-forced needle answer tokens",
-    _corrupt_retrieval,
+TASKS.register(
+    "induction", _induction, summary="loss on the repeated half of random-token sequences"
+)
+TASKS.register(
+    "retrieval", _retrieval, summary="NLL of the needle's answer in a haystack (decoders)"
 )
 
 
 def get_task(task: str | Task, model: TransformerBridge) -> Task:
-    """A task by name (``lm``, ``induction``, ``retrieval``) or as given; checked for the model.
+    """A task by name (see :data:`headmech.registry.TASKS`) or as given; checked for the model.
 
     Raises:
         UnknownTaskError: an unknown name, or a causal-only task on an encoder.
     """
-    if isinstance(task, Task):
-        out = task
-    elif task in TASKS:
-        out = TASKS[task](model)
-    else:
-        raise UnknownTaskError(f"unknown task '{task}' (have: {', '.join(sorted(TASKS))})")
+    out = task if isinstance(task, Task) else TASKS.get(str(task))(model)
     out.check(model)
     return out

@@ -14,8 +14,8 @@ The checks:
 * ``check_positive_control`` — a head whose pattern is replaced by the type's
   ``ideal_pattern`` is found, and ranked first;
 * ``check_negative_control`` — no head of a randomly initialised model is labelled;
-* ``check_causal`` — on a real model, ablating the labelled heads hurts the type's
-  metric more than ablating as many random heads from the same layers (mean over draws).
+* ``check_causal`` — on a real model, ablating the labelled heads hurts the type's task
+  metric more than ablating as many random heads (mean over draws).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 
 from headmech.engine import HeadStats, stream_statistics
 from headmech.heads import HeadIndex, HeadType, collect_statistics, head_types
+from headmech.interventions import Intervention, Set, applied
 from headmech.probes import PROBES, Probe, ProbeOptions, build_probe
 
 if TYPE_CHECKING:
@@ -61,17 +62,29 @@ def tiny_model(kind: str = "causal", seed: int = 0) -> TransformerBridge:
     """A randomly initialised 2-layer, 4-head model with a real tokenizer.
 
     ``kind="causal"``: LLaMA with grouped-query attention (2 KV heads) and SmolLM2's
-    tokenizer; ``kind="encoder"``: BERT with MiniLM's tokenizer. Built once per process.
+    tokenizer; ``kind="encoder"``: BERT with MiniLM's tokenizer. Built once per process;
+    the caller's random stream is left as it was.
     """
+    from headmech.models import load_model
+
+    with torch.random.fork_rng():  # HF initialises weights from the global generator
+        torch.manual_seed(seed)
+        model, tok = _tiny_hf(kind)
+    path = Path(tempfile.mkdtemp(prefix=f"headmech-tiny-{kind}-"))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return load_model(str(path))
+
+
+def _tiny_hf(kind: str) -> tuple[Any, Any]:
     from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
 
-    from headmech.models import load_hf, load_model
+    from headmech.models import load_hf
 
-    torch.manual_seed(seed)
     if kind == "causal":
-        from headmech.models import _smollm2_tokenizer
+        from headmech.bundled import smollm2_tokenizer
 
-        tok = _smollm2_tokenizer()
+        tok = smollm2_tokenizer()
         model: Any = LlamaForCausalLM(
             LlamaConfig(
                 vocab_size=len(tok),
@@ -99,10 +112,7 @@ def tiny_model(kind: str = "causal", seed: int = 0) -> TransformerBridge:
         )
     else:
         raise ValueError(f"kind must be 'causal' or 'encoder', got {kind!r}")
-    path = Path(tempfile.mkdtemp(prefix=f"headmech-tiny-{kind}-"))
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return load_model(str(path))
+    return model, tok
 
 
 def _control_model(head_type: HeadType) -> TransformerBridge:
@@ -117,19 +127,11 @@ def _stats(
         return collect_statistics([head_type], model, probe.batches)
     total: HeadStats | None = None
     for batch in probe.batches:
-        ideal = head_type.ideal_pattern(batch)  # [batch, query_pos, key_pos]
-
-        def hook(pattern: torch.Tensor, hook: Any, ideal: torch.Tensor = ideal) -> torch.Tensor:
-            out = pattern.clone()
-            out[:, PLANTED.head] = ideal.to(out.dtype)
-            return out
-
+        ideal = head_type.ideal_pattern(batch)[:, None]  # [batch, 1, query_pos, key_pos]
+        planted = Intervention.on([PLANTED], Set(ideal), site="pattern")
         # only the statistics need the planted pattern: some bridges (BERT) warn that the
         # edit does not reach the model's output, which is fine here
-        with (
-            model.hooks(fwd_hooks=[(f"blocks.{PLANTED.layer}.attn.hook_pattern", hook)]),
-            warnings.catch_warnings(),
-        ):
+        with applied(model, [planted], strict=False), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             s = stream_statistics(model, [batch], head_type.reducers())
         total = s if total is None else total + s
@@ -143,6 +145,7 @@ def _stats(
 
 
 def check_metadata(head_type: HeadType) -> None:
+    """Name (snake_case, ``<Role>Head`` class), reference with a year, citation, description, float threshold, a registered probe and a References section."""
     cls = type(head_type)
     assert re.fullmatch(r"[a-z][a-z0-9_]*", cls.name), f"name {cls.name!r} is not snake_case"
     assert cls.__name__.endswith("Head"), f"class {cls.__name__} should be named <Role>Head"
@@ -157,6 +160,7 @@ def check_metadata(head_type: HeadType) -> None:
 def check_score_shape_and_finite(
     head_type: HeadType, model: TransformerBridge | None = None
 ) -> None:
+    """The score is a finite ``[n_layers, n_heads]`` tensor on a tiny control model."""
     model = model or _control_model(head_type)
     probe = build_probe(head_type.probe, model, CONTROL_OPTIONS)
     score = head_type.score(_stats(head_type, model, probe))
@@ -166,6 +170,7 @@ def check_score_shape_and_finite(
 
 
 def check_deterministic(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    """The same probe options (seed) give bit-identical scores."""
     model = model or _control_model(head_type)
     a = head_type.score(
         _stats(head_type, model, build_probe(head_type.probe, model, CONTROL_OPTIONS))
@@ -177,6 +182,7 @@ def check_deterministic(head_type: HeadType, model: TransformerBridge | None = N
 
 
 def check_inputs_not_mutated(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    """Reducers leave their activation and the probe batches untouched."""
     model = model or _control_model(head_type)
     probe = build_probe(head_type.probe, model, CONTROL_OPTIONS)
     before = [
@@ -203,6 +209,7 @@ def check_inputs_not_mutated(head_type: HeadType, model: TransformerBridge | Non
 
 
 def check_positive_control(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    """A head whose attention is replaced by the type's ideal pattern is labelled, and ranked first."""
     model = model or _control_model(head_type)
     probe = build_probe(head_type.probe, model, CONTROL_OPTIONS)
     stats = _stats(head_type, model, probe, plant=True)
@@ -215,6 +222,7 @@ def check_positive_control(head_type: HeadType, model: TransformerBridge | None 
 
 
 def check_negative_control(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    """No head of a randomly initialised model is labelled."""
     model = model or _control_model(head_type)
     probe = build_probe(head_type.probe, model, CONTROL_OPTIONS)
     stats = _stats(head_type, model, probe)

@@ -24,9 +24,14 @@ Examples:
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,13 +41,19 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from headmech.errors import UnknownModelError
+
 __all__ = [
     "BOS_TOKEN",
     "PAD_TOKEN",
+    "TOY_CHECKPOINT_EVERY",
     "ToyInductionConfig",
+    "ensure_toy",
     "induction_mechanism_scores",
     "make_toy_tokenizer",
     "repeated_random_tokens",
+    "toy_checkpoints",
+    "toy_path",
     "train_toy_induction",
 ]
 
@@ -118,7 +129,12 @@ def repeated_random_tokens(
 
 
 def _build_model(config: ToyInductionConfig) -> LlamaForCausalLM:
-    torch.manual_seed(config.seed)  # HF initialises weights from the global generator
+    with torch.random.fork_rng():  # HF initialises weights from the global generator
+        torch.manual_seed(config.seed)
+        return _init_model(config)
+
+
+def _init_model(config: ToyInductionConfig) -> LlamaForCausalLM:
     hf_config = LlamaConfig(
         vocab_size=config.vocab_size + 2,
         hidden_size=config.d_model,
@@ -195,6 +211,47 @@ def _eval_metrics(model: LlamaForCausalLM, config: ToyInductionConfig) -> dict[s
     }
 
 
+def _train_step(
+    model: LlamaForCausalLM,
+    opt: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    config: ToyInductionConfig,
+    step: int,
+    g: torch.Generator,
+) -> float:
+    """One AdamW step on a fresh batch of repeated random tokens (half length drawn anew)."""
+    n = int(torch.randint(config.min_half_len, config.max_half_len + 1, (1,), generator=g))
+    ids = repeated_random_tokens(
+        config.batch_size, n, config.vocab_size, generator=g, bos_id=config.vocab_size
+    )
+    for group in opt.param_groups:
+        group["lr"] = config.lr * min(1.0, (step + 1) / config.warmup_steps)
+    logits = model(ids).logits
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss.item()
+
+
+def _checkpoint(
+    model: LlamaForCausalLM,
+    step: int,
+    callback: Callable[[int, LlamaForCausalLM], None] | None,
+    every: int,
+    last: int,
+) -> None:
+    """Call ``callback(step, model)`` in eval mode at step 0, every ``every`` steps and at
+    the last step."""
+    if callback is None or every <= 0 or (step % every and step != last):
+        return
+    model.eval()
+    with torch.no_grad():
+        callback(step, model)
+    model.train()
+
+
 def train_toy_induction(
     config: ToyInductionConfig | None = None,
     *,
@@ -231,39 +288,15 @@ def train_toy_induction(
     )
     g = torch.Generator().manual_seed(config.seed + 1)
     losses: list[float] = []
-
-    def checkpoint(step: int) -> None:
-        if on_checkpoint is None or checkpoint_every <= 0:
-            return
-        if step % checkpoint_every and step != config.steps:
-            return
-        model.eval()
-        with torch.no_grad():
-            on_checkpoint(step, model)
-        model.train()
-
+    save = (on_checkpoint, checkpoint_every, config.steps)
     start = time.perf_counter()
-    checkpoint(0)
+    _checkpoint(model, 0, *save)
     for step in range(config.steps):
-        n = int(torch.randint(config.min_half_len, config.max_half_len + 1, (1,), generator=g))
-        ids = repeated_random_tokens(
-            config.batch_size, n, config.vocab_size, generator=g, bos_id=config.vocab_size
-        )
-        for group in opt.param_groups:
-            group["lr"] = config.lr * min(1.0, (step + 1) / config.warmup_steps)
-        logits = model(ids).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
-        checkpoint(step + 1)
+        losses.append(_train_step(model, opt, params, config, step, g))
+        _checkpoint(model, step + 1, *save)
         if progress and (step % 250 == 0 or step == config.steps - 1):
-            print(
-                f"step {step:5d}  loss {loss.item():.3f}  {time.perf_counter() - start:.0f}s",
-                flush=True,
-            )
+            elapsed = time.perf_counter() - start
+            print(f"step {step:5d}  loss {losses[-1]:.3f}  {elapsed:.0f}s", flush=True)
     model.eval()
     metrics: dict[str, Any] = {
         "steps": config.steps,
@@ -273,3 +306,82 @@ def train_toy_induction(
         "config": asdict(config),
     }
     return model, tokenizer, metrics
+
+
+# --- the cached toy models ----------------------------------------------------------------
+
+TOY_CHECKPOINT_EVERY = 50  # training steps between saved checkpoints of a toy model
+
+
+def _fingerprint() -> str:
+    """Identifies the recipe: a changed recipe trains into a new cache folder."""
+    recipe = {**asdict(ToyInductionConfig()), "checkpoint_every": TOY_CHECKPOINT_EVERY}
+    blob = json.dumps(recipe, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def _known(name: str) -> None:
+    if name != "toy-induction":
+        raise UnknownModelError(f"unknown toy model '{name}': use toy-induction")
+
+
+def toy_path(name: str) -> Path:
+    """Where a toy model's trained weights live in the cache."""
+    from headmech.models import cache_dir
+
+    _known(name)
+    return cache_dir() / "toys" / f"{name}-{_fingerprint()}"
+
+
+def _train_into(folder: Path) -> None:
+    """Train the toy with checkpoints saved under ``folder/checkpoints/step-NNNNN/``."""
+    from headmech.models import _quiet
+
+    config = ToyInductionConfig()
+    tokenizer = make_toy_tokenizer(config.vocab_size)
+
+    def save(step: int, model: Any) -> None:
+        with _quiet():
+            model.save_pretrained(folder / "checkpoints" / f"step-{step:05d}")
+            tokenizer.save_pretrained(folder / "checkpoints" / f"step-{step:05d}")
+
+    model, tokenizer, metrics = train_toy_induction(
+        config, checkpoint_every=TOY_CHECKPOINT_EVERY, on_checkpoint=save
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "training.json").write_text(json.dumps(metrics, indent=1, default=str))
+
+
+def ensure_toy(name: str) -> Path:
+    """Train a toy model once (seeded) and cache it as a Hugging Face directory."""
+    out = toy_path(name)
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out.parent))
+    try:
+        _train_into(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def toy_checkpoints(name: str) -> dict[int, Path]:
+    """The saved training checkpoints of a toy model, by optimizer step (0 = untrained).
+
+    Trains the toy once if it is not cached. Each value is a Hugging Face model directory
+    that :func:`headmech.load_model` loads like any other.
+
+    Examples:
+        >>> ckpts = toy_checkpoints("toy-induction")  # doctest: +SKIP
+        >>> model = load_model(ckpts[500])  # doctest: +SKIP
+    """
+    _known(name)
+    folder = ensure_toy(name) / "checkpoints"
+    return {int(p.name.split("-")[1]): p for p in sorted(folder.glob("step-*"))}

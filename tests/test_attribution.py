@@ -12,12 +12,13 @@ import headmech
 from headmech.ablation import ablation_hooks, mean_head_outputs
 from headmech.attribution import METHODS, activation_patching, attribution_patching, importance
 from headmech.attribution.ablation import ablation_importance
-from headmech.attribution.mask_gradient import head_mask_hooks, mask_gradient
+from headmech.attribution.mask_gradient import mask_gradient
 from headmech.attribution.patching import patching_importance, prompt_pair_task, spearman
 from headmech.cli import main
 from headmech.errors import HeadmechError
 from headmech.metrics import repeated_half_loss
 from headmech.probes import ProbeOptions
+from headmech.pruning import head_mask_hooks
 from headmech.tasks import CallableTask, get_task
 
 SMALL = ProbeOptions(n_sentences=8, n_sequences=4, half_len=8, batch_size=4)
@@ -86,9 +87,9 @@ def test_mask_gradient_matches_finite_differences(tiny_models, small_batches, ki
 
     def damage(mask):
         s, c = 0.0, 0.0
-        with torch.no_grad():
+        with torch.no_grad(), model.hooks(fwd_hooks=head_mask_hooks(mask)):
             for b, ref in zip(batches, refs, strict=True):
-                ds, dc = task.damage(model, b, head_mask_hooks(mask), reference=ref, linear=True)
+                ds, dc = task.metric(model, b, reference=ref, linear=True)
                 s, c = s + float(ds.double().sum()), c + float(dc.sum())
         return s / c
 
@@ -110,9 +111,11 @@ def test_encoder_cosine_gradient_is_zero_projection_is_not(tiny_models, small_ba
     batch = small_batches[("bert", "lm")][0]
     ref = task.reference(model, batch)
     xi = torch.ones(2, 4, requires_grad=True)
-    cos, _ = task.damage(model, batch, head_mask_hooks(xi), reference=ref)
+    with model.hooks(fwd_hooks=head_mask_hooks(xi)):
+        cos, _ = task.metric(model, batch, reference=ref)
     (g_cos,) = torch.autograd.grad(cos.sum(), xi)
-    proj, _ = task.damage(model, batch, head_mask_hooks(xi), reference=ref, linear=True)
+    with model.hooks(fwd_hooks=head_mask_hooks(xi)):
+        proj, _ = task.metric(model, batch, reference=ref, linear=True)
     (g_proj,) = torch.autograd.grad(proj.sum(), xi)
     assert g_cos.abs().max() < 1e-3 * g_proj.abs().max()
 
@@ -291,8 +294,9 @@ def test_cli_importance_bad_input(tiny_dirs, tmp_path, capsys, args, needle):
 def smollm2_induction(smollm2):
     opts = ProbeOptions(n_sequences=4, half_len=16, batch_size=4)
     batches = get_task("induction", smollm2).batches(smollm2, opts)
+    chunk = {"zero": {"chunk": 16}, "mean": {"chunk": 16}}  # typed options: ablations only
     return {
-        m: importance(smollm2, m, "induction", batches=batches, chunk=16)
+        m: importance(smollm2, m, "induction", batches=batches, **chunk.get(m, {}))
         for m in ("zero", "mean", "attribution_patching", "mask_gradient", "dla")
     }
 

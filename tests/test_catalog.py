@@ -59,12 +59,26 @@ def test_unknown_type():
 
 
 def test_duplicate_registration_is_refused():
-    from headmech.heads import HeadType
+    """Registration is explicit: defining a class registers nothing; registering a second
+    class under a taken name is refused and leaves the first in place."""
+    from headmech.heads import HeadType, register
+    from headmech.registry import HEAD_TYPES
 
+    class Again(HeadType):
+        name = "previous_token"
+
+    class Fresh(HeadType):
+        name = "fresh_test_type"
+        description = "a test"
+
+    assert "fresh_test_type" not in headmech.head_types()
     with pytest.raises(ValueError, match="already registered"):
-
-        class Again(HeadType):
-            name = "previous_token"
+        register(Again)
+    assert headmech.get_head_type("previous_token") is not Again
+    with HEAD_TYPES.isolated():
+        register(Fresh)
+        assert headmech.get_head_type("fresh_test_type") is Fresh
+    assert "fresh_test_type" not in headmech.head_types()
 
 
 @pytest.mark.slow
@@ -113,67 +127,111 @@ def test_engine_matches_transformerlens_detector(tiny_models):
         )
 
 
+HEAD_TYPE_FILE = '''import torch
+from headmech.heads import HeadType
+
+
+class {cls}(HeadType):
+    """Attends to position 0.
+
+    References:
+        Nobody 2025.
+    """
+
+    name = "{name}"
+    reference = "Nobody 2025"
+    citation = "Nobody 2025, a test"
+    description = "attends to the first token"
+
+    def targets(self, batch):
+        return torch.zeros_like(batch.input_ids).masked_fill(batch.special, -1)
+'''
+
+
 def test_entry_point_head_types_are_discovered(tmp_path, monkeypatch):
     """A third-party package registers a type through the `headmech.head_types` group."""
     from importlib.metadata import EntryPoint
 
-    from headmech import heads
+    from headmech import registry
 
-    (tmp_path / "thirdparty_heads.py").write_text(
-        "import torch\n"
-        "from headmech.heads import HeadType\n"
-        "class FirstTokenHead(HeadType):\n"
-        "    '''Attends to position 0.\n\n    References:\n        Nobody 2025.\n    '''\n"
-        "    name = 'first_token_test'\n"
-        "    reference = 'Nobody 2025'\n"
-        "    citation = 'Nobody 2025, a test'\n"
-        "    description = 'attends to the first token'\n"
-        "    def targets(self, batch):\n"
-        "        return torch.zeros_like(batch.input_ids).masked_fill(batch.special, -1)\n"
-    )
+    text = HEAD_TYPE_FILE.format(cls="FirstTokenHead", name="first_token_test")
+    (tmp_path / "thirdparty_heads.py").write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))
-    ep = EntryPoint("first_token_test", "thirdparty_heads:FirstTokenHead", heads.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(
-        heads, "entry_points", lambda group: [ep] if group == heads.ENTRY_POINT_GROUP else []
-    )
-    monkeypatch.setattr(heads, "_discovered", False)
-    monkeypatch.setattr(heads, "_REGISTRY", dict(heads._REGISTRY))
-    types = headmech.head_types()
-    assert "first_token_test" in types and "previous_token" in types
-    from headmech.testing import check_head_type
+    group = registry.HEAD_TYPES.group
+    assert group == "headmech.head_types"
+    registry.HEAD_TYPES.load()
+    ep = EntryPoint("first_token_test", "thirdparty_heads:FirstTokenHead", group)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == ep.group else [])
+    with registry.HEAD_TYPES.isolated():
+        registry.HEAD_TYPES.reload()
+        types = headmech.head_types()
+        assert "first_token_test" in types and "previous_token" in types
+        from headmech.testing import check_head_type
 
-    check_head_type(types["first_token_test"])  # a contributed type passes the harness
+        check_head_type(types["first_token_test"])  # a contributed type passes the harness
+    assert "first_token_test" not in headmech.head_types()
+
+
+@pytest.mark.parametrize("kind", ["tasks", "methods", "pruning_methods", "models", "probes"])
+def test_every_extension_point_takes_plugins(tmp_path, monkeypatch, kind):
+    """Each registry loads its entry-point group, so a plug-in package can add a task, a
+    method, a pruning method, a model or a probe, not only a head type; a plug-in that
+    fails to import is a one-line error naming it."""
+    from importlib.metadata import EntryPoint
+
+    from headmech import registry
+
+    reg = {
+        "tasks": registry.TASKS,
+        "methods": registry.METHODS,
+        "pruning_methods": registry.PRUNING_METHODS,
+        "models": registry.MODELS,
+        "probes": registry.PROBES,
+    }[kind]
+    assert reg.group == f"headmech.{kind}"
+    reg.load()  # the built-ins, before the fake entry points below
+    (tmp_path / f"plugin_{kind}.py").write_text('def thing(*args):\n    """A plug-in."""\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ep = EntryPoint("plugged", f"plugin_{kind}:thing", reg.group)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == reg.group else [])
+    with reg.isolated():
+        reg.reload()
+        assert "plugged" in reg.names() and reg.get("plugged").__doc__ == "A plug-in."
+        assert "plugged: A plug-in" in reg.help()
+    assert "plugged" not in reg
+    broken = EntryPoint("broken", "no_such_module_xyz:thing", reg.group)
+    monkeypatch.setattr(
+        registry, "entry_points", lambda group: [broken] if group == reg.group else []
+    )
+    with reg.isolated(), pytest.raises(headmech.HeadmechError, match="broken.*fails to load"):
+        reg.reload()
+        reg.names()
 
 
 def test_catalog_path_folders_are_discovered(tmp_path, monkeypatch):
     """A type in a $HEADMECH_CATALOG_PATH folder is found by discovery and the CLI; a
     broken file there is a one-line error."""
     from headmech import heads
-
-    (tmp_path / "first_token_path.py").write_text(
-        "import torch\n"
-        "from headmech.heads import HeadType\n"
-        "class FirstTokenPathHead(HeadType):\n"
-        "    name = 'first_token_path'\n"
-        "    reference = 'Nobody 2026'\n"
-        "    citation = 'Nobody 2026, a test'\n"
-        "    description = 'attends to the first token'\n"
-        "    def targets(self, batch):\n"
-        "        return torch.zeros_like(batch.input_ids).masked_fill(batch.special, -1)\n"
-    )
-    monkeypatch.setenv(heads.CATALOG_PATH_ENV, str(tmp_path))
-    monkeypatch.setattr(heads, "_discovered", False)
-    monkeypatch.setattr(heads, "_REGISTRY", dict(heads._REGISTRY))
-    assert "first_token_path" in headmech.head_types()
-    assert heads.load_catalog_folder(tmp_path) == []  # loading again registers nothing new
-
     from headmech.cli import main
+    from headmech.registry import HEAD_TYPES
 
-    monkeypatch.setattr(heads, "_discovered", False)
-    assert main(["types"]) == 0
-    (tmp_path / "broken.py").write_text("def broken(:\n")
-    monkeypatch.setattr(heads, "_discovered", False)
-    with pytest.raises(headmech.HeadmechError, match="broken.py: SyntaxError"):
-        headmech.head_types()
-    monkeypatch.setattr(heads, "_discovered", False)
-    assert main(["types"]) == 2
+    text = HEAD_TYPE_FILE.format(cls="FirstTokenPathHead", name="first_token_path")
+    (tmp_path / "first_token_path.py").write_text(text)
+    monkeypatch.setenv(heads.CATALOG_PATH_ENV, str(tmp_path))
+    with HEAD_TYPES.isolated():
+        HEAD_TYPES.reload()
+        assert "first_token_path" in headmech.head_types()
+        # loading again is idempotent: the same definition, registered again
+        assert heads.load_catalog_folder(tmp_path) == ["first_token_path"]
+        assert len([n for n in headmech.head_types() if n == "first_token_path"]) == 1
+        HEAD_TYPES.reload()
+        assert main(["types"]) == 0
+        (tmp_path / "broken.py").write_text("def broken(:\n")
+        HEAD_TYPES.reload()
+        with pytest.raises(headmech.HeadmechError, match="broken.py: SyntaxError"):
+            headmech.head_types()
+        HEAD_TYPES.reload()
+        assert main(["types"]) == 2
+    monkeypatch.delenv(heads.CATALOG_PATH_ENV)
+    HEAD_TYPES.reload()
+    assert "first_token_path" not in headmech.head_types()

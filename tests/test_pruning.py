@@ -9,8 +9,10 @@ import torch
 
 from headmech.ablation import ablation_hooks
 from headmech.cli import main
+from headmech.metrics import task_metric
 from headmech.probes import ProbeOptions
 from headmech.pruning import HeadMask, head_mask, michel_prune, prune_heads
+from headmech.tasks import get_task
 
 TINY_PROBE = ProbeOptions(n_sentences=4, n_sequences=2, half_len=6, batch_size=4)
 
@@ -107,7 +109,21 @@ def test_michel_bookkeeping(tiny_models, arch, task, tmp_path):
         assert len(s["heads_kept"]) == s["n_kept"]
         assert set(map(tuple, s["heads_kept"])) < set(map(tuple, prev["heads_kept"]))
     assert all(torch.isfinite(torch.tensor(float(s["metric"]))) for s in r.steps)
-    assert 0.0 <= r.removable_fraction() <= 1.0
+    # every step's metric is the task's metric with exactly the removed heads zero-ablated
+    # (an independent computation through TransformerLens hooks)
+    batches = get_task(task, model).batches(model, TINY_PROBE)
+    all_heads = {(la, h) for la in range(2) for h in range(4)}
+    for s in r.steps[1:4]:
+        removed = sorted(all_heads - set(map(tuple, s["heads_kept"])))
+        want = task_metric(model, task, batches, ablation_hooks(model, removed, "zero"))
+        assert float(s["metric"]) == pytest.approx(want, rel=1e-5, abs=1e-7)
+    # removable_fraction: heads removed at the last step before the metric first exceeds
+    # the bound (clean * 1.05, or 0.05 when the clean metric is 0), by hand
+    clean = float(r.steps[0]["metric"])
+    bound = clean * 1.05 if abs(clean) >= 1e-4 else 0.05
+    first_bad = next((i for i, s in enumerate(r.steps) if float(s["metric"]) > bound), len(r.steps))
+    want_kept = r.steps[first_bad - 1]["n_kept"] if first_bad > 0 else 8
+    assert r.removable_fraction() == pytest.approx(1 - want_kept / 8)
     path = r.save(tmp_path)
     data = json.loads(path.read_text())
     assert {"method", "task", "steps", "survival"} <= set(data)

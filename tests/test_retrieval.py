@@ -9,13 +9,15 @@ import pytest
 import torch
 
 import headmech
-from headmech.ablation import ablation_hooks
+from headmech.ablation import ablation, ablation_hooks
 from headmech.catalog.retrieval import RetrievalHead
 from headmech.engine import stream_statistics
 from headmech.errors import HeadmechError, InputError
+from headmech.interventions import evaluate
 from headmech.models import model_info
 from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.needle import needle_recall
+from headmech.tasks import get_task
 from headmech.testing import CONTROL_OPTIONS, check_causal, tiny_model
 
 
@@ -135,13 +137,21 @@ def test_planted_copy_head_scores_one(control, control_probe):
 
 
 def test_metric_is_answer_nll_and_uniform_masking_moves_it(control, control_probe):
+    """The retrieval type's task metric is the needle answer's NLL, as needle_recall
+    measures it independently; uniform attention on two heads moves it."""
     t = RetrievalHead()
-    clean = t.metric(control, control_probe.batches)
+    task = get_task(t.task, control)
+    clean = evaluate(control, task, control_probe.batches)
     recall = needle_recall(control, control_probe.batches)
-    assert clean == recall["nll"] and clean > 0
+    assert clean == pytest.approx(recall["nll"], rel=1e-6) and clean > 0
     assert recall["n_trials"] == 12
+    masked = [ablation([(1, 0), (1, 1)], "uniform")]
+    assert evaluate(control, task, control_probe.batches, masked) != pytest.approx(clean)
     hooks = ablation_hooks(control, [(1, 0), (1, 1)], "uniform")
-    assert t.metric(control, control_probe.batches, hooks) != pytest.approx(clean)
+    masked_recall = needle_recall(control, control_probe.batches, hooks)["nll"]
+    assert evaluate(control, task, control_probe.batches, masked) == pytest.approx(
+        masked_recall, rel=1e-5
+    )
 
 
 # --- findings on SmolLM2-135M -----------------------------------------------------------

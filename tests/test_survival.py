@@ -37,6 +37,16 @@ def test_survival_enrichment_and_order():
     assert enrichment(steps[0], cat) == 1.0
     order = removal_order(s, [8, 4, 2])
     assert [r["half_removed_at_n_kept"] for r in order] == [2, 2]
+    # distinct times: b loses its head first (at 4 kept), a half of its heads later (at 2)
+    later = [steps[0], [HeadIndex(0, 1), HeadIndex(1, 2), HeadIndex(0, 0), HeadIndex(1, 3)]]
+    later.append([HeadIndex(0, 1), HeadIndex(0, 0)])
+    s2 = survival(later, cat)
+    assert s2 == {"a": [1.0, 1.0, 0.5], "b": [1.0, 0.0, 0.0]}
+    order = removal_order(s2, [8, 4, 2])
+    assert [(r["type"], r["half_removed_at_n_kept"]) for r in order] == [("b", 4), ("a", 2)]
+    # a type that keeps more than half to the end comes last, with None
+    s3 = {"a": [1.0, 1.0, 0.5], "c": [1.0, 1.0, 1.0], "b": [1.0, 0.0, 0.0]}
+    assert [r["type"] for r in removal_order(s3, [8, 4, 2])] == ["b", "a", "c"]
 
 
 def test_compare_orders_on_a_tiny_model(tiny_models):

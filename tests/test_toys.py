@@ -61,7 +61,7 @@ def test_checkpoints_are_taken_on_schedule_and_do_not_change_training():
 
 @pytest.mark.slow
 def test_cached_toy_has_loadable_checkpoints():
-    from headmech.models import TOY_CHECKPOINT_EVERY, toy_checkpoints
+    from headmech.toys import TOY_CHECKPOINT_EVERY, toy_checkpoints
 
     ckpts = toy_checkpoints("toy-induction")
     steps = ToyInductionConfig().steps

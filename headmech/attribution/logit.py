@@ -25,16 +25,16 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.attribution.ablation import Cost
-from headmech.engine import ProbeBatch, run_blocks
+from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
+from headmech.interventions import Cost, capture, recording
 from headmech.tasks import EmbeddingTask, Task, TokenLossTask
 
 if TYPE_CHECKING:
@@ -52,33 +52,16 @@ def frozen_norm(
     return x / scale * norm.weight.to(x.dtype)
 
 
-def _capture(
-    model: TransformerBridge, batch: ProbeBatch, names: Sequence[str]
-) -> dict[str, Tensor]:
-    store: dict[str, Tensor] = {}
-
-    def make(name: str) -> Callable[..., None]:
-        def grab(x: Tensor, hook: Any) -> None:
-            store[name] = x.detach()
-
-        return grab
-
-    dev = next(model.parameters()).device
-    with torch.no_grad(), model.hooks(fwd_hooks=[(n, make(n)) for n in names]):
-        run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev))
-    return store
-
-
 def _causal_batch(
     model: TransformerBridge, task: TokenLossTask, batch: ProbeBatch, baseline: int | None
 ) -> tuple[Tensor, int]:
     n_layers = int(model.cfg.n_layers)
     kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
     # the final norm's scale is recorded by a hook inside ln_final, which
-    # run_blocks (used by _capture) never reaches: recompute it from the final residual stream
+    # run_blocks (used by capture) never reaches: recompute it from the final residual stream
     names = [f"blocks.{la}.attn.hook_z" for la in range(n_layers)]
     names.append(f"blocks.{n_layers - 1}.hook_out")
-    st = _capture(model, batch, names)
+    st = capture(model, batch, names)
     dev = next(model.parameters()).device
     query, target = task.select(batch.to(dev))  # [batch, pos] each
     resid = st[f"blocks.{n_layers - 1}.hook_out"][query]  # [n, d_model]
@@ -98,15 +81,10 @@ def _causal_batch(
 
 def _norm_scale(model: TransformerBridge, resid: Tensor, kind: str) -> Tensor:
     """The final norm's clean scale for these residual vectors (what its hook_scale holds)."""
-    store: dict[str, Tensor] = {}
-
-    def grab(s: Tensor, hook: Any) -> None:
-        store["s"] = s.detach()
-
-    with torch.no_grad(), model.hooks(fwd_hooks=[("ln_final.hook_scale", grab)]):
+    with torch.no_grad(), recording(model, ["ln_final.hook_scale"]) as store:
         model.ln_final(resid)
-    if "s" in store:
-        return store["s"].reshape(resid.shape[0], 1)
+    if "ln_final.hook_scale" in store:
+        return store["ln_final.hook_scale"].detach().reshape(resid.shape[0], 1)
     eps = float(getattr(model.cfg, "eps", 1e-5))
     x = resid - resid.mean(-1, keepdim=True) if kind == "LN" else resid
     return (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
@@ -119,7 +97,7 @@ def _encoder_batch(
     names = [f"blocks.{la}.attn.hook_z" for la in range(n_layers)]
     names += [f"blocks.{la}.{ln}.hook_scale" for la in range(n_layers) for ln in ("ln1", "ln2")]
     names.append(f"blocks.{n_layers - 1}.hook_out")
-    st = _capture(model, batch, names)
+    st = capture(model, batch, names)
     dev = next(model.parameters()).device
     mask = batch.attention_mask.to(dev)
     m = mask[..., None].float()

@@ -18,37 +18,48 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.attribution.ablation import Cost
-from headmech.attribution.patching import z_gradients
 from headmech.engine import ProbeBatch
+from headmech.interventions import Cost, gradients
 from headmech.tasks import Task
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["head_mask_hooks", "mask_gradient", "mask_gradient_importance"]
+__all__ = ["mask_gradient", "mask_gradient_importance", "masked_importance"]
 
 
-def head_mask_hooks(
+def masked_importance(
+    model: TransformerBridge,
+    task: Task,
+    batch: ProbeBatch,
     mask: Float[Tensor, "n_layers n_heads"],
-) -> list[tuple[str, Callable[..., Tensor]]]:
-    """Hooks multiplying each head's output by ``mask[layer, head]`` (ξ)."""
-
-    def make(layer: int) -> Callable[..., Tensor]:
-        def hook(z: Tensor, hook: Any) -> Tensor:
-            # z: [batch, pos, head_index, d_head]
-            return z * mask[layer].to(z)[None, None, :, None]
-
-        return hook
-
-    return [(f"blocks.{la}.attn.hook_z", make(la)) for la in range(mask.shape[0])]
+    *,
+    reference: Any = None,
+    per_token: bool = True,
+) -> tuple[Tensor, Tensor, float, float]:
+    """One batch's ``∂L/∂ξ`` at ξ = ``mask``: ``(signed [n_layers, n_heads], absolute
+    [n_layers, n_heads], metric sum, count)``; ``absolute`` sums ``|∂L/∂ξ_h|`` per token
+    (``per_token``) or takes the batch's ``|∂L/∂ξ_h|``."""
+    dev = next(model.parameters()).device
+    xi = mask.to(dev).float().clone().requires_grad_(True)
+    z, grad, s, c = gradients(model, task, batch, reference=reference, scale=xi)
+    assert xi.grad is not None
+    g = xi.grad.detach().double().cpu()
+    if per_token:
+        # grad is w.r.t. ξ·z; with ξ = 1, ∂L/∂ξ_h = Σ_t z_t · ∂L/∂(ξz)_t
+        per_tok = (z * grad).sum(-1)  # [n_layers, batch, pos, n_heads]
+        real = batch.attention_mask.to(dev).bool()[None, :, :, None]
+        absolute = (per_tok.abs() * real).sum((1, 2)).double().cpu()
+    else:
+        absolute = g.abs()
+    return g, absolute, float(s), float(c)
 
 
 def _run(
@@ -62,7 +73,7 @@ def _run(
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     signed = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     absolute = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    damage, n_units, n_tokens = 0.0, 0.0, 0
+    metric, n_units, n_tokens = 0.0, 0.0, 0
     it: Any = batches
     if progress:
         from tqdm.auto import tqdm
@@ -70,29 +81,21 @@ def _run(
         it = tqdm(
             batches, desc=progress if isinstance(progress, str) else "mask gradient", leave=False
         )
-    dev = next(model.parameters()).device
+    ones = torch.ones(n_layers, n_heads)
     for batch in it:
-        xi = torch.ones(n_layers, n_heads, device=dev, requires_grad=True)
-        z, grad, s, c = z_gradients(model, task, batch, linear=True, head_mask=xi)
-        assert xi.grad is not None
-        g = xi.grad.detach().double().cpu()
+        ref = task.reference(model, batch)
+        g, a, s, c = masked_importance(model, task, batch, ones, reference=ref, per_token=per_token)
         signed += g
-        if per_token:
-            # grad is w.r.t. ξ·z; with ξ = 1, ∂L/∂ξ_h = Σ_t z_t · ∂L/∂(ξz)_t
-            per_tok = (z * grad).sum(-1)  # [n_layers, batch, pos, n_heads]
-            real = batch.attention_mask.to(dev).bool()[None, :, :, None]
-            absolute += (per_tok.abs() * real).sum((1, 2)).double().cpu()
-        else:
-            absolute += g.abs()
-        damage += float(s)
-        n_units += float(c)
+        absolute += a
+        metric += s
+        n_units += c
         n_tokens += batch.n_tokens
         if cost is not None:
             cost.add(int(batch.input_ids.shape[0]), backward=True)
     return (
         signed / max(n_units, 1.0),
         absolute / max(n_tokens, 1),
-        damage / max(n_units, 1.0),
+        metric / max(n_units, 1.0),
         n_units,
     )
 
@@ -100,7 +103,7 @@ def _run(
 def mask_gradient(
     model: TransformerBridge, task: Task, batches: Sequence[ProbeBatch]
 ) -> Float[Tensor, "n_layers n_heads"]:
-    """The signed gradient ``∂D/∂ξ`` of the task's mean (gradient) damage at ξ = 1."""
+    """The signed gradient ``∂D/∂ξ`` of the task's mean (gradient) metric at ξ = 1."""
     return _run(model, task, batches, False, None, False)[0].float()
 
 
@@ -122,12 +125,14 @@ def mask_gradient_importance(
         batches: probe batches.
         per_token: absolute value per token (the original code) rather than per batch.
         normalize_layers: divide each layer's scores by their ℓ2 norm.
+        cost: accumulates the compute spent.
+        progress: a tqdm bar over batches.
 
     Returns:
-        ``(importance [n_layers, n_heads], clean damage)``; the loss is summed over the
+        ``(importance [n_layers, n_heads], clean metric)``; the loss is summed over the
         task's units (tokens or sequences) and importance divided by the real tokens.
     """
-    _, score, damage, _ = _run(model, task, batches, per_token, cost, progress)
+    _, score, metric, _ = _run(model, task, batches, per_token, cost, progress)
     if normalize_layers:
         score = score / (score.norm(dim=1, keepdim=True) + 1e-20)
-    return score.float(), damage
+    return score.float(), metric

@@ -35,9 +35,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headmech.attribution.ablation import Cost, Edit, capture_z, task_damage
 from headmech.engine import ProbeBatch
 from headmech.errors import InputError
+from headmech.interventions import Cost, Intervention, Patch, capture_z, gradients, run_variants
 from headmech.tasks import CallableTask, Task
 
 if TYPE_CHECKING:
@@ -49,7 +49,6 @@ __all__ = [
     "patching_importance",
     "prompt_pair_task",
     "spearman",
-    "z_gradients",
 ]
 
 Direction = Literal["denoising", "noising"]
@@ -64,7 +63,7 @@ def spearman(a: Tensor, b: Tensor) -> float:
     return float(spearmanr(x[keep], y[keep]).statistic)
 
 
-def _as_batch(model: TransformerBridge, tokens: Int[Tensor, "batch pos"]) -> ProbeBatch:
+def _as_batch(tokens: Int[Tensor, "batch pos"]) -> ProbeBatch:
     tokens = torch.as_tensor(tokens)
     if tokens.dim() == 1:
         tokens = tokens[None]
@@ -80,7 +79,7 @@ def prompt_pair_task(
     metric: Callable[[Tensor], Tensor],
 ) -> tuple[CallableTask, ProbeBatch, ProbeBatch]:
     """A task holding one clean and one corrupted batch of equal token length."""
-    clean, corrupt = _as_batch(model, clean_tokens), _as_batch(model, corrupted_tokens)
+    clean, corrupt = _as_batch(clean_tokens), _as_batch(corrupted_tokens)
     if clean.input_ids.shape != corrupt.input_ids.shape:
         raise InputError(
             f"clean and corrupted prompts must have the same shape (token length), got "
@@ -97,29 +96,18 @@ def prompt_pair_task(
     return task, clean, corrupt
 
 
-def _patch_runs(
-    model: TransformerBridge,
-    task: Task,
-    base: ProbeBatch,
-    source_z: Tensor,
-    per_position: bool,
-    chunk: int,
-    cost: Cost | None,
-) -> tuple[Tensor, float]:
-    """Damage (task value) of ``base`` with each head (x position) patched from ``source_z``."""
+def _head_patches(
+    model: TransformerBridge, source_z: Tensor, positions: Sequence[int | None]
+) -> list[list[Intervention]]:
+    """One variant per (layer, position, head), TransformerLens' by_pos order."""
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    n_pos = int(base.input_ids.shape[1])
-    positions: Sequence[int | None] = range(n_pos) if per_position else [None]
-    # order: layer, pos, head (TransformerLens' by_pos layout)
-    index = [(la, p, h) for la in range(n_layers) for p in positions for h in range(n_heads)]
-
-    def copies_for(bi: int, batch: ProbeBatch) -> list[list[Edit]]:
-        return [[Edit(la, h, source_z[la, :, :, h], pos=p)] for la, p, h in index]
-
-    values, clean = task_damage(model, task, [base], copies_for, len(index), chunk=chunk, cost=cost)
-    if per_position:
-        return values.view(n_layers, n_pos, n_heads), clean  # [layer * pos * head] -> grid
-    return values.view(n_layers, n_heads), clean
+    patch = Patch(source_z)
+    return [
+        [Intervention.on([(la, h)], patch, pos=p)]
+        for la in range(n_layers)
+        for p in positions
+        for h in range(n_heads)
+    ]
 
 
 def activation_patching(
@@ -148,59 +136,14 @@ def activation_patching(
     """
     task, clean, corrupt = prompt_pair_task(model, clean_tokens, corrupted_tokens, metric)
     base, source = (corrupt, clean) if direction == "denoising" else (clean, corrupt)
-    z_src = capture_z(model, source)  # [n_layers, batch, pos, n_heads, d_head]
-    return _patch_runs(model, task, base, z_src, per_position, chunk, None)[0]
-
-
-def z_gradients(
-    model: TransformerBridge,
-    task: Task,
-    batch: ProbeBatch,
-    *,
-    reference: Any = None,
-    linear: bool = True,
-    head_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One forward and backward pass: every head's output and the damage's gradient.
-
-    Args:
-        head_mask: optional ``[n_layers, n_heads]`` leaf multiplying each head's output;
-            its gradient is returned too (Michel et al.'s ξ).
-
-    Returns:
-        ``(z, grad, damage_sum, count)``: ``z`` and ``∂(damage sum)/∂z`` are
-        ``[n_layers, batch, pos, n_heads, d_head]``; with ``head_mask`` the gradient is
-        taken with respect to the masked output ``ξ·z``.
-    """
-    n_layers = int(model.cfg.n_layers)
-    zs: dict[int, Tensor] = {}
-    deltas: dict[int, Tensor] = {}
-
-    def make(layer: int) -> Callable[..., Tensor]:
-        def hook(z: Tensor, hook: Any) -> Tensor:
-            # z: [batch, pos, head_index, d_head]
-            zs[layer] = z.detach()
-            delta = torch.zeros_like(z, requires_grad=True)  # d(damage)/d(delta) = d/dz
-            deltas[layer] = delta
-            if head_mask is not None:
-                z = z * head_mask[layer].to(z.dtype)[None, None, :, None]
-            return z + delta
-
-        return hook
-
-    hooks = [(f"blocks.{la}.attn.hook_z", make(la)) for la in range(n_layers)]
-    with torch.enable_grad():
-        s, c = task.damage(model, batch, hooks, reference=reference, linear=linear)
-        leaves = [deltas[la] for la in range(n_layers)]
-        if head_mask is not None:
-            leaves.append(head_mask)
-        grads = torch.autograd.grad(s.sum(), leaves, allow_unused=True)
-    g = [torch.zeros_like(leaves[i]) if grads[i] is None else grads[i] for i in range(len(leaves))]
-    z = torch.stack([zs[la] for la in range(n_layers)])
-    grad = torch.stack(g[:n_layers])
-    if head_mask is not None:
-        head_mask.grad = g[-1] if head_mask.grad is None else head_mask.grad + g[-1]
-    return z, grad, s.detach().sum(), c.sum()
+    n_pos = int(base.input_ids.shape[1])
+    positions: Sequence[int | None] = range(n_pos) if per_position else [None]
+    variants = _head_patches(model, capture_z(model, source), positions)
+    values, _ = run_variants(model, task, [base], variants, chunk=chunk)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    if per_position:
+        return values.view(n_layers, n_pos, n_heads)  # [layer * pos * head] -> grid
+    return values.view(n_layers, n_heads)
 
 
 def attribution_patching(
@@ -221,11 +164,72 @@ def attribution_patching(
     task, clean, corrupt = prompt_pair_task(model, clean_tokens, corrupted_tokens, metric)
     base, source = (corrupt, clean) if direction == "denoising" else (clean, corrupt)
     z_src = capture_z(model, source)  # [n_layers, batch, pos, n_heads, d_head]
-    z, grad, value, _ = z_gradients(model, task, base)
+    z, grad, value, _ = gradients(model, task, base)
     contrib = ((z_src - z) * grad).sum(-1).sum(1)  # [n_layers, pos, n_heads]
     if not per_position:
         contrib = contrib.sum(1)  # [n_layers, n_heads]
     return float(value) + contrib
+
+
+def _pairs(
+    model: TransformerBridge, task: Task, batches: Sequence[ProbeBatch], direction: str, seed: int
+) -> list[tuple[ProbeBatch, ProbeBatch]]:
+    """Per batch, ``(base, source)``: noising patches corrupted outputs into the clean run."""
+    pairs = []
+    for bi, batch in enumerate(batches):
+        corrupt = task.corrupt(batch, model, seed * 1_000_003 + bi)
+        pairs.append((batch, corrupt) if direction == "noising" else (corrupt, batch))
+    return pairs
+
+
+def _exact(
+    model: TransformerBridge,
+    task: Task,
+    pairs: list[tuple[ProbeBatch, ProbeBatch]],
+    chunk: int,
+    cost: Cost | None,
+    progress: bool | str,
+) -> tuple[Tensor, float]:
+    def variants(bi: int, batch: ProbeBatch) -> list[list[Intervention]]:
+        z_src = capture_z(model, pairs[bi][1])  # [n_layers, batch, pos, heads, d_head]
+        if cost is not None:
+            cost.add(int(batch.input_ids.shape[0]))
+        return _head_patches(model, z_src, [None])
+
+    bases = [b for b, _ in pairs]
+    values, base = run_variants(
+        model, task, bases, variants, chunk=chunk, cost=cost, progress=progress
+    )
+    return values - base, base
+
+
+def _approximate(
+    model: TransformerBridge,
+    task: Task,
+    pairs: list[tuple[ProbeBatch, ProbeBatch]],
+    cost: Cost | None,
+    progress: bool | str,
+) -> tuple[Tensor, float]:
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    base_sum, base_count = 0.0, 0.0
+    it: Any = pairs
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(pairs, desc=progress if isinstance(progress, str) else "batches", leave=False)
+    for base, source in it:
+        n_seq = int(base.input_ids.shape[0])
+        z_src = capture_z(model, source)  # [n_layers, batch, pos, n_heads, d_head]
+        ref = task.reference(model, base)
+        z, grad, s, c = gradients(model, task, base, reference=ref)
+        if cost is not None:
+            cost.add(n_seq)  # the source run
+            cost.add(n_seq, backward=True)  # forward + backward on the base run
+        total += ((z_src - z) * grad).sum((-1, 1, 2)).double().cpu()  # [n_layers, n_heads]
+        base_sum += float(s)
+        base_count += float(c)
+    return (total / max(base_count, 1.0)).flatten().float(), base_sum / max(base_count, 1.0)
 
 
 def patching_importance(
@@ -242,60 +246,19 @@ def patching_importance(
 ) -> tuple[Float[Tensor, "n_layers n_heads"], float]:
     """Head importance from patching between the task's clean and corrupted inputs.
 
-    ``noising`` (default): ``damage(clean run, head from corrupted) - damage(clean)``,
-    directly comparable with ablation. ``denoising``: ``damage(corrupted) -
-    damage(corrupted run, head from clean)``, the damage the head's clean output repairs.
-    With ``approximate`` the patched damages are attribution-patching estimates.
+    ``noising`` (default): ``metric(clean run, head from corrupted) - metric(clean)``,
+    directly comparable with ablation. ``denoising``: ``metric(corrupted) -
+    metric(corrupted run, head from clean)``, the loss the head's clean output repairs.
+    With ``approximate`` the patched metrics are attribution-patching estimates.
 
     Returns:
-        ``(score [n_layers, n_heads], damage of the unpatched base run)``.
+        ``(score [n_layers, n_heads], metric of the unpatched base run)``.
     """
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    pairs = []
-    for bi, batch in enumerate(batches):
-        corrupt = task.corrupt(batch, model, seed * 1_000_003 + bi)
-        pairs.append((batch, corrupt) if direction == "noising" else (corrupt, batch))
-    bases = [b for b, _ in pairs]
+    pairs = _pairs(model, task, batches, direction, seed)
+    if approximate:
+        delta, base = _approximate(model, task, pairs, cost, progress)
+    else:
+        delta, base = _exact(model, task, pairs, chunk, cost, progress)
     sign = 1.0 if direction == "noising" else -1.0
-    if not approximate:
-        current: dict[int, Tensor] = {}
-
-        def copies_for(bi: int, batch: ProbeBatch) -> list[list[Edit]]:
-            current.clear()
-            current[bi] = capture_z(model, pairs[bi][1])  # [n_layers, batch, pos, heads, d_head]
-            if cost is not None:
-                cost.add(int(batch.input_ids.shape[0]))
-            z_src = current[bi]
-            return [
-                [Edit(la, h, z_src[la, :, :, h])] for la in range(n_layers) for h in range(n_heads)
-            ]
-
-        values, base_damage = task_damage(
-            model,
-            task,
-            bases,
-            copies_for,
-            n_layers * n_heads,
-            chunk=chunk,
-            cost=cost,
-            progress=progress,
-        )
-        return sign * (values - base_damage).view(n_layers, n_heads), base_damage
-    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    base_sum, base_count = 0.0, 0.0
-    it: Any = pairs
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(pairs, desc=progress if isinstance(progress, str) else "batches", leave=False)
-    for base, source in it:
-        n_seq = int(base.input_ids.shape[0])
-        z_src = capture_z(model, source)  # [n_layers, batch, pos, n_heads, d_head]
-        z, grad, s, c = z_gradients(model, task, base, linear=True)
-        if cost is not None:
-            cost.add(n_seq)  # the source run
-            cost.add(n_seq, backward=True)  # forward + backward on the base run
-        total += ((z_src - z) * grad).sum((-1, 1, 2)).double().cpu()  # [n_layers, n_heads]
-        base_sum += float(s)
-        base_count += float(c)
-    return (sign * total / max(base_count, 1.0)).float(), base_sum / max(base_count, 1.0)
+    return sign * delta.view(n_layers, n_heads), base

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -36,6 +33,7 @@ class DuplicateTokenHead(HeadType):
     probe = "repeated_random"
     # headmech's choice (the detector has no threshold), as for induction
     default_threshold = 0.4
+    task = "induction"  # loss on the repeated half of random-token sequences
 
     def targets(self, batch: ProbeBatch) -> Tensor:
         ids = batch.input_ids
@@ -44,10 +42,3 @@ class DuplicateTokenHead(HeadType):
         earlier = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril(-1)
         real = ~batch.special
         return same & earlier & real[:, :, None] & real[:, None, :]
-
-    metric_name = "loss on the repeated half of random-token sequences"
-
-    def metric(self, model: Any, batches: list[ProbeBatch], fwd_hooks: Sequence[Any] = ()) -> float:
-        from headmech import metrics
-
-        return metrics.repeated_half_loss(model, batches, fwd_hooks)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -42,7 +41,7 @@ class InductionHead(HeadType):
     probe = "repeated_random"
     default_threshold = 0.4
     causal_only = True
-    metric_name = "loss on the repeated half of random-token sequences"
+    task = "induction"  # loss on the repeated half of random-token sequences
 
     def __init__(
         self,
@@ -61,11 +60,6 @@ class InductionHead(HeadType):
         tgt = pos - half + 1
         ok = (pos >= off + half) & (pos < off + 2 * half)
         return torch.where(ok, tgt, -1).expand_as(batch.input_ids).masked_fill(batch.special, -1)
-
-    def metric(self, model: Any, batches: list[ProbeBatch], fwd_hooks: Sequence[Any] = ()) -> float:
-        from headmech import metrics
-
-        return metrics.repeated_half_loss(model, batches, fwd_hooks)
 
     def weight_statistics(self, model: Any) -> dict[str, Tensor]:
         from headmech.weights import ov_copying_scores

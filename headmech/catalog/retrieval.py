@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-import headmech.probes.needle  # noqa: F401  (registers the "needle" probe)
 from headmech.engine import HeadStats, ProbeBatch, Reducer
 from headmech.heads import HeadIndex, HeadType
-from headmech.probes.needle import needle_recall, needle_spans
+from headmech.probes.needle import needle_spans
 
 
 class RetrievalHead(HeadType):
@@ -33,8 +31,8 @@ class RetrievalHead(HeadType):
     models are scored the same way. Evidence kept: attention mass on the needle and the
     top-1 hit rate on the exact source position, at answer steps.
 
-    Behaviour (:meth:`metric`): needle recall damage, the mean negative log-likelihood of
-    the teacher-forced answer tokens (continuous; 0 is perfect recall). Validation masks
+    Behaviour (the ``retrieval`` task): the mean negative log-likelihood of the
+    teacher-forced answer tokens (continuous; 0 is perfect recall). Validation masks
     heads with uniform attention over the keys they may see, as Wu et al. do.
 
     References:
@@ -53,7 +51,7 @@ class RetrievalHead(HeadType):
     probe = "needle"
     default_threshold = 0.1  # the paper's: copy-pastes at least 10% of the answer
     causal_only = True
-    metric_name = "needle answer NLL (teacher-forced)"
+    task = "retrieval"  # needle answer NLL (teacher-forced)
     ablation = "uniform"
 
     # --- what the engine computes -------------------------------------------------
@@ -112,8 +110,3 @@ class RetrievalHead(HeadType):
             "source_hit_rate": {str(h): round(float(hit[h]), 4) for h in heads},
             "n_trials": int(stats.counts[f"{self.name}.copy"][0, 0]),
         }
-
-    # --- behaviour ----------------------------------------------------------------
-    def metric(self, model: Any, batches: list[ProbeBatch], fwd_hooks: Sequence[Any] = ()) -> float:
-        """Mean negative log-likelihood of the needle's answer tokens (higher is worse)."""
-        return needle_recall(model, batches, fwd_hooks)["nll"]

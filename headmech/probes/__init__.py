@@ -9,7 +9,11 @@ Built-in probes:
 * ``prose`` — real English sentences (the CPython documentation's prose by default, or
   the user's ``corpus`` file), tokenised with the model's special tokens, with spaCy
   parses aligned to the tokens and corpus token counts (:mod:`headmech.probes.prose`);
-* ``repeated_random`` — BOS + random tokens + the same tokens again (Olsson et al. 2022).
+* ``repeated_random`` — BOS + random tokens + the same tokens again (Olsson et al. 2022);
+* ``needle`` — a fact hidden in a prose haystack, then asked for (:mod:`headmech.probes.needle`).
+
+Probes are registered in :data:`headmech.registry.PROBES` (a builder ``(model, options)
+-> Probe``); a plug-in package adds one through the entry-point group ``headmech.probes``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from headmech.engine import ProbeBatch
 from headmech.errors import InputError
+from headmech.registry import PROBES
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -82,25 +87,16 @@ class Probe:
 
 
 ProbeBuilder = Callable[["TransformerBridge", ProbeOptions], Probe]
-PROBES: dict[str, ProbeBuilder] = {}
 
 
-def register_probe(name: str) -> Callable[[ProbeBuilder], ProbeBuilder]:
-    """Decorator: make a probe builder available to head types by name."""
-
-    def deco(fn: ProbeBuilder) -> ProbeBuilder:
-        if name in PROBES:
-            raise ValueError(f"probe '{name}' is already registered")
-        PROBES[name] = fn
-        return fn
-
-    return deco
+def register_probe(name: str, summary: str = "") -> Callable[[ProbeBuilder], ProbeBuilder]:
+    """Decorator: make a probe builder available to head types and tasks by name."""
+    return PROBES.register(name, summary=summary)  # type: ignore[no-any-return]
 
 
 def build_probe(name: str, model: TransformerBridge, options: ProbeOptions) -> Probe:
-    if name not in PROBES:
-        raise InputError(f"unknown probe '{name}' (have: {', '.join(sorted(PROBES))})")
-    return PROBES[name](model, options)
+    """Build the probe registered as ``name`` (a one-line error for an unknown name)."""
+    return PROBES.get(name)(model, options)
 
 
 def _special_ids(tokenizer: Any) -> torch.Tensor:
@@ -194,7 +190,7 @@ def random_token_ids(
     return pool[torch.randint(len(pool), shape, generator=generator)]
 
 
-@register_probe("repeated_random")
+@register_probe("repeated_random", "BOS + random tokens + the same tokens again")
 def repeated_random_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     """BOS + ``half_len`` random tokens + the same tokens again.
 
@@ -226,7 +222,3 @@ def repeated_random_probe(model: TransformerBridge, options: ProbeOptions) -> Pr
         b.extras["half_len"] = half
         b.extras["offset"] = len(prefix)
     return Probe("repeated_random", batches, {"half_len": half, "offset": len(prefix)})
-
-
-# built-in probes defined in their own modules register on import
-from headmech.probes import prose as _prose  # noqa: E402, F401

@@ -30,7 +30,7 @@ References:
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +127,56 @@ def _haystack(encoded: Sequence[list[int]], length: int, seed: int) -> list[list
     return out
 
 
+def _encoder(tok: Any) -> Callable[[str], list[int]]:
+    """A function that tokenises a piece of text without special tokens."""
+
+    def enc(s: str) -> list[int]:
+        return list(tok(s, add_special_tokens=False)["input_ids"])
+
+    return enc
+
+
+def _trial_sequence(
+    trial: NeedleTrial,
+    seed: int,
+    encoded: Sequence[list[int]],
+    enc: Callable[[str], list[int]],
+    bos: list[int],
+) -> tuple[list[int], dict[str, Any]]:
+    """One trial's token ids (BOS, haystack with the needle, question, answer) and extras."""
+    hay = _haystack(encoded, trial.length, seed)
+    k = round(trial.depth * len(hay))
+    before = [i for s in hay[:k] for i in s]
+    after = [i for s in hay[k:] for i in s]
+    lead, answer = enc(trial.needle_lead), enc(trial.answer)
+    needle = lead + answer + enc(".")
+    start = len(bos) + len(before)
+    prompt = bos + before + needle + after + enc(trial.question)
+    ids = prompt + answer
+    extras = {
+        "answer_pos": list(range(len(prompt), len(ids))),
+        "source_pos": list(range(start + len(lead), start + len(lead) + len(answer))),
+        "needle_start": start,
+        "needle_end": start + len(needle),
+    }
+    return ids, extras
+
+
+def _length_batches(
+    sequences: dict[int, list[list[int]]],
+    extras: dict[int, list[dict[str, Any]]],
+    tok: Any,
+    batch_size: int,
+) -> list[ProbeBatch]:
+    """Batch each haystack length on its own, shortest first, within the memory budgets."""
+    batches: list[ProbeBatch] = []
+    for length in sorted(sequences):
+        width = max(len(s) for s in sequences[length])
+        size = max(1, min(batch_size, _PATTERN_BUDGET // width**2, _TOKEN_BUDGET // width))
+        batches += batch_sequences(sequences[length], tok, size, extras[length])
+    return batches
+
+
 @register_probe("needle")
 def needle_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     """Needle-in-a-haystack sequences: every context length crossed with every depth.
@@ -147,10 +197,7 @@ def needle_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     tok = model.tokenizer
     if not options.needle_depths or not all(0.0 <= d <= 1.0 for d in options.needle_depths):
         raise InputError(f"needle depths must lie in [0, 1], got {list(options.needle_depths)}")
-
-    def enc(s: str) -> list[int]:
-        return list(tok(s, add_special_tokens=False)["input_ids"])
-
+    enc = _encoder(tok)
     bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
     drafts = _trials(options, options.needle_lengths)
     overhead = len(bos) + max(
@@ -163,29 +210,10 @@ def needle_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     sequences: dict[int, list[list[int]]] = {}
     extras: dict[int, list[dict[str, Any]]] = {}
     for trial, seed in _trials(options, lengths):
-        hay = _haystack(encoded, trial.length, seed)
-        k = round(trial.depth * len(hay))
-        before = [i for s in hay[:k] for i in s]
-        after = [i for s in hay[k:] for i in s]
-        lead, answer = enc(trial.needle_lead), enc(trial.answer)
-        needle = lead + answer + enc(".")
-        start = len(bos) + len(before)
-        prompt = bos + before + needle + after + enc(trial.question)
-        ids = prompt + answer
+        ids, trial_extras = _trial_sequence(trial, seed, encoded, enc, bos)
         sequences.setdefault(trial.length, []).append(ids)
-        extras.setdefault(trial.length, []).append(
-            {
-                "answer_pos": list(range(len(prompt), len(ids))),
-                "source_pos": list(range(start + len(lead), start + len(lead) + len(answer))),
-                "needle_start": start,
-                "needle_end": start + len(needle),
-            }
-        )
-    batches: list[ProbeBatch] = []
-    for length in sorted(sequences):
-        width = max(len(s) for s in sequences[length])
-        size = max(1, min(options.batch_size, _PATTERN_BUDGET // width**2, _TOKEN_BUDGET // width))
-        batches += batch_sequences(sequences[length], tok, size, extras[length])
+        extras.setdefault(trial.length, []).append(trial_extras)
+    batches = _length_batches(sequences, extras, tok, options.batch_size)
     info = {
         "needle_lengths": lengths,
         "needle_depths": list(options.needle_depths),

@@ -1,15 +1,30 @@
-"""Head pruning: masks, physical removal and iterative pruning.
+"""Head pruning: masks, physical removal, iterative pruning and gates.
 
-``HeadMask`` gates heads through ``hook_z`` hooks, :func:`prune_heads` builds a smaller
-Hugging Face model, :func:`michel_prune` runs Michel et al.'s iterative pruning and
-returns a :class:`PruningResult` that writes ``pruning.json`` (DESIGN.md section 4).
+``HeadMask`` gates heads through a :class:`~headmech.interventions.Scale` intervention,
+:func:`prune_heads` builds a smaller Hugging Face model, and three pruning methods —
+registered in :data:`headmech.registry.PRUNING_METHODS` — return a
+:class:`PruningResult` that writes ``pruning.json`` (docs/architecture.md):
+
+* ``michel`` — Michel et al. 2019's iterative pruning by mask-gradient importance;
+* ``l0`` — Voita et al. 2019's Hard Concrete L0 gates over a λ sweep;
+* ``mae`` — Peng et al. 2020's input-dependent mixture-of-heads gates against fine-tuning.
+
+:func:`prune` runs any of them by name, as :func:`headmech.attribution.importance` does
+for importance methods.
 
 References:
     Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better than One?", NeurIPS.
+    Voita et al. 2019, "Analyzing Multi-Head Self-Attention", ACL.
+    Peng et al. 2020, "A Mixture of h − 1 Heads is Better than h Heads", ACL.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from headmech.probes import ProbeOptions
+from headmech.pruning.l0 import L0Options, l0_prune
+from headmech.pruning.mae import MAEOptions, mae_prune
 from headmech.pruning.mask import (
     HeadMask,
     UnsupportedPruningError,
@@ -17,7 +32,15 @@ from headmech.pruning.mask import (
     head_mask_hooks,
     prune_heads,
 )
-from headmech.pruning.michel import PruningResult, masked_importance, masked_metric, michel_prune
+from headmech.pruning.michel import MichelOptions, masked_importance, masked_metric, michel_prune
+from headmech.pruning.result import PruningResult
+from headmech.registry import PRUNING_METHODS, build_options
+from headmech.tasks import Task
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from headmech.classify import HeadCatalog
 
 __all__ = [
     "HeadMask",
@@ -28,5 +51,59 @@ __all__ = [
     "masked_importance",
     "masked_metric",
     "michel_prune",
+    "prune",
     "prune_heads",
 ]
+
+PRUNING_METHODS.register(
+    "michel",
+    michel_prune,
+    summary="Michel et al. 2019: drop the 10% least important heads by mask gradient, repeat",
+    options=MichelOptions,
+)
+PRUNING_METHODS.register(
+    "l0",
+    l0_prune,
+    summary="Voita et al. 2019: Hard Concrete L0 gates distilled to the model, a λ sweep",
+    options=L0Options,
+)
+PRUNING_METHODS.register(
+    "mae",
+    mae_prune,
+    summary="Peng et al. 2020: input-dependent gates over 'all heads but one' vs fine-tuning",
+    options=MAEOptions,
+)
+
+
+def prune(
+    model: TransformerBridge,
+    method: str,
+    task: str | Task = "lm",
+    *,
+    catalog: HeadCatalog | None = None,
+    probe_options: ProbeOptions | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> PruningResult:
+    """Prune ``model``'s heads for ``task`` with a registered method.
+
+    Args:
+        model: a ``TransformerBridge``.
+        method: ``michel``, ``l0``, ``mae`` or a plug-in's name
+            (:data:`headmech.registry.PRUNING_METHODS`).
+        task: a task name or :class:`headmech.tasks.Task`.
+        catalog: fills ``survival`` per head type.
+        probe_options: probe sizes.
+        progress: report progress.
+        **options: the method's options (its dataclass: :class:`MichelOptions`,
+            :class:`L0Options`, :class:`MAEOptions`).
+
+    Returns:
+        A :class:`PruningResult`; ``.save(dir)`` writes ``pruning.json``.
+    """
+    entry = PRUNING_METHODS.entry(method)
+    opts = build_options(entry, options)
+    kwargs = vars(opts) if opts is not None else {}
+    return entry.obj(
+        model, task, probe_options=probe_options, catalog=catalog, progress=progress, **kwargs
+    )

@@ -24,6 +24,8 @@ trained (Adam); the model's ``requires_grad`` flags are restored afterwards.
 
 The reported task metric uses the *hard* evaluation mask: a head whose evaluation gate is
 0 is zero-ablated, every other head is kept unscaled (pure pruning, no soft rescaling).
+It is measured on held-out batches: the task's probe drawn with another seed
+(``seed + 1000``), not the batches the gates were trained on.
 
 References:
     Voita, Talbot, Moiseev, Sennrich, Titov 2019, "Analyzing Multi-Head Self-Attention:
@@ -35,10 +37,9 @@ References:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,12 +47,25 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
+from headmech.engine import ProbeBatch, run_blocks
+from headmech.interventions import Intervention, Scale, applied, evaluate, hooks
 from headmech.probes import ProbeOptions
-from headmech.tasks import Task, final_resid, get_task, is_causal, unembed
+from headmech.pruning.concrete import (
+    BETA,
+    EPS,
+    GAMMA,
+    ZETA,
+    hard_concrete_eval,
+    hard_concrete_sample,
+    prob_nonzero,
+)
+from headmech.pruning.result import PruningResult
+from headmech.tasks import Task, get_task, is_causal, unembed
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
+
+    from headmech.classify import HeadCatalog
 
 __all__ = [
     "BETA",
@@ -59,70 +73,34 @@ __all__ = [
     "GAMMA",
     "ZETA",
     "GateResult",
+    "L0Options",
     "L0Sweep",
     "distillation_loss",
     "frozen",
     "gate_hooks",
+    "gate_intervention",
     "hard_concrete_eval",
     "hard_concrete_sample",
+    "l0_prune",
     "l0_sweep",
     "masked_task_metric",
     "prob_nonzero",
     "train_l0_gates",
 ]
 
-BETA = 0.33
-GAMMA = -0.1
-ZETA = 1.1
-EPS = 1e-6
-
 Hook = tuple[str, Callable[..., Tensor]]
 
 
-def hard_concrete_sample(
-    log_alpha: Float[Tensor, "*shape"],
-    beta: float = BETA,
-    gamma: float = GAMMA,
-    zeta: float = ZETA,
-    eps: float = EPS,
-    generator: torch.Generator | None = None,
-) -> Float[Tensor, "*shape"]:
-    """One reparametrised training sample of the Hard Concrete gates (in ``[0, 1]``).
-
-    References:
-        Voita et al. 2019; Louizos et al. 2018 (module docstring).
-    """
-    u = torch.rand(log_alpha.shape, generator=generator, dtype=log_alpha.dtype)
-    u = u.to(log_alpha.device) * (1 - 2 * eps) + eps  # U(eps, 1 - eps)
-    s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / beta)
-    return (s * (zeta - gamma) + gamma).clamp(0.0, 1.0)
-
-
-def hard_concrete_eval(
-    log_alpha: Float[Tensor, "*shape"], gamma: float = GAMMA, zeta: float = ZETA
-) -> Float[Tensor, "*shape"]:
-    """The deterministic evaluation gate ``clip(σ(log α)(ζ − γ) + γ, 0, 1)``."""
-    return (torch.sigmoid(log_alpha) * (zeta - gamma) + gamma).clamp(0.0, 1.0)
-
-
-def prob_nonzero(
-    log_alpha: Float[Tensor, "*shape"], beta: float = BETA, gamma: float = GAMMA, zeta: float = ZETA
-) -> Float[Tensor, "*shape"]:
-    """``P(g ≠ 0) = σ(log α − β log(−γ / ζ))``, the expected L0 norm of each gate."""
-    return torch.sigmoid(log_alpha - beta * math.log(-gamma / zeta))
+def gate_intervention(
+    model: TransformerBridge, gates: Float[Tensor, "n_layers n_heads"]
+) -> Intervention:
+    """Head ``(l, h)``'s output multiplied by ``gates[l, h]`` (differentiable)."""
+    return Intervention.all_heads(model, Scale(gates))
 
 
 def gate_hooks(model: TransformerBridge, gates: Float[Tensor, "n_layers n_heads"]) -> list[Hook]:
-    """``hook_z`` hooks multiplying head ``(l, h)``'s output by ``gates[l, h]`` (differentiable)."""
-    hooks: list[Hook] = []
-    for layer in range(int(model.cfg.n_layers)):
-
-        def hook(z: Tensor, hook: Any, layer: int = layer) -> Tensor:
-            # z: [batch, pos, head_index, d_head]
-            return z * gates[layer].to(z.dtype)[None, None, :, None]
-
-        hooks.append((f"blocks.{layer}.attn.hook_z", hook))
-    return hooks
+    """``hook_z`` hooks multiplying head ``(l, h)``'s output by ``gates[l, h]``."""
+    return hooks(model, [gate_intervention(model, gates)])
 
 
 @contextmanager
@@ -150,12 +128,15 @@ def _query(batch: ProbeBatch) -> Tensor:
     return query
 
 
-def _outputs(model: TransformerBridge, batch: ProbeBatch, hooks: Sequence[Hook]) -> Tensor:
+def _outputs(
+    model: TransformerBridge, batch: ProbeBatch, interventions: Sequence[Intervention] = ()
+) -> Tensor:
     """Causal: log-probabilities at the query positions ``[n_query, d_vocab]``.
     Encoder: mean-pooled final hidden state ``[batch, d_model]``."""
     dev = _device(model)
     ids, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev)
-    h = final_resid(model, ids, mask, hooks)  # [batch, pos, d_model]
+    with applied(model, list(interventions)):
+        h = run_blocks(model, ids, mask)  # [batch, pos, d_model]
     if is_causal(model):
         return F.log_softmax(unembed(model, h[_query(batch).to(dev)]).float(), dim=-1)
     m = mask[..., None].to(h.dtype)
@@ -176,19 +157,12 @@ def masked_task_metric(
     task: Task,
     batches: Sequence[ProbeBatch],
     mask: Float[Tensor, "n_layers n_heads"] | None,
-    base_hooks: Sequence[Hook] = (),
+    base: Sequence[Intervention] = (),
 ) -> float:
-    """The task's mean damage with head outputs multiplied by ``mask`` (None: no mask),
-    after ``base_hooks``. Encoder references are the clean model's."""
-    hooks = [*base_hooks, *([] if mask is None else gate_hooks(model, mask.to(_device(model))))]
-    total, count = 0.0, 0.0
-    with torch.no_grad():
-        for b in batches:
-            ref = task.reference(model, b)
-            s, c = task.damage(model, b, hooks, reference=ref)
-            total += float(s.sum())
-            count += float(c.sum())
-    return total / max(count, 1.0)
+    """The task's mean metric with head outputs multiplied by ``mask`` (None: no mask),
+    after the interventions ``base``. Encoder references are the clean model's."""
+    ivs = [*base, *([] if mask is None else [gate_intervention(model, mask.to(_device(model)))])]
+    return evaluate(model, task, batches, ivs)
 
 
 @dataclass
@@ -222,6 +196,58 @@ class GateResult:
         return (self.eval_gates > 0).float()
 
 
+def _train(
+    model: TransformerBridge,
+    batches: Sequence[ProbeBatch],
+    log_alpha: Tensor,
+    lam: float,
+    steps: int,
+    lr: float,
+    hc: tuple[float, float, float],
+    gen: torch.Generator,
+    base: Sequence[Intervention],
+) -> list[dict[str, float]]:
+    """Adam on ``log_alpha`` (in place) for ``L = L_distil + λ·L_C``; the loss curve."""
+    beta, gamma, zeta = hc
+    n_layers = log_alpha.shape[0]
+    opt = torch.optim.Adam([log_alpha], lr=lr)
+    curve: list[dict[str, float]] = []
+    with torch.no_grad():
+        teachers = [_outputs(model, b, base) for b in batches]
+    for step in range(steps):
+        i = step % len(batches)
+        g = hard_concrete_sample(log_alpha, beta, gamma, zeta, generator=gen)
+        student = _outputs(model, batches[i], [*base, gate_intervention(model, g)])
+        distil = distillation_loss(model, student, teachers[i])
+        p = prob_nonzero(log_alpha, beta, gamma, zeta)
+        l0 = p.sum() / n_layers
+        loss = distil + lam * l0
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        curve.append(
+            {
+                "loss": float(loss.detach()),
+                "distil": float(distil.detach()),
+                "l0": float(l0.detach()),
+                "expected_heads": float(p.detach().sum()),
+            }
+        )
+    return curve
+
+
+def _probes(
+    model: TransformerBridge, task: Task, options: ProbeOptions | None
+) -> tuple[list[ProbeBatch], list[ProbeBatch]]:
+    """Training and held-out batches of the task's own probe (held out: seed + 1000).
+
+    Gates distil on the task's probe: gates trained on prose keep the heads prose needs,
+    which for the induction task are the wrong ones (measured on toy-induction).
+    """
+    opts = options or ProbeOptions(n_sentences=32, n_sequences=16)
+    return task.batches(model, opts), task.batches(model, replace(opts, seed=opts.seed + 1000))
+
+
 def train_l0_gates(
     model: TransformerBridge,
     lam: float,
@@ -235,22 +261,22 @@ def train_l0_gates(
     gamma: float = GAMMA,
     zeta: float = ZETA,
     seed: int = 0,
-    base_hooks: Sequence[Hook] = (),
+    base: Sequence[Intervention] = (),
 ) -> GateResult:
     """Train one Hard Concrete gate per head by distillation to the unpruned model.
 
     Args:
         model: the model; its weights are frozen during training and left unchanged.
         lam: λ in ``L = L_distil + λ · L_C`` (``L_C`` averaged over layers, as Voita's code).
-        steps: Adam steps (one probe batch each, cycling through the prose probe).
+        steps: Adam steps (one probe batch each, cycling through the task's probe).
         lr: Adam learning rate on ``log α``.
         task: the task whose probe the gates are distilled on and whose metric is
-            reported with the hard mask.
+            reported with the hard mask, on held-out batches (the probe at ``seed + 1000``).
         probe_options: probe sizes (default 32 sentences / 16 repeated sequences).
         init_log_alpha: initial ``log α`` of every gate (3: all evaluation gates are 1).
         beta, gamma, zeta: Hard Concrete temperature and stretch interval.
         seed: seeds the gate noise.
-        base_hooks: hooks applied before the gates in every run (teacher and student);
+        base: interventions applied before the gates in every run (teacher and student);
             they define the model being pruned (tests plant head importances this way).
 
     Returns:
@@ -261,38 +287,12 @@ def train_l0_gates(
     """
     t = get_task(task, model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    dev = _device(model)
-    # distil on the task's own probe: gates trained on prose keep the heads prose needs,
-    # which for the induction task are the wrong ones (measured on toy-induction)
-    batches = t.batches(model, probe_options or ProbeOptions(n_sentences=32, n_sequences=16))
-    metric_batches = batches
-    gen = torch.Generator().manual_seed(seed)
-    log_alpha = torch.full((n_layers, n_heads), float(init_log_alpha), device=dev)
+    batches, held_out = _probes(model, t, probe_options)
+    log_alpha = torch.full((n_layers, n_heads), float(init_log_alpha), device=_device(model))
     log_alpha.requires_grad_(True)
-    opt = torch.optim.Adam([log_alpha], lr=lr)
-    curve: list[dict[str, float]] = []
+    gen = torch.Generator().manual_seed(seed)
     with frozen(model):
-        with torch.no_grad():
-            teachers = [_outputs(model, b, base_hooks) for b in batches]
-        for step in range(steps):
-            i = step % len(batches)
-            g = hard_concrete_sample(log_alpha, beta, gamma, zeta, generator=gen)
-            student = _outputs(model, batches[i], [*base_hooks, *gate_hooks(model, g)])
-            distil = distillation_loss(model, student, teachers[i])
-            p = prob_nonzero(log_alpha, beta, gamma, zeta)
-            l0 = p.sum() / n_layers
-            loss = distil + lam * l0
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            curve.append(
-                {
-                    "loss": float(loss.detach()),
-                    "distil": float(distil.detach()),
-                    "l0": float(l0.detach()),
-                    "expected_heads": float(p.detach().sum()),
-                }
-            )
+        curve = _train(model, batches, log_alpha, lam, steps, lr, (beta, gamma, zeta), gen, base)
     la = log_alpha.detach()
     ev = hard_concrete_eval(la, gamma, zeta)
     hard = (ev > 0).float()
@@ -301,10 +301,10 @@ def train_l0_gates(
         log_alpha=la.cpu(),
         eval_gates=ev.cpu(),
         heads_kept=int(hard.sum()),
-        metric=masked_task_metric(model, t, metric_batches, hard, base_hooks),
-        base_metric=masked_task_metric(model, t, metric_batches, None, base_hooks),
+        metric=masked_task_metric(model, t, held_out, hard, base),
+        base_metric=masked_task_metric(model, t, held_out, None, base),
         curve=curve,
-        task_metric=t.metric,
+        task_metric=t.description,
     )
 
 
@@ -323,3 +323,62 @@ class L0Sweep:
 def l0_sweep(model: TransformerBridge, lams: Sequence[float], **kwargs: Any) -> L0Sweep:
     """:func:`train_l0_gates` at each λ in ``lams`` (other arguments passed through)."""
     return L0Sweep([train_l0_gates(model, lam, **kwargs) for lam in lams])
+
+
+@dataclass
+class L0Options:
+    """Options of :func:`l0_prune`.
+
+    Attributes:
+        lams: the λ values of the sweep.
+        steps: gate training steps per λ.
+        lr: Adam learning rate on ``log α``.
+        seed: seeds the gate noise.
+    """
+
+    lams: tuple[float, ...] = (0.01, 0.1, 1.0, 3.0, 10.0)
+    steps: int = 100
+    lr: float = 0.05
+    seed: int = 0
+
+
+def l0_prune(
+    model: TransformerBridge,
+    task: str | Task = "lm",
+    *,
+    lams: Sequence[float] = L0Options.lams,
+    steps: int = L0Options.steps,
+    lr: float = L0Options.lr,
+    seed: int = L0Options.seed,
+    probe_options: ProbeOptions | None = None,
+    catalog: HeadCatalog | None = None,
+    progress: bool = False,
+) -> PruningResult:
+    """An L0 λ sweep as a pruning trajectory: step 0 is the full model, then one step per
+    λ ordered by heads kept (each with its ``lambda``).
+
+    Returns:
+        A :class:`~headmech.pruning.result.PruningResult` (``method="l0"``).
+    """
+    from headmech.pruning.michel import _result
+
+    t = get_task(task, model)
+    sweep = l0_sweep(
+        model, lams, steps=steps, lr=lr, task=t, probe_options=probe_options, seed=seed
+    )
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    everything = [[la, h] for la in range(n_layers) for h in range(n_heads)]
+    history: list[dict[str, Any]] = [
+        {
+            "n_kept": n_layers * n_heads,
+            "heads_kept": everything,
+            "metric": sweep.results[0].base_metric,
+            "lambda": 0.0,
+        }
+    ]
+    for r in sorted(sweep.results, key=lambda r: (-r.heads_kept, r.lam)):
+        kept = [[int(a), int(b)] for a, b in (r.hard_mask > 0).nonzero().tolist()]
+        history.append(
+            {"n_kept": r.heads_kept, "heads_kept": kept, "metric": r.metric, "lambda": r.lam}
+        )
+    return _result("l0", t, model, history, catalog, n_layers * n_heads)

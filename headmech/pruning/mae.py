@@ -23,8 +23,8 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,27 +32,53 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from headmech.engine import ProbeBatch
+from headmech.errors import HeadmechError
+from headmech.interventions import Gate, Intervention, applied, hooks
 from headmech.probes import ProbeOptions
 from headmech.pruning.l0 import frozen
+from headmech.pruning.result import PruningResult
 from headmech.tasks import Task, get_task
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["MAEComparison", "MAEGates", "compare_mae", "mae_hooks", "train_mae"]
+    from headmech.classify import HeadCatalog
 
-Hook = tuple[str, Callable[..., Tensor | None]]
+__all__ = [
+    "MAEComparison",
+    "MAEGates",
+    "MAEOptions",
+    "compare_mae",
+    "mae_hooks",
+    "mae_intervention",
+    "mae_prune",
+    "train_mae",
+]
 
 
 class MAEGates(nn.Module):
-    """Per-layer gate networks ``p = softmax(W₂ tanh(W₁ x̄ + b₁) + b₂)`` over the n experts."""
+    """Per-layer gate networks ``p = softmax(W₂ tanh(W₁ x̄ + b₁) + b₂)`` over the n experts.
 
-    def __init__(self, n_layers: int, n_heads: int, d_model: int, d_hidden: int = 32) -> None:
+    Args:
+        n_layers, n_heads, d_model: the model's shape.
+        d_hidden: width of the gate networks.
+        generator: draws ``W₁`` (the global random stream is left alone).
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        n_heads: int,
+        d_model: int,
+        d_hidden: int = 32,
+        generator: torch.Generator | None = None,
+    ) -> None:
         super().__init__()
         if n_heads < 2:
             raise ValueError("a mixture of h - 1 heads needs at least 2 heads")
         self.n_heads = n_heads
-        self.w1 = nn.Parameter(torch.randn(n_layers, d_model, d_hidden) / d_model**0.5)
+        w1 = torch.randn(n_layers, d_model, d_hidden, generator=generator) / d_model**0.5
+        self.w1 = nn.Parameter(w1)
         self.b1 = nn.Parameter(torch.zeros(n_layers, d_hidden))
         self.w2 = nn.Parameter(torch.zeros(n_layers, d_hidden, n_heads))
         self.b2 = nn.Parameter(torch.zeros(n_layers, n_heads))
@@ -70,30 +96,26 @@ class MAEGates(nn.Module):
         return (1.0 - p) * (n / (n - 1))
 
 
+def mae_intervention(
+    model: TransformerBridge, gates: MAEGates, attention_mask: Tensor, record: list | None = None
+) -> Intervention:
+    """Every head's ``hook_z`` scaled by the gates' head scales, computed per sequence from
+    each layer's mean-pooled input; ``record`` (if given) receives each layer's ``p``."""
+
+    def scales(layer: int, pooled: Tensor) -> Tensor:
+        p = gates.probs(layer, pooled)
+        if record is not None:
+            record.append(p)
+        return gates.head_scales(p)
+
+    return Intervention.all_heads(model, Gate(scales, attention_mask))
+
+
 def mae_hooks(
     model: TransformerBridge, gates: MAEGates, attention_mask: Tensor, record: list | None = None
-) -> list[Hook]:
-    """Hooks that compute each layer's expert weights from its mean-pooled input and scale
-    its heads' ``hook_z``; ``record`` (if given) receives each layer's ``p``."""
-    state: dict[int, Tensor] = {}
-    m = attention_mask[..., None].float()  # [batch, pos, 1]
-    hooks: list[Hook] = []
-    for layer in range(int(model.cfg.n_layers)):
-
-        def read(resid: Tensor, hook: Any, layer: int = layer) -> None:
-            # resid: [batch, pos, d_model]
-            pooled = (resid.float() * m).sum(1) / m.sum(1)
-            p = gates.probs(layer, pooled)
-            if record is not None:
-                record.append(p)
-            state[layer] = gates.head_scales(p)
-
-        def scale(z: Tensor, hook: Any, layer: int = layer) -> Tensor:
-            # z: [batch, pos, head_index, d_head]
-            return z * state[layer].to(z.dtype)[:, None, :, None]
-
-        hooks += [(f"blocks.{layer}.hook_in", read), (f"blocks.{layer}.attn.hook_z", scale)]
-    return hooks
+) -> list[Any]:
+    """``fwd_hooks`` of :func:`mae_intervention`."""
+    return hooks(model, [mae_intervention(model, gates, attention_mask, record)])
 
 
 def _device(model: TransformerBridge) -> torch.device:
@@ -103,10 +125,10 @@ def _device(model: TransformerBridge) -> torch.device:
 def _loss(
     model: TransformerBridge, task: Task, batch: ProbeBatch, ref: Any, gates: MAEGates | None
 ) -> Tensor:
-    hooks = (
-        [] if gates is None else mae_hooks(model, gates, batch.attention_mask.to(_device(model)))
-    )
-    s, c = task.damage(model, batch, hooks, reference=ref)
+    mask = batch.attention_mask.to(_device(model))
+    ivs = [] if gates is None else [mae_intervention(model, gates, mask)]
+    with applied(model, ivs):
+        s, c = task.metric(model, batch, reference=ref)
     return s.sum() / c.sum()
 
 
@@ -120,6 +142,27 @@ def _metric(
     with torch.no_grad():
         vals = [float(_loss(model, task, b, r, gates)) for b, r in zip(batches, refs, strict=True)]
     return sum(vals) / len(vals)
+
+
+def _steps(
+    model: TransformerBridge,
+    opt: torch.optim.Optimizer,
+    task: Task,
+    data: Sequence[tuple[ProbeBatch, Any]],
+    gates: MAEGates | None,
+    start: int,
+    n: int,
+    phase: float,
+) -> list[dict[str, float]]:
+    curve = []
+    for k in range(start, start + n):
+        batch, ref = data[k % len(data)]
+        loss = _loss(model, task, batch, ref, gates)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        curve.append({"phase": phase, "loss": float(loss.detach())})
+    return curve
 
 
 def train_mae(
@@ -142,37 +185,43 @@ def train_mae(
     Returns:
         The loss curve: one ``{"phase": 0 (gates) | 1 (model), "loss"}`` per step.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt_m = torch.optim.Adam(params, lr=lr_model)
+    data = list(zip(batches, refs, strict=True))
+    opt_m = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr_model)
     opt_g = torch.optim.Adam(gates.parameters(), lr=lr_gate) if gates is not None else None
     curve: list[dict[str, float]] = []
-    k = 0
     for _ in range(rounds):
         if gates is not None and opt_g is not None:
             with frozen(model):
-                for _ in range(gate_steps):
-                    i = k % len(batches)
-                    k += 1
-                    loss = _loss(model, task, batches[i], refs[i], gates)
-                    opt_g.zero_grad()
-                    loss.backward()
-                    opt_g.step()
-                    curve.append({"phase": 0.0, "loss": float(loss.detach())})
-        if gates is not None:
+                curve += _steps(model, opt_g, task, data, gates, len(curve), gate_steps, 0.0)
             gates.requires_grad_(False)
         try:
-            for _ in range(model_steps):
-                i = k % len(batches)
-                k += 1
-                loss = _loss(model, task, batches[i], refs[i], gates)
-                opt_m.zero_grad()
-                loss.backward()
-                opt_m.step()
-                curve.append({"phase": 1.0, "loss": float(loss.detach())})
+            curve += _steps(model, opt_m, task, data, gates, len(curve), model_steps, 1.0)
         finally:
             if gates is not None:
                 gates.requires_grad_(True)
     return curve
+
+
+@dataclass
+class MAEOptions:
+    """Options of :func:`compare_mae` / :func:`mae_prune`.
+
+    Attributes:
+        n_eval_batches: the probe's last batches, held out for the comparison.
+        rounds, gate_steps, model_steps: block coordinate descent schedule.
+        lr_gate, lr_model: Adam learning rates of the gate networks and the model.
+        d_hidden: width of the gate networks.
+        seed: draws the gate networks' first layer.
+    """
+
+    n_eval_batches: int = 1
+    rounds: int = 4
+    gate_steps: int = 5
+    model_steps: int = 5
+    lr_gate: float = 1e-2
+    lr_model: float = 1e-4
+    d_hidden: int = 32
+    seed: int = 0
 
 
 @dataclass
@@ -199,62 +248,79 @@ def compare_mae(
     task: str | Task = "lm",
     *,
     probe_options: ProbeOptions | None = None,
-    n_eval_batches: int = 1,
-    rounds: int = 4,
-    gate_steps: int = 5,
-    model_steps: int = 5,
-    lr_gate: float = 1e-2,
-    lr_model: float = 1e-4,
-    d_hidden: int = 32,
-    seed: int = 0,
+    **options: Any,
 ) -> MAEComparison:
     """Train MAE gates plus the model, and fine-tune the base model for the same number of
     model steps without gates; compare all three on held-out probe batches.
 
     The probe's last ``n_eval_batches`` batches are held out. The model's weights are
-    restored afterwards (both runs start from them).
+    restored afterwards (both runs start from them). ``options``: fields of
+    :class:`MAEOptions`.
 
     References:
         Peng et al. 2020, ACL (module docstring).
     """
+    try:
+        o = MAEOptions(**options)
+    except TypeError as e:
+        raise HeadmechError(f"mae: {e}") from None
     t = get_task(task, model)
     batches = t.batches(model, probe_options or ProbeOptions(n_sentences=32, batch_size=8))
-    if len(batches) <= n_eval_batches:
+    if len(batches) <= o.n_eval_batches:
         raise ValueError("the probe needs more batches than n_eval_batches")
-    train, held = batches[:-n_eval_batches], batches[-n_eval_batches:]
+    train, held = batches[: -o.n_eval_batches], batches[-o.n_eval_batches :]
     with torch.no_grad():
         train_refs = [t.reference(model, b) for b in train]
         held_refs = [t.reference(model, b) for b in held]
     saved = [p.detach().clone() for p in model.parameters()]
-    kw = dict(rounds=rounds, gate_steps=gate_steps, model_steps=model_steps)
-    torch.manual_seed(seed)
-    gates = MAEGates(
-        int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_model), d_hidden
-    ).to(_device(model))
+    kw: dict[str, Any] = dict(rounds=o.rounds, gate_steps=o.gate_steps, model_steps=o.model_steps)
+    kw.update(lr_gate=o.lr_gate, lr_model=o.lr_model)
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(o.seed)
+    gates = MAEGates(int(cfg.n_layers), int(cfg.n_heads), int(cfg.d_model), o.d_hidden, g)
+    gates = gates.to(_device(model))
     base = _metric(model, t, held, held_refs, None)
     try:
-        mae_curve = train_mae(
-            model, gates, t, train, train_refs, lr_gate=lr_gate, lr_model=lr_model, **kw
-        )
+        mae_curve = train_mae(model, gates, t, train, train_refs, **kw)
         mae = _metric(model, t, held, held_refs, gates)
-        with torch.no_grad():
-            for p, s in zip(model.parameters(), saved, strict=True):
-                p.copy_(s)
-        ft_curve = train_mae(
-            model, None, t, train, train_refs, lr_gate=lr_gate, lr_model=lr_model, **kw
-        )
+        _restore(model, saved)
+        ft_curve = train_mae(model, None, t, train, train_refs, **kw)
         finetuned = _metric(model, t, held, held_refs, None)
     finally:
-        with torch.no_grad():
-            for p, s in zip(model.parameters(), saved, strict=True):
-                p.copy_(s)
+        _restore(model, saved)
     return MAEComparison(
-        base=base,
-        mae=mae,
-        finetuned=finetuned,
-        model_steps=rounds * model_steps,
-        gate_steps=rounds * gate_steps,
-        mae_curve=mae_curve,
-        finetune_curve=ft_curve,
-        gates=gates,
-    )
+        base, mae, finetuned, o.rounds * o.model_steps, o.rounds * o.gate_steps,
+        mae_curve, ft_curve, gates,
+    )  # fmt: skip
+
+
+def _restore(model: TransformerBridge, saved: Sequence[Tensor]) -> None:
+    with torch.no_grad():
+        for p, s in zip(model.parameters(), saved, strict=True):
+            p.copy_(s)
+
+
+def mae_prune(
+    model: TransformerBridge,
+    task: str | Task = "lm",
+    *,
+    probe_options: ProbeOptions | None = None,
+    catalog: HeadCatalog | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> PruningResult:
+    """:func:`compare_mae` as a :class:`~headmech.pruning.result.PruningResult`: no
+    pruning steps (MAE gates mix heads, they do not remove them); the held-out comparison
+    in ``extra["comparison"]`` and ``extra["mae_improves"]``."""
+    t = get_task(task, model)
+    c = compare_mae(model, t, probe_options=probe_options, **options)
+    comparison = {"base": c.base, "mae": c.mae, "finetuned": c.finetuned}
+    comparison["model_steps"] = c.model_steps
+    result = PruningResult("mae", t.name, [], metric=t.description)
+    result.model = str(getattr(model, "headmech_name", "model"))
+    result.extra = {
+        "comparison": comparison,
+        "mae_improves": c.mae_improves,
+        "options": asdict(MAEOptions(**options)),
+    }
+    return result

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from headmech.errors import HeadmechError
 from headmech.heads import HeadIndex
+from headmech.interventions import Intervention, Scale, applied, hooks
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -48,6 +49,7 @@ __all__ = [
     "UnsupportedPruningError",
     "head_mask",
     "head_mask_hooks",
+    "mask_intervention",
     "prune_heads",
 ]
 
@@ -94,9 +96,11 @@ class HeadMask:
         return int((self.values != 0).sum())
 
     def kept(self) -> list[tuple[int, int]]:
+        """``(layer, head)`` of every head whose mask is not zero."""
         return [(int(a), int(b)) for a, b in (self.values != 0).nonzero().tolist()]
 
     def removed(self) -> list[tuple[int, int]]:
+        """``(layer, head)`` of every head whose mask is zero."""
         return [(int(a), int(b)) for a, b in (self.values == 0).nonzero().tolist()]
 
     def remove(self, heads: Iterable[HeadIndex | Sequence[int]]) -> HeadMask:
@@ -107,11 +111,31 @@ class HeadMask:
         return HeadMask(v)
 
     def hooks(self) -> list[Hook]:
+        """``fwd_hooks`` applying the mask (:func:`head_mask_hooks`)."""
         return head_mask_hooks(self.values)
+
+    def intervention(self) -> Intervention | None:
+        """The mask as an intervention (None for a mask of ones)."""
+        return mask_intervention(self)
 
     def __repr__(self) -> str:
         n_layers, n_heads = self.shape
         return f"HeadMask({n_layers}x{n_heads}, kept={self.n_kept})"
+
+
+def mask_intervention(mask: HeadMask | Float[Tensor, "n_layers n_heads"]) -> Intervention | None:
+    """The :class:`~headmech.interventions.Scale` intervention a mask stands for: every head
+    of every layer whose mask is not all ones (all layers when the mask requires grad);
+    None when there is nothing to do (a mask of ones is exactly the identity)."""
+    values = mask.values if isinstance(mask, HeadMask) else mask
+    n_layers, n_heads = values.shape
+    layers = [
+        la for la in range(n_layers) if values.requires_grad or not bool((values[la] == 1).all())
+    ]
+    if not layers:
+        return None
+    heads = [(la, h) for la in layers for h in range(n_heads)]
+    return Intervention.on(heads, Scale(values))
 
 
 def head_mask_hooks(mask: HeadMask | Float[Tensor, "n_layers n_heads"]) -> list[Hook]:
@@ -120,20 +144,8 @@ def head_mask_hooks(mask: HeadMask | Float[Tensor, "n_layers n_heads"]) -> list[
     Layers whose mask is all ones get no hook (so a mask of ones is exactly the identity).
     The hooks return a new tensor and keep gradients to ``mask`` when it requires them.
     """
-    values = mask.values if isinstance(mask, HeadMask) else mask
-
-    def make(layer: int) -> Callable[..., Tensor]:
-        def hook(z: Tensor, hook: Any) -> Tensor:
-            # z: [batch, pos, head_index, d_head]
-            return z * values[layer].to(z)[None, None, :, None]
-
-        return hook
-
-    return [
-        (f"blocks.{la}.attn.hook_z", make(la))
-        for la in range(values.shape[0])
-        if values.requires_grad or not bool((values[la] == 1).all())
-    ]
+    iv = mask_intervention(mask)
+    return [] if iv is None else hooks(None, [iv])
 
 
 @contextmanager
@@ -145,7 +157,8 @@ def head_mask(
     expected = (int(model.cfg.n_layers), int(model.cfg.n_heads))
     if tuple(values.shape) != expected:
         raise HeadmechError(f"mask shape {tuple(values.shape)} does not match the model {expected}")
-    with model.hooks(fwd_hooks=head_mask_hooks(mask)):
+    iv = mask_intervention(mask)
+    with applied(model, [] if iv is None else [iv]):
         yield model
 
 

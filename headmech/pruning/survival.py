@@ -115,9 +115,12 @@ def compare_orders(
     Returns:
         order → ``[{"fraction_removed", "n_kept", "metric"}]`` (random: mean over draws).
     """
-    from headmech.ablation import ablation_hooks
-    from headmech.metrics import task_metric
+    from headmech.ablation import ablation
+    from headmech.interventions import evaluate
+    from headmech.tasks import get_task
 
+    t = get_task(task, model)
+    refs = [t.reference(model, b) for b in batches]
     n = importance.numel()
     g = torch.Generator().manual_seed(seed)
     out: dict[str, list[dict[str, Any]]] = {}
@@ -128,7 +131,7 @@ def compare_orders(
         for f in fractions:
             k = int(round(f * n))
             vals = [
-                task_metric(model, task, batches, ablation_hooks(model, o[:k], "zero") if k else [])
+                evaluate(model, t, batches, [ablation(o[:k])] if k else [], references=refs)
                 for o in orders
             ]
             rows.append(
@@ -151,8 +154,6 @@ def plot_orders(
     ax.set_xlabel("fraction of heads removed")
     ax.set_ylabel("task damage (higher is worse)")
     ax.set_title(title)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-    return fig
+    from headmech.plot import finish
+
+    return finish(fig, path)
