@@ -52,6 +52,7 @@ test: setup lint docs
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
 BENCH_ARGS ?=
 bench: setup
+	$(PIP) -e ".[dev,bench]" $(QUIET)  # nnsight, a peer in bench_peers.py
 	rm -f benchmarks/results.json
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f $(BENCH_ARGS) || exit 1; done
 	$(PY) benchmarks/report.py

@@ -27,6 +27,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headmech.forward import bare_forward, run_blocks
+
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -208,38 +210,6 @@ def target_reducer(
     return Reducer(name, fn, prepare)
 
 
-def run_blocks(
-    model: TransformerBridge,
-    input_ids: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"] | None = None,
-    n_blocks: int | None = None,
-) -> Float[Tensor, "batch pos d_model"]:
-    """Run the first ``n_blocks`` blocks (default all) and stop: no final norm, no unembedding.
-
-    Not ``TransformerBridge``'s ``stop_at_layer=k``: it stops *before* block ``k``, so with
-    ``k = n_layers`` nothing stops and the whole model runs, ``[batch, pos, d_vocab]``
-    logits included; and it finds block ``k`` by a name pattern that BERT's
-    ``encoder.layer.{k}`` does not match. The stop here is a forward hook on
-    ``blocks.{n_blocks - 1}.hook_out`` (it runs after the caller's hooks there) raising
-    TransformerLens' own ``StopAtLayerException``, which the bridge returns as its output.
-
-    Returns:
-        The residual stream after block ``n_blocks - 1``.
-    """
-    from transformer_lens.model_bridge.exceptions import StopAtLayerException
-
-    n = int(model.cfg.n_layers) if n_blocks is None else int(n_blocks)
-
-    def stop(module: Any, args: Any, output: Tensor) -> None:
-        raise StopAtLayerException(output)
-
-    handle = model.blocks[n - 1].hook_out.register_forward_hook(stop)
-    try:
-        return model(input_ids, attention_mask=attention_mask, return_type=None)
-    finally:
-        handle.remove()
-
-
 def _layer_of(hook_name: str) -> int:
     return int(hook_name.split(".")[1])
 
@@ -323,16 +293,3 @@ def stream_statistics(
                 state["prepared"][r.name] = r.prepare(batch) if r.prepare else None
             run_blocks(model, batch.input_ids, batch.attention_mask, max(layers) + 1)
     return stats
-
-
-def bare_forward(model: TransformerBridge, batches: Iterable[ProbeBatch]) -> None:
-    """The same batches and blocks as :func:`stream_statistics`, with no hooks.
-
-    The baseline the engine is timed against: the difference is the hooks' cost alone.
-    """
-    device = next(model.parameters()).device
-    n_layers = int(model.cfg.n_layers)
-    with torch.inference_mode():
-        for batch in batches:
-            batch = batch.to(device)
-            run_blocks(model, batch.input_ids, batch.attention_mask, n_layers)

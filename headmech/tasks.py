@@ -85,9 +85,29 @@ def unembed(
 ) -> Float[Tensor, "n d_vocab"]:
     """Final norm and unembedding of selected residual vectors (avoids full logits)."""
     normed = model.ln_final(resid)
-    logits = normed @ model.W_U
-    b_U = getattr(model, "b_U", None)
-    return logits + b_U if b_U is not None else logits
+    # W_U is [d_model, d_vocab], a view of the [d_vocab, d_model] weight: one fused addmm
+    return F.linear(normed, model.W_U.T, getattr(model, "b_U", None))
+
+
+LOSS_ROWS = 512  # rows of logits alive at once: [512, d_vocab] instead of every selected row
+
+
+def token_losses(
+    model: TransformerBridge, resid: Float[Tensor, "n d_model"], target: Int[Tensor, " n"]
+) -> Float[Tensor, " n"]:
+    """Cross-entropy of ``target`` under the logits of ``resid`` (final norm + unembedding),
+    computed ``LOSS_ROWS`` rows at a time: the logits of thousands of positions over a
+    50k-token vocabulary would otherwise be gigabytes allocated, filled and freed per call.
+    """
+    out = [
+        F.cross_entropy(
+            unembed(model, resid[i : i + LOSS_ROWS]).float(),
+            target[i : i + LOSS_ROWS],
+            reduction="none",
+        )
+        for i in range(0, resid.shape[0], LOSS_ROWS)
+    ]
+    return torch.cat(out) if out else resid.new_zeros(0)
 
 
 class Task:
@@ -188,8 +208,7 @@ class TokenLossTask(Task):
         resid = run_blocks(model, ids, mask)  # [copies * batch, pos, d_model]
         resid = resid.view(copies, *query.shape, -1)  # [copies, batch, pos, d_model]
         sel = query[None].expand(copies, -1, -1)
-        logits = unembed(model, resid[sel]).float()  # [n_selected, d_vocab]
-        loss = F.cross_entropy(logits, target[None].expand(copies, -1, -1)[sel], reduction="none")
+        loss = token_losses(model, resid[sel], target[None].expand(copies, -1, -1)[sel])
         copy_of = torch.arange(copies, device=dev)[:, None, None].expand_as(sel)[sel]
         sums = torch.zeros(copies, device=dev, dtype=loss.dtype).index_add(0, copy_of, loss)
         counts = torch.full((copies,), float(query.sum()), device=dev)

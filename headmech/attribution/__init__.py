@@ -139,10 +139,11 @@ class AblationOptions:
     """Options of the ablation methods.
 
     Attributes:
-        chunk: ablations per forward pass (copies of a batch).
+        chunk: ablations per forward pass (copies of a batch; None: as many as the
+            runner's memory budget allows).
     """
 
-    chunk: int = 8
+    chunk: int | None = None
 
 
 @dataclass
@@ -152,12 +153,12 @@ class PatchingOptions:
     Attributes:
         direction: ``noising`` (corrupted outputs into the clean run) or ``denoising``.
         seed: seeds the corrupted inputs.
-        chunk: patched runs per forward pass.
+        chunk: patched runs per forward pass (None: from the memory budget).
     """
 
     direction: str = "noising"
     seed: int = 0
-    chunk: int = 8
+    chunk: int | None = None
 
 
 @dataclass

@@ -42,7 +42,7 @@ def ablate_sets(
     head_sets: Sequence[Iterable[HeadIndex | Sequence[int]]],
     mode: AblationMode = "zero",
     *,
-    chunk: int = 8,
+    chunk: int | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
 ) -> tuple[Float[Tensor, " n_sets"], float]:
@@ -54,7 +54,8 @@ def ablate_sets(
         batches: the task's probe batches.
         head_sets: sets of ``(layer, head)`` pairs; each is one intervention.
         mode: ``zero``, ``mean``, ``resample`` or ``uniform``.
-        chunk: interventions per forward pass (copies of the batch).
+        chunk: interventions per forward pass (copies of the batch; default: from the
+            runner's memory budget).
         cost: accumulates the compute spent.
         progress: tqdm bar over batches.
 
@@ -71,7 +72,7 @@ def ablation_importance(
     batches: Sequence[ProbeBatch],
     mode: AblationMode = "zero",
     *,
-    chunk: int = 8,
+    chunk: int | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
 ) -> tuple[Float[Tensor, "n_layers n_heads"], float]:

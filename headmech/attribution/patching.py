@@ -118,7 +118,7 @@ def activation_patching(
     *,
     per_position: bool = False,
     direction: Direction = "denoising",
-    chunk: int = 8,
+    chunk: int | None = None,
 ) -> Float[Tensor, "n_layers ..."]:
     """The metric of every run with one head's output (at one position) patched.
 
@@ -129,7 +129,7 @@ def activation_patching(
         per_position: patch each head at each position separately.
         direction: ``denoising`` (clean outputs into the corrupted run, as
             TransformerLens' ``get_act_patch_attn_head_out_*``) or ``noising``.
-        chunk: patched runs per forward pass.
+        chunk: patched runs per forward pass (default: from the runner's memory budget).
 
     Returns:
         ``[n_layers, n_heads]``, or ``[n_layers, pos, n_heads]`` with ``per_position``.
@@ -186,7 +186,7 @@ def _exact(
     model: TransformerBridge,
     task: Task,
     pairs: list[tuple[ProbeBatch, ProbeBatch]],
-    chunk: int,
+    chunk: int | None,
     cost: Cost | None,
     progress: bool | str,
 ) -> tuple[Tensor, float]:
@@ -240,7 +240,7 @@ def patching_importance(
     direction: Direction = "noising",
     approximate: bool = False,
     seed: int = 0,
-    chunk: int = 8,
+    chunk: int | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
 ) -> tuple[Float[Tensor, "n_layers n_heads"], float]:

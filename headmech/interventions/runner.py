@@ -23,6 +23,7 @@ from torch import Tensor
 
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
+from headmech.forward import block_inputs, fast_attention, starting_at
 from headmech.interventions.effects import Scale, Tap
 from headmech.interventions.hooks import Intervention, applied
 
@@ -31,19 +32,20 @@ if TYPE_CHECKING:
 
     from headmech.tasks import Task
 
-__all__ = ["Cost", "evaluate", "gradients", "run_variants"]
+__all__ = ["MEMORY_BUDGET", "Cost", "chunk_size", "evaluate", "gradients", "run_variants"]
 
 
 @dataclass
 class Cost:
-    """Compute spent, in sequence-forward passes (a backward pass counts as two)."""
+    """Compute spent, in sequence-forward passes (a backward pass counts as two; a run of
+    the last ``k`` of ``L`` blocks counts ``k / L``)."""
 
     sequences: int = 0  # sequences in the probe (the unit of one "forward-pass equivalent")
-    forward: int = 0  # sequences run forward
-    backward: int = 0  # sequences run backward
+    forward: float = 0.0  # sequences run forward
+    backward: float = 0.0  # sequences run backward
     t0: float = field(default_factory=time.perf_counter)
 
-    def add(self, n_seq: int, backward: bool = False) -> None:
+    def add(self, n_seq: float, backward: bool = False) -> None:
         """Count ``n_seq`` sequences run forward (and backward)."""
         self.forward += n_seq
         if backward:
@@ -57,6 +59,88 @@ class Cost:
 
 VariantsFor = Callable[[int, ProbeBatch], Sequence[Sequence[Intervention]]]
 
+MEMORY_BUDGET = 1 << 30  # bytes of activations one stacked forward pass may hold (1 GiB)
+MAX_CHUNK = 64
+
+
+def chunk_size(model: TransformerBridge, batch: ProbeBatch, budget: int = MEMORY_BUDGET) -> int:
+    """Variants per forward pass that keep one stacked pass's activations within ``budget``.
+
+    Per copy of the batch, the largest live tensors of a block are eager attention's
+    scores, masked scores and pattern (``3 x heads x pos²`` per sequence) and the MLP's
+    hidden activations; the estimate counts those plus a few residual-width tensors.
+    """
+    cfg = model.cfg
+    n_seq, n_pos = (int(d) for d in batch.input_ids.shape)
+    d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * int(cfg.d_model))
+    per_token = 3 * int(cfg.n_heads) * n_pos + 3 * d_mlp + 8 * int(cfg.d_model)
+    elem = next(model.parameters()).element_size()
+    per_copy = n_seq * n_pos * per_token * max(elem, 4)
+    return int(max(1, min(MAX_CHUNK, budget // max(per_copy, 1))))
+
+
+def _first_layer(variant: Sequence[Intervention]) -> int | None:
+    """The earliest layer a variant touches (None: it touches nothing)."""
+    layers = [h.layer for iv in variant for h in iv.heads]
+    return min(layers) if layers else None
+
+
+def _plan(firsts: Sequence[int | None], chunk: int) -> list[tuple[int, list[int]]]:
+    """Variants that touch something, grouped by their first layer, each group cut into
+    chunks of at most ``chunk`` of about equal size: ``(start layer, variant indices)``.
+
+    A chunk never mixes first layers: a variant that starts at layer ``l`` in a chunk
+    starting below ``l`` would pay for blocks that it cannot change.
+    """
+    by_layer: dict[int, list[int]] = {}
+    for i, f in enumerate(firsts):
+        if f is not None:
+            by_layer.setdefault(f, []).append(i)
+    out = []
+    for layer, idx in sorted(by_layer.items()):
+        n_chunks = -(-len(idx) // chunk)  # ceil
+        size = -(-len(idx) // n_chunks)
+        out += [(layer, idx[k : k + size]) for k in range(0, len(idx), size)]
+    return out
+
+
+def _run_batch(
+    model: TransformerBridge,
+    task: Task,
+    batch: ProbeBatch,
+    ref: Any,
+    variants: Sequence[Sequence[Intervention]],
+    chunk: int,
+    reuse_prefix: bool,
+    fast: bool,
+    cost: Cost | None,
+) -> tuple[Tensor, Tensor]:
+    """Metric sums and counts for the clean run (index 0) and each variant."""
+    n_layers, n_seq = int(model.cfg.n_layers), int(batch.input_ids.shape[0])
+    firsts = [_first_layer(v) for v in variants]
+    plan = _plan(firsts, chunk)
+    starts = sorted({start for start, _ in plan if start > 0}) if reuse_prefix else []
+    with block_inputs(model, starts) as record, fast_attention(model, fast):
+        s0, c0 = task.metric(model, batch, reference=ref)  # the clean run, recorded
+    sums = s0.double().cpu().repeat(len(variants) + 1)  # untouched variants: the clean run
+    counts = c0.double().cpu().repeat(len(variants) + 1)
+    if cost is not None:
+        cost.add(n_seq)
+    for start, idx in plan:
+        first = start if reuse_prefix else 0
+        chunk_variants = [variants[i] for i in idx]
+        with (
+            applied(model, chunk_variants),
+            starting_at(record, first),
+            fast_attention(model, fast),
+        ):
+            s, c = task.metric(model, batch, copies=len(idx), reference=ref)
+        where = torch.tensor(idx) + 1
+        sums[where], counts[where] = s.double().cpu(), c.double().cpu()
+        if cost is not None:
+            cost.add(len(idx) * n_seq * (n_layers - first) / n_layers)
+    return sums, counts
+
 
 def run_variants(
     model: TransformerBridge,
@@ -64,12 +148,19 @@ def run_variants(
     batches: Sequence[ProbeBatch],
     variants: VariantsFor | Sequence[Sequence[Intervention]],
     *,
-    chunk: int = 8,
+    chunk: int | None = None,
+    reuse_prefix: bool = True,
+    fast: bool = True,
     references: Sequence[Any] | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
 ) -> tuple[Float[Tensor, " n_variants"], float]:
     """The task's mean metric under each variant, and under none (the clean run).
+
+    The clean run goes first and records what every block received; a chunk of variants
+    whose earliest intervened layer is ``l`` then runs only blocks ``l..`` from that record
+    (a head in layer ``l`` changes nothing below it), on the batch stacked once per
+    variant. Variants are sorted by that layer so chunks start as late as possible.
 
     Args:
         model: a ``TransformerBridge``.
@@ -78,7 +169,12 @@ def run_variants(
         variants: a list of variants (each a list of interventions), or
             ``variants(batch_index, batch)`` building them per batch (for sources that
             depend on the batch, such as patching from a corrupted run).
-        chunk: variants per forward pass (copies of the batch); the clean run is one more.
+        chunk: variants per forward pass (copies of the batch); default: as many as
+            :func:`chunk_size` allows within :data:`MEMORY_BUDGET`.
+        reuse_prefix: run only the blocks from each chunk's first intervened layer (off:
+            every variant runs the whole model, for comparison).
+        fast: when no intervention acts on the pattern, run attention as fused SDPA
+            (:func:`headmech.forward.fast_attention`; rotary-attention bridges only).
         references: per batch, the task's clean reference (default: computed).
         cost: accumulates the compute spent.
         progress: a tqdm bar over batches (a string names it).
@@ -98,18 +194,11 @@ def run_variants(
             batch = batches[bi]
             ref = references[bi] if references is not None else task.reference(model, batch)
             todo = fixed if fixed is not None else variants(bi, batch)  # type: ignore[operator]
-            all_variants: list[Sequence[Intervention]] = [(), *todo]
-            if sums is None:
-                sums = torch.zeros(len(all_variants), dtype=torch.float64)
-                counts = torch.zeros(len(all_variants), dtype=torch.float64)
-            for start in range(0, len(all_variants), chunk):
-                group = all_variants[start : start + chunk]
-                with applied(model, group):
-                    s, c = task.metric(model, batch, copies=len(group), reference=ref)
-                sums[start : start + len(group)] += s.double().cpu()
-                counts[start : start + len(group)] += c.double().cpu()  # type: ignore[index]
-                if cost is not None:
-                    cost.add(len(group) * batch.input_ids.shape[0])
+            k = chunk or chunk_size(model, batch)
+            use_fast = fast and all(iv.site != "pattern" for v in todo for iv in v)
+            s, c = _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
+            sums = s if sums is None else sums + s
+            counts = c if counts is None else counts + c
     if sums is None or counts is None:
         raise HeadmechError("no batches to run")
     mean = sums / counts.clamp(min=1)

@@ -1,0 +1,217 @@
+"""The intervention layer's runner: prefix reuse, fused attention and chunking change the
+cost, not the numbers (against whole eager forward passes, one variant at a time)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headmech.ablation import ablation_variants
+from headmech.forward import block_inputs, fast_attention, run_blocks, starting_at
+from headmech.interventions import (
+    Cost,
+    Intervention,
+    Patch,
+    Zero,
+    applied,
+    capture_z,
+    evaluate,
+    run_variants,
+)
+from headmech.interventions.runner import MAX_CHUNK, chunk_size
+from headmech.probes import ProbeOptions
+from headmech.tasks import get_task
+
+SMALL = ProbeOptions(n_sentences=8, n_sequences=4, half_len=8, batch_size=4)
+SETS = [[(la, h)] for la in range(2) for h in range(4)] + [[(0, 1), (1, 2)], [(1, 3), (0, 0)], []]
+
+
+@pytest.mark.parametrize(
+    ("kind", "task_name", "mode"),
+    [
+        ("llama", "induction", "zero"),
+        ("llama", "induction", "mean"),
+        ("llama", "lm", "resample"),
+        ("llama", "induction", "uniform"),
+        ("gpt2", "induction", "zero"),
+        ("gpt2", "lm", "mean"),
+        ("bert", "lm", "zero"),
+        ("bert", "lm", "resample"),
+    ],
+)
+def test_fast_runner_equals_whole_eager_passes(tiny_models, kind, task_name, mode):
+    model = tiny_models[kind]
+    task = get_task(task_name, model)
+    batches = task.batches(model, SMALL)
+    fast, clean_fast = run_variants(
+        model, task, batches, ablation_variants(model, batches, SETS, mode), chunk=3
+    )
+    # reference: every set on its own, a whole eager forward each (TransformerLens hooks)
+    refs = [task.reference(model, b) for b in batches]
+    slow = []
+    for s in SETS:
+        variant = ablation_variants(model, batches, [s], mode)
+        total = n = 0.0
+        for bi, b in enumerate(batches):
+            with torch.no_grad(), applied(model, variant(bi, b)[0]):
+                v, c = task.metric(model, b, reference=refs[bi])
+            total, n = total + float(v.sum()), n + float(c.sum())
+        slow.append(total / n)
+    torch.testing.assert_close(fast, torch.tensor(slow), atol=1e-4, rtol=0)
+    assert clean_fast == pytest.approx(evaluate(model, task, batches), abs=1e-5)
+    assert fast[-1] == pytest.approx(clean_fast, abs=1e-6)  # the empty set is the clean run
+    assert (fast[:-1] - clean_fast).abs().max() > 5e-7  # the heads do something
+
+
+def test_chunks_start_at_their_first_layer(tiny_models):
+    """A chunk of layer-1 ablations never runs block 0 again; without the prefix reuse it
+    does, once per chunk."""
+    model = tiny_models["llama"]
+    task = get_task("induction", model)
+    batches = task.batches(model, SMALL)[:1]
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    handles = [
+        model.blocks[la].register_forward_pre_hook(
+            lambda m, a, la=la: seen[la].append(int(a[0].shape[0]))
+        )
+        for la in (0, 1)
+    ]
+    try:
+        sets = [[(1, h)] for h in range(4)]
+        cost = Cost(sequences=4)
+        run_variants(
+            model, task, batches, ablation_variants(model, batches, sets), chunk=4, cost=cost
+        )
+        assert seen == {0: [4], 1: [4, 16]}
+        assert cost.forward_equivalents == pytest.approx(1 + 4 * 0.5)  # clean + 4 half-runs
+        seen[0].clear(), seen[1].clear()
+        run_variants(
+            model,
+            task,
+            batches,
+            ablation_variants(model, batches, sets),
+            chunk=4,
+            reuse_prefix=False,
+        )
+        assert seen == {0: [4, 16], 1: [4, 16]}
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "bert"])
+def test_replayed_suffix_equals_the_whole_model(tiny_models, kind):
+    """Blocks 1.. replayed from the recorded input, for the batch stacked 3 times, give the
+    whole model's output (padding included)."""
+    model = tiny_models[kind]
+    ids = torch.randint(5, 300, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        with block_inputs(model, [1]) as record:
+            whole = run_blocks(model, ids, mask)
+        with starting_at(record, 1):
+            replayed = run_blocks(model, ids.repeat(3, 1), mask.repeat(3, 1))
+    real = mask.bool()
+    for c in range(3):
+        torch.testing.assert_close(
+            replayed[2 * c : 2 * c + 2][real], whole[real], atol=1e-5, rtol=0
+        )
+
+
+def test_fast_attention_equals_eager_and_steps_aside_for_pattern_hooks(tiny_models):
+    model = tiny_models["llama"]
+    ids = torch.randint(5, 300, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    zero = [Intervention.on([(1, 2), (0, 3)], Zero())]
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counting(*a, **k):
+        calls.append(1)
+        return sdpa(*a, **k)
+
+    with torch.no_grad():
+        eager = run_blocks(model, ids, mask)
+        with applied(model, zero):
+            eager_z = run_blocks(model, ids, mask)
+        torch.nn.functional.scaled_dot_product_attention = counting
+        try:
+            with fast_attention(model) as on:
+                fused = run_blocks(model, ids, mask)
+                with applied(model, zero):
+                    fused_z = run_blocks(model, ids, mask)
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = sdpa
+        assert on and len(calls) == 2 * int(model.cfg.n_layers)
+        pattern_hook = [("blocks.0.attn.hook_pattern", lambda x, hook: None)]
+        with model.hooks(fwd_hooks=pattern_hook), fast_attention(model) as on_with_pattern_hook:
+            pass
+    assert not on_with_pattern_hook
+    real = mask.bool()
+    torch.testing.assert_close(fused[real], eager[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(fused_z[real], eager_z[real], atol=1e-5, rtol=0)
+    assert not torch.allclose(eager_z[real], eager[real])
+    assert not fast_attention_possible_on(tiny_models["gpt2"])  # eager there: no HF delegation
+
+
+def fast_attention_possible_on(model):
+    from headmech.forward import fast_attention_possible
+
+    return fast_attention_possible(model)
+
+
+def test_chunk_size_follows_the_memory_budget(tiny_models):
+    model = tiny_models["llama"]
+    batch = get_task("induction", model).batches(model, SMALL)[0]
+    sizes = [chunk_size(model, batch, budget) for budget in (1, 1 << 16, 1 << 20, 1 << 40)]
+    assert sizes[0] == 1 and sizes[-1] == MAX_CHUNK
+    assert sizes == sorted(sizes) and len(set(sizes)) > 2
+
+
+def test_position_patch_touches_one_position_only(tiny_models):
+    model = tiny_models["gpt2"]
+    task = get_task("induction", model)
+    batch = task.batches(model, SMALL)[0]
+    source = capture_z(model, batch) + 1.0  # [n_layers, batch, pos, n_heads, d_head]
+    seen = {}
+
+    def grab(z, hook):
+        seen["z"] = z.detach().clone()
+
+    patch = [Intervention.on([(1, 2)], Patch(source), pos=3)]
+    with (
+        torch.no_grad(),
+        applied(model, patch),
+        model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", grab)]),
+    ):
+        run_blocks(model, batch.input_ids, batch.attention_mask)
+    clean = capture_z(model, batch)[1]
+    z = seen["z"]  # [batch, pos, n_heads, d_head]; the grab hook runs after the patch
+    torch.testing.assert_close(z[:, 3, 2], source[1, :, 3, 2])
+    other = torch.ones_like(z, dtype=torch.bool)
+    other[:, 3, 2] = False
+    torch.testing.assert_close(z[other], clean[other])
+
+
+@pytest.mark.slow
+def test_smollm2_fast_zero_ablation_equals_the_full_runs(smollm2):
+    """On the real model (grouped-query attention, 30 layers): the heads of three layers,
+    fast runner against whole eager forwards, to 1e-4."""
+    task = get_task("induction", smollm2)
+    batches = task.batches(smollm2, ProbeOptions(n_sequences=4, half_len=16, batch_size=4))
+    sets = [[(la, h)] for la in (0, 17, 29) for h in range(9)]
+    fast, clean = run_variants(smollm2, task, batches, ablation_variants(smollm2, batches, sets))
+    slow, clean_slow = run_variants(
+        smollm2,
+        task,
+        batches,
+        ablation_variants(smollm2, batches, sets),
+        reuse_prefix=False,
+        fast=False,
+        chunk=8,
+    )
+    assert clean == pytest.approx(clean_slow, abs=1e-4)
+    torch.testing.assert_close(fast, slow, atol=1e-4, rtol=0)
+    assert float((fast - clean).max()) > 0.05  # some of these heads matter
