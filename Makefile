@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/headmech classify minilm-l6 --out $(DEMO_OUT)
+	$(VENV)/bin/headmech classify minilm-l6 --out $(DEMO_OUT) --force
 
 lint: setup
 	$(VENV)/bin/ruff check headmech tests benchmarks

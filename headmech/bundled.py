@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from headmech.errors import MissingPackageError
-from headmech.models import _load_hf_dir, _quiet, cache_dir
+from headmech.models import _file_problem, _load_hf_dir, _quiet, cache_dir, repair_cache_folder
 
 __all__ = [
     "BUNDLED_MODELS",
@@ -30,6 +30,7 @@ __all__ = [
     "installed",
     "load_minilm",
     "load_smollm2",
+    "repair_cache",
     "smollm2_tokenizer",
 ]
 
@@ -109,11 +110,16 @@ def load_minilm() -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _smollm2_dir() -> Path:
-    """Dequantise the GGUF once into a safetensors Hugging Face directory in the cache."""
-    out = cache_dir() / "smollm2-135m"
-    if (out / "model.safetensors").exists() and (out / "config.json").exists():
-        return out
+def repair_cache(name: str = "smollm2-135m") -> None:
+    """Delete a bundled model's cached files if they are corrupt (truncated or garbage
+    ``model.safetensors``, unreadable ``config.json``), warning with one line that names
+    the file; the next load dequantises the GGUF again. Cheap: headers and sizes only."""
+    if name == "smollm2-135m":
+        repair_cache_folder(cache_dir() / name, "dequantising the GGUF again (about 20 s)")
+
+
+def _dequantise_into(folder: Path) -> None:
+    """Dequantise the bundled GGUF into ``folder`` (a Hugging Face directory, float32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     pkg = _package_dir(BUNDLED_MODELS["smollm2-135m"])
@@ -123,14 +129,28 @@ def _smollm2_dir() -> Path:
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _smollm2_dir() -> Path:
+    """Dequantise the GGUF once into a safetensors Hugging Face directory in the cache
+    (again if the cached files are corrupt: :func:`repair_cache`)."""
+    out = cache_dir() / "smollm2-135m"
+    repair_cache()
+    if out.exists():
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="smollm2-", dir=out.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
     try:
+        _dequantise_into(tmp)
         tmp.rename(out)  # atomic: a concurrent loader never sees half a directory
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not out.exists():  # not a concurrent loader that finished first: a real failure
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)  # interrupted, failed, or lost the race
     return out
 
 
@@ -139,10 +159,10 @@ def smollm2_tokenizer() -> Any:
     """SmolLM2's tokenizer alone (from the cache if present, else the GGUF: ~3 s)."""
     from transformers import AutoTokenizer
 
-    cached = cache_dir() / "smollm2-135m"
+    cached = cache_dir() / "smollm2-135m" / "tokenizer.json"
     with _quiet():
-        if (cached / "tokenizer.json").exists():
-            return AutoTokenizer.from_pretrained(cached)
+        if cached.exists() and _file_problem(cached) is None:
+            return AutoTokenizer.from_pretrained(cached.parent)
         return AutoTokenizer.from_pretrained(
             _package_dir(BUNDLED_MODELS["smollm2-135m"]), gguf_file=_SMOLLM2_GGUF
         )

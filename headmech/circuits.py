@@ -13,20 +13,29 @@ with ``W_OV = W_V W_O`` and ``W_QK = W_Q W_Kᵀ`` in TransformerLens' row-vector
 norm weights folded in and grouped-query K/V expanded to query heads
 (:func:`headmech.weights.head_weights`). Random matrices of the same shapes already score
 around ``1/sqrt(d_model)``-ish, so every score comes with that baseline
-(:func:`composition_baseline`). Path patching (Wang et al. 2022) measures one edge
-causally on prompts; :func:`path_patch` wraps TransformerLens' exact direct-path patch.
+(:func:`composition_baseline`).
 
-:func:`graph` turns scores into a ``networkx.DiGraph`` of heads labelled with their
-catalog types; :func:`circuit` wraps it in a :class:`Circuit` whose ``save`` writes the
-GraphML, node-link JSON and figure that ``headmech circuit`` writes.
+Composition scores say what the weights *could* carry; path patching (Wang et al. 2022,
+:mod:`headmech.path_patching`, re-exported here) measures what one edge does carry on a
+task: :func:`path_patch` patches a sender's output only into a receiver's Q, K or V input
+through the intervention layer, and :func:`path_patch_scores` does it for many senders in
+:func:`composition_scores`' layout.
+
+:func:`graph` turns scores into a ``networkx.MultiDiGraph`` of heads labelled with their
+catalog types: one edge per composition kind between a pair (key and ``kind`` ``"q"``,
+``"k"``, ``"v"``), so a pair that both Q- and K-composes keeps both;
+:func:`add_path_patching_edges` adds causal edges (``"path-q"``, ``"path-k"``,
+``"path-v"``) beside them. :func:`circuit` wraps the graph in a :class:`Circuit` whose
+``save`` writes the GraphML, node-link JSON and figure that ``headmech circuit`` writes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import networkx as nx
@@ -36,6 +45,7 @@ from torch import Tensor
 
 from headmech.errors import HeadmechError
 from headmech.heads import HeadIndex
+from headmech.path_patching import add_path_patching_edges, path_patch, path_patch_scores
 from headmech.weights import HeadWeights, head_weights
 
 if TYPE_CHECKING:
@@ -52,6 +62,7 @@ __all__ = [
     "draw",
     "graph",
     "path_patch",
+    "path_patch_scores",
     "save_graph",
 ]
 
@@ -162,8 +173,8 @@ def graph(
     receivers: Sequence[HeadIndex] | None = None,
     top_k: int = 3,
     min_ratio: float = 1.5,
-) -> nx.DiGraph:
-    """A graph of heads whose edges carry composition scores.
+) -> nx.MultiDiGraph:
+    """A graph of heads whose edges carry composition scores, one edge per kind and pair.
 
     Args:
         model: the bridge.
@@ -175,8 +186,12 @@ def graph(
         min_ratio: keep an edge only if its score is at least this times the random baseline.
 
     Returns:
-        ``networkx.DiGraph``; nodes ``"L{l}H{h}"`` with ``layer``, ``head``, ``types``;
-        edges with ``kind``, ``score``, ``baseline``, ``ratio``.
+        ``networkx.MultiDiGraph``; nodes ``"L{l}H{h}"`` with ``layer``, ``head``, ``types``;
+        edges keyed by their ``kind`` (a pair that Q- and K-composes has two parallel
+        edges), with ``kind``, ``score``, ``baseline``, ``ratio``.
+
+    References:
+        Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits".
     """
     w = head_weights(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
@@ -184,7 +199,7 @@ def graph(
     if receivers is None:
         everyone = [HeadIndex(la, h) for la in range(n_layers) for h in range(n_heads)]
         receivers = list(labels) if labels else everyone
-    G = nx.DiGraph(model=str(getattr(model, "headmech_name", "model")))
+    G = nx.MultiDiGraph(model=str(getattr(model, "headmech_name", "model")))
 
     def add_node(h: HeadIndex) -> str:
         if str(h) not in G:
@@ -201,6 +216,7 @@ def graph(
                 G.add_edge(
                     add_node(sender),
                     add_node(r),
+                    key=kind,
                     kind=kind,
                     score=round(v, 5),
                     baseline=round(base, 5),
@@ -215,21 +231,36 @@ class Circuit:
     ``headmech circuit`` command writes.
 
     Attributes:
-        graph: nodes ``"L{l}H{h}"`` (``layer``, ``head``, ``types``), edges with ``kind``,
-            ``score``, ``baseline``, ``ratio``.
+        graph: a ``networkx.MultiDiGraph``: nodes ``"L{l}H{h}"`` (``layer``, ``head``,
+            ``types``), edges keyed by ``kind`` with ``kind``, ``score``, ``baseline``,
+            ``ratio`` (path-patching edges add ``effect``; see
+            :func:`add_path_patching_edges`).
         model: the model's short name.
+        provenance: weights, versions, settings and the catalog's provenance (written
+            into ``circuit.json`` and, as JSON text, the GraphML's graph attribute).
     """
 
-    graph: nx.DiGraph
+    graph: nx.MultiDiGraph
     model: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def edges(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """Edges, strongest (ratio to the random baseline) first."""
+        """Edges as ``(sender, receiver, data)``, parallel edges separately, strongest
+        first (by ``ratio``: to the random baseline for composition edges, to the mean
+        ``|effect|`` of the measured edges for path-patching edges). Every edge has
+        ``kind``, ``score`` and ``ratio``."""
         return sorted(self.graph.edges(data=True), key=lambda e: -e[2]["ratio"])
 
     def save(self, out: str | os.PathLike) -> dict[str, str]:
         """Write ``circuit.graphml``, ``circuit.json`` (node-link) and ``circuit.png``."""
-        files = save_graph(self.graph, out)
+        from headmech.provenance import dumps
+
+        G = self.graph.copy()
+        G.graph["provenance"] = dumps(self.provenance).strip()  # GraphML takes text
+        files = save_graph(G, out)
+        data = json.loads(Path(files["json"]).read_text())
+        data["graph"]["provenance"] = self.provenance
+        Path(files["json"]).write_text(dumps(data))
         files["png"] = os.path.join(out, "circuit.png")
         draw(self.graph, files["png"])
         return files
@@ -247,12 +278,22 @@ def circuit(
     for k in kinds:
         if k not in ("q", "k", "v"):
             raise HeadmechError(f"composition kinds are q, k and v, got '{k}'")
+    from headmech.provenance import provenance
+
     G = graph(model, catalog, kinds=kinds, top_k=top_k, min_ratio=min_ratio)
-    return Circuit(G, str(getattr(model, "headmech_name", "model")))
+    settings = {"kinds": list(kinds), "top_k": top_k, "min_ratio": min_ratio}
+    prov = provenance(model, settings=settings)
+    if catalog is not None:
+        prov["catalog"] = catalog.provenance
+    return Circuit(G, str(getattr(model, "headmech_name", "model")), prov)
 
 
-def save_graph(G: nx.DiGraph, out: str | os.PathLike) -> dict[str, str]:
-    """Write ``circuit.graphml`` and ``circuit.json`` (node-link) into folder ``out``."""
+def save_graph(G: nx.MultiDiGraph, out: str | os.PathLike) -> dict[str, str]:
+    """Write ``circuit.graphml`` and ``circuit.json`` (node-link) into folder ``out``.
+
+    Parallel edges survive both: GraphML gives each its key as its id (``nx.read_graphml``
+    reads them back as a ``MultiDiGraph``), node-link JSON lists each with its ``key``.
+    """
     os.makedirs(out, exist_ok=True)
     gml = os.path.join(out, "circuit.graphml")
     js = os.path.join(out, "circuit.json")
@@ -262,9 +303,51 @@ def save_graph(G: nx.DiGraph, out: str | os.PathLike) -> dict[str, str]:
     return {"graphml": gml, "json": js}
 
 
-def draw(G: nx.DiGraph, path: str | os.PathLike | None = None, title: str = "") -> Any:
-    """Heads placed by (layer, head), coloured by their first catalog type (seaborn palette);
-    edge width grows with the score's ratio to the random baseline."""
+# per edge kind: line style, colour and curvature (parallel edges of a pair bend apart)
+_EDGE_STYLES: dict[str, tuple[str, str, float]] = {
+    "q": ("solid", "0.25", 0.08),
+    "k": ("dashed", "0.25", 0.16),
+    "v": ("dotted", "0.25", 0.24),
+    "path-q": ("solid", "tab:red", -0.08),
+    "path-k": ("dashed", "tab:red", -0.16),
+    "path-v": ("dotted", "tab:red", -0.24),
+}
+
+
+def _draw_edges(G: nx.MultiDiGraph, pos: dict[str, tuple[int, int]], ax: Any) -> list[str]:
+    """Each kind's edges, in its own style and curvature; returns the kinds drawn."""
+    drawn = []
+    for kind, (style, color, rad) in _EDGE_STYLES.items():
+        edges = [(u, v, d) for u, v, d in G.edges(data=True) if d.get("kind") == kind]
+        if not edges:
+            continue
+        H = nx.DiGraph()
+        H.add_nodes_from(G.nodes)
+        H.add_edges_from((u, v) for u, v, _ in edges)
+        nx.draw_networkx_edges(
+            H,
+            pos,
+            edgelist=[(u, v) for u, v, _ in edges],
+            style=style,
+            edge_color=color,
+            width=[0.5 + min(float(d["ratio"]), 8.0) / 2 for *_, d in edges],
+            connectionstyle=f"arc3,rad={rad}",
+            ax=ax,
+            alpha=0.7,
+            arrows=True,
+            node_size=350,
+        )
+        drawn.append(kind)
+    return drawn
+
+
+def draw(G: nx.MultiDiGraph, path: str | os.PathLike | None = None, title: str = "") -> Any:
+    """Heads placed by (layer, head), coloured by their first catalog type (seaborn palette).
+
+    Parallel edges of a pair are drawn apart (each kind bends its own way): composition
+    edges grey (q solid, k dashed, v dotted), path-patching edges red in the same styles;
+    width grows with the edge's ``ratio``.
+    """
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -278,107 +361,23 @@ def draw(G: nx.DiGraph, path: str | os.PathLike | None = None, title: str = "") 
     fig, ax = plt.subplots(
         figsize=(max(6, 0.5 * (1 + max((p[0] for p in pos.values()), default=1))), 5)
     )
-    styles = {"q": "solid", "k": "dashed", "v": "dotted"}
-    for kind, style in styles.items():
-        edges = [(u, v) for u, v, k in G.edges(data="kind") if k == kind]
-        widths = [0.5 + G.edges[e]["ratio"] / 2 for e in edges]
-        nx.draw_networkx_edges(
-            G, pos, edgelist=edges, style=style, width=widths, ax=ax, alpha=0.6, arrows=True
-        )
+    drawn = _draw_edges(G, pos, ax)
     nx.draw_networkx_nodes(G, pos, node_color=colors, node_size=350, ax=ax)
     nx.draw_networkx_labels(G, pos, font_size=6, ax=ax)
     for t, c in palette.items():
         ax.scatter([], [], color=c, label=t)
-    for kind, style in styles.items():
-        ax.plot([], [], linestyle=style, color="k", label=f"{kind}-composition")
+    for kind in drawn:
+        style, color, _ = _EDGE_STYLES[kind]
+        label = f"{kind} patching" if kind.startswith("path") else f"{kind}-composition"
+        ax.plot([], [], linestyle=style, color=color, label=label)
     ax.legend(fontsize=7, loc="best")
     ax.set_xlabel("layer")
-    ax.set_title(title or f"{G.graph.get('model', '')}: head composition")
+    what = (
+        "composition and path patching"
+        if any(k.startswith("path") for k in drawn)
+        else "composition"
+    )
+    ax.set_title(title or f"{G.graph.get('model', '')}: head {what}")
     from headmech.plot import finish
 
     return finish(fig, path)
-
-
-def path_patch(
-    model: TransformerBridge,
-    clean_tokens: Tensor,
-    corrupt_tokens: Tensor,
-    metric: Callable[[Tensor], Tensor],
-    sender: HeadIndex,
-    component: Kind = "q",
-) -> Float[Tensor, "n_layers n_heads"]:
-    """Direct path patching (Wang et al. 2022) of one sender into every later head's
-    ``component`` input: the metric on the corrupted run with only the edge
-    sender → (l, h) restored to its clean value. Wraps TransformerLens'
-    ``get_act_patch_direct_path`` (exact edge patch on the bridge).
-
-    Grouped-query models share K/V inputs between query heads, so K/V path patching is not
-    defined per query head there: a one-line error says so.
-
-    References:
-        Wang et al. 2022, "Interpretability in the Wild"; Goldowsky-Dill et al. 2023,
-        "Localizing Model Behavior with Path Patching".
-    """
-    from transformer_lens.patching import get_act_patch_direct_path
-
-    n_kv = getattr(model.cfg, "n_key_value_heads", None) or model.cfg.n_heads
-    if component in ("k", "v") and n_kv != model.cfg.n_heads:
-        raise HeadmechError(
-            f"{component}-path patching is not defined per query head under grouped-query attention "
-            f"({model.cfg.n_heads} query heads share {n_kv} KV heads); use q, or composition scores"
-        )
-    if clean_tokens.shape != corrupt_tokens.shape:
-        raise HeadmechError("clean and corrupt prompts must have the same token length")
-    z = f"blocks.{sender.layer}.attn.hook_z"
-    with torch.no_grad():
-        _, clean_cache = model.run_with_cache(clean_tokens, names_filter=lambda n: n == z)
-        _, corrupt_cache = model.run_with_cache(corrupt_tokens, names_filter=lambda n: n == z)
-        return get_act_patch_direct_path(
-            model,
-            corrupt_tokens,
-            clean_cache,
-            corrupt_cache,
-            metric,
-            sender.layer,
-            sender.head,
-            component,
-            verbose=False,
-        ).cpu()
-
-
-def add_path_patching_edges(
-    G: nx.DiGraph,
-    model: TransformerBridge,
-    clean_tokens: Tensor,
-    corrupt_tokens: Tensor,
-    metric: Callable[[Tensor], Tensor],
-    senders: Sequence[HeadIndex],
-    component: Kind = "q",
-    top_k: int = 3,
-) -> nx.DiGraph:
-    """Add causal edges: for each sender, the ``top_k`` receivers whose ``component`` path
-    restores the metric most (``effect`` = patched metric - corrupted metric)."""
-    with torch.no_grad():
-        base = float(metric(model(corrupt_tokens)))
-    n_heads = int(model.cfg.n_heads)
-    for s in senders:
-        res = path_patch(model, clean_tokens, corrupt_tokens, metric, s, component)
-        effect = res - base
-        effect[: s.layer + 1] = 0.0  # rows up to the sender are placeholders
-        vals, idx = effect.flatten().abs().topk(min(top_k, effect.numel()))
-        for v, i in zip(vals.tolist(), idx.tolist(), strict=True):
-            if v == 0.0:
-                continue
-            r = HeadIndex(i // n_heads, i % n_heads)
-            for h in (s, r):
-                if str(h) not in G:
-                    G.add_node(str(h), layer=h.layer, head=h.head, types="")
-            G.add_edge(
-                str(s),
-                str(r),
-                kind=f"path-{component}",
-                score=round(float(effect.flatten()[i]), 5),
-                baseline=0.0,
-                ratio=1.0,
-            )
-    return G

@@ -2,197 +2,71 @@
 
 :func:`classify` groups the requested types by probe, builds each probe once, streams
 all of that probe's statistics in one set of forward passes, then lets each type score
-and label the heads. The result, :class:`HeadCatalog`, round-trips through
-``catalog.json`` (schema in docs/architecture.md).
+and label the heads, with a bootstrap interval over probe examples on every score. The
+result, :class:`~headmech.results.HeadCatalog`, round-trips through ``catalog.json``
+(schema in docs/architecture.md). :func:`validate_heads` checks labels causally: the
+labelled heads are ablated, and so are random control sets drawn from the same layers.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float
-from torch import Tensor
 
-from headmech.errors import CatalogFileError, HeadmechError
+from headmech.errors import HeadmechError
 from headmech.heads import HeadIndex, HeadType, collect_statistics, resolve_types
 from headmech.models import ModelInfo, model_info
 from headmech.probes import ProbeOptions, build_probe
+from headmech.results import HeadCatalog, TypeResult
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
 __all__ = ["HeadCatalog", "TypeResult", "classify", "validate_heads"]
 
-SCHEMA_VERSION = "0.1.0"
 
+def _controls(
+    info: ModelInfo, heads: Sequence[HeadIndex], n_random: int, seed: int
+) -> tuple[list[list[HeadIndex]], str, str]:
+    """Control head sets: as many heads per layer as ``heads`` has there, none of them
+    labelled. Where a layer has too few unlabelled heads, the sets fall back to any layer
+    (with a warning); where the model has too few unlabelled heads at all, there is no
+    control. Returns ``(sets, kind, note)``."""
+    import warnings
 
-@dataclass
-class TypeResult:
-    """One head type's verdict on a model."""
+    from headmech.ablation import random_heads
 
-    name: str
-    reference: str
-    threshold: float
-    score: Float[Tensor, "n_layers n_heads"]
-    heads: list[HeadIndex]
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """This type's entry in ``catalog.json``."""
-        score = [
-            [None if v != v else round(float(v), 6) for v in row] for row in self.score.tolist()
-        ]
-        return {
-            "reference": self.reference,
-            "threshold": self.threshold,
-            "score": score,
-            "heads": [[h.layer, h.head] for h in self.heads],
-            "details": self.details,
-        }
-
-
-@dataclass
-class HeadCatalog:
-    """Scores and labels of every head for several head types.
-
-    Attributes:
-        model: name and shape of the model.
-        types: results by head type name.
-        meta: how it was computed (probe sizes, seconds); not part of the JSON contract.
-    """
-
-    model: ModelInfo
-    types: dict[str, TypeResult]
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __getitem__(self, name: str) -> TypeResult:
-        return self.types[name]
-
-    def heads(self, type_name: str) -> list[HeadIndex]:
-        """The heads labelled with ``type_name``, best first."""
-        return self.types[type_name].heads
-
-    def labels(self) -> dict[HeadIndex, list[str]]:
-        """Head → the types it is labelled with."""
-        out: dict[HeadIndex, list[str]] = {}
-        for name, r in self.types.items():
-            for h in r.heads:
-                out.setdefault(h, []).append(name)
-        return dict(sorted(out.items()))
-
-    # --- JSON -------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """The ``catalog.json`` contents (schema in docs/architecture.md)."""
-        from headmech._version import __version__
-
-        return {
-            "headmech_version": __version__,
-            "model": {
-                "name": self.model.name,
-                "n_layers": self.model.n_layers,
-                "n_heads": self.model.n_heads,
-            },
-            "types": {name: r.to_json() for name, r in self.types.items()},
-        }
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write what ``headmech classify`` writes: a directory gets ``catalog.json`` and
-        ``heatmap.png``; a path ending in ``.json`` gets the JSON alone. Returns the JSON
-        path."""
-        p = Path(path)
-        if p.suffix == ".json":
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-            return p
-        p.mkdir(parents=True, exist_ok=True)
-        (p / "catalog.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        if self.types:
-            self.heatmap(p / "heatmap.png")
-        return p / "catalog.json"
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> HeadCatalog:
-        """Read a ``catalog.json``; a one-line :class:`CatalogFileError` if it is corrupt."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / "catalog.json"
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise CatalogFileError(f"no catalog file at {p}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CatalogFileError(f"{p} is not valid JSON: {e}") from None
-        try:
-            m = data["model"]
-            n_layers, n_heads = int(m["n_layers"]), int(m["n_heads"])
-            types = {}
-            for name, t in data["types"].items():
-                score = torch.tensor(
-                    [[float("nan") if v is None else float(v) for v in row] for row in t["score"]]
-                )
-                if tuple(score.shape) != (n_layers, n_heads):
-                    raise ValueError(
-                        f"type '{name}' has a score of shape {tuple(score.shape)}, expected {(n_layers, n_heads)}"
-                    )
-                heads = [HeadIndex(int(lh[0]), int(lh[1])) for lh in t["heads"]]
-                for h in heads:
-                    if not (0 <= h.layer < n_layers and 0 <= h.head < n_heads):
-                        raise ValueError(f"type '{name}' labels head {list(h)} outside the model")
-                types[name] = TypeResult(
-                    name,
-                    str(t.get("reference", "")),
-                    float(t["threshold"]),
-                    score,
-                    heads,
-                    dict(t.get("details", {})),
-                )
-            info = ModelInfo(str(m["name"]), n_layers, n_heads, n_heads, 0, 0, True)
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            raise CatalogFileError(f"{p} is not a headmech catalog: {e!s}") from None
-        return cls(info, types)
-
-    # --- display ----------------------------------------------------------------
-    def table(self, max_heads: int = 8) -> str:
-        """A plain-text table: per type, its labelled heads with scores."""
-        rows = [("type", "reference", "thr", "#heads", "top heads (score)")]
-        for name, r in self.types.items():
-            top = ", ".join(f"{h} {float(r.score[h]):.2f}" for h in r.heads[:max_heads])
-            if len(r.heads) > max_heads:
-                top += f", ... (+{len(r.heads) - max_heads})"
-            if not r.heads:
-                best = torch.nan_to_num(r.score, nan=float("-inf"))
-                flat = int(best.argmax())
-                h = HeadIndex(flat // r.score.shape[1], flat % r.score.shape[1])
-                top = f"none (best {h} {float(r.score[h]):.2f})"
-            rows.append((name, r.reference, f"{r.threshold:g}", str(len(r.heads)), top))
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        lines = []
-        for k, row in enumerate(rows):
-            lines.append(
-                "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
-            )
-            if k == 0:
-                lines.append("-" * (sum(widths) + 8 + len(row[4])))
-        return "\n".join(lines)
-
-    def heatmap(self, path: str | os.PathLike | None = None) -> Any:
-        """A seaborn layer x head heatmap per type; saved to ``path`` if given."""
-        from headmech.plot import catalog_heatmap
-
-        return catalog_heatmap(self, path)
-
-    def __repr__(self) -> str:
-        counts = ", ".join(f"{k}: {len(v.heads)}" for k, v in self.types.items())
-        return (
-            f"HeadCatalog({self.model.name}, {self.model.n_layers}x{self.model.n_heads}; {counts})"
+    free = info.n_layers * info.n_heads - len(set(heads))
+    if not heads or n_random < 1:
+        return [], "none", "no labelled heads" if not heads else "n_random is 0"
+    if free < len(heads):
+        note = (
+            f"no control possible: {len(heads)} of {info.n_layers * info.n_heads} heads are "
+            f"labelled, and a random set of as many unlabelled heads does not exist"
         )
+        return [], "none", note
+    per_layer: dict[int, int] = {}
+    for h in heads:
+        per_layer[h.layer] = per_layer.get(h.layer, 0) + 1
+    short = [la for la, n in per_layer.items() if info.n_heads - n < n]
+    g = torch.Generator().manual_seed(seed)
+    like = None if short else list(heads)
+    kind, note = "same_layers", ""
+    if short:
+        kind = "any_layer"
+        note = (
+            f"layers {sorted(short)} have fewer unlabelled than labelled heads: controls drawn "
+            "from every layer"
+        )
+        warnings.warn(note, stacklevel=3)
+    sets = [
+        random_heads(info.n_layers, info.n_heads, len(heads), exclude=heads, generator=g, like=like)
+        for _ in range(n_random)
+    ]
+    return sets, kind, note
 
 
 def validate_heads(
@@ -203,50 +77,56 @@ def validate_heads(
     *,
     n_random: int = 5,
     mode: str | None = None,
-    control: str = "same_layers",
 ) -> dict[str, Any]:
-    """Ablate the labelled heads, and ``n_random`` draws of as many other heads, and
-    measure the type's task metric (higher is worse) each time.
+    """Ablate the labelled heads, and ``n_random`` control sets of as many unlabelled
+    heads from the same layers (per-layer counts matched), and measure the type's task
+    metric (higher is worse) each time.
 
     All sets ride in the same batched forward passes
-    (:func:`headmech.interventions.run_variants`).
-
-    Args:
-        control: ``"same_layers"`` draws each random set from the labelled heads' layers
-            (depth alone changes ablation effects a lot); ``"any"`` from every layer.
+    (:func:`headmech.interventions.run_variants`). The effect of the labelled heads is
+    reported against the median and the range of the control effects, with the drawn
+    control sets; a bootstrap interval over probe examples accompanies the labelled
+    effect.
 
     Returns:
-        ``{"metric", "mode", "control", "clean", "ablated", "effect", "random_effects",
-        "random_mean", "n_heads"}``; ``effect`` is ablated minus clean.
+        ``{"metric", "mode", "control", "control_note", "clean", "ablated", "effect",
+        "effect_interval", "control_sets", "random_effects", "random_mean",
+        "random_median", "random_range", "n_heads"}``; ``effect`` is ablated minus clean;
+        ``control`` is ``same_layers``, ``any_layer`` (fallback) or ``none``.
     """
-    if control not in ("same_layers", "any"):
-        raise ValueError(f"control must be 'same_layers' or 'any', got {control!r}")
-    from headmech.ablation import random_heads
-    from headmech.attribution.ablation import ablate_sets
+    from headmech.ablation import ablation_variants
+    from headmech.interventions import run_variants
     from headmech.tasks import get_task
+    from headmech.uncertainty import UnitValues
 
     mode = mode or head_type.ablation
     info = model_info(model)
     task = get_task(head_type.task, model)
     batches = task.batches(model, options)
-    g = torch.Generator().manual_seed(options.seed)
-    controls = [
-        random_heads(info.n_layers, info.n_heads, len(heads), exclude=heads, generator=g)
-        for _ in range(n_random if heads else 0)
-    ]
+    controls, kind, note = _controls(info, heads, n_random, options.seed)
     sets = [list(heads), *controls] if heads else []
-    values, clean = ablate_sets(model, task, batches, sets, mode)  # type: ignore[arg-type]
+    variants = ablation_variants(model, batches, sets, mode)
+    values, clean, sums, counts = run_variants(model, task, batches, variants, per_unit=True)
     ablated = float(values[0]) if heads else clean
-    rand = [float(v) - clean for v in values[1:]]
+    rand = sorted(float(v) - clean for v in values[1:])
+    interval = None
+    if heads:
+        paired = UnitValues(sums[1] - sums[0], counts[0]).interval(seed=options.seed)
+        interval = None if paired is None else [float(paired[0]), float(paired[1])]
     return {
         "metric": task.description,
         "mode": mode,
-        "control": control,
-        "clean": round(clean, 6),
-        "ablated": round(ablated, 6),
-        "effect": round(ablated - clean, 6),
-        "random_effects": [round(r, 6) for r in rand],
-        "random_mean": round(sum(rand) / len(rand), 6) if rand else None,
+        "control": kind,
+        "control_note": note,
+        "clean": clean,
+        "ablated": ablated,
+        "effect": ablated - clean,
+        "effect_interval": interval,
+        "control_sets": [[[h.layer, h.head] for h in c] for c in controls],
+        "random_effects": [float(v) - clean for v in values[1:]],
+        "random_mean": sum(rand) / len(rand) if rand else None,
+        "random_median": float(torch.tensor(rand).median()) if rand else None,
+        "random_range": [rand[0], rand[-1]] if rand else None,
         "n_heads": len(heads),
     }
 
@@ -258,7 +138,12 @@ def _runnable(
     an error, a default type that does not fit is skipped with its reason."""
     runnable: list[HeadType] = []
     skipped: dict[str, str] = {}
-    for t in resolve_types(types):
+    resolved = resolve_types(types)
+    names = [t.name for t in resolved]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise HeadmechError(f"head type {', '.join(twice)} given more than once")
+    for t in resolved:
         reason = t.check_model(info)
         if reason is None:
             runnable.append(t)
@@ -269,14 +154,36 @@ def _runnable(
     return runnable, skipped
 
 
+def _score(t: HeadType, stats: Any, n_boot: int, seed: int) -> TypeResult:
+    """One type's score, labels, evidence and bootstrap interval from its statistics."""
+    from headmech.uncertainty import stats_interval
+
+    score = t.score(stats)
+    heads = t.select(score, stats)
+    result = TypeResult(
+        t.name, t.reference, t.threshold, score, heads, t.details(stats, score, heads)
+    )
+    interval = stats_interval(stats, t.score, n_boot=n_boot, seed=seed) if n_boot else None
+    if interval is not None:
+        result.low, result.high = interval
+        straddle = (result.low < t.threshold) & (result.high >= t.threshold)
+        result.borderline = sorted(
+            (HeadIndex(int(a), int(b)) for a, b in straddle.nonzero().tolist()),
+            key=lambda h: -float(score[h]),
+        )
+    return result
+
+
 def _classify_probe(
     model: TransformerBridge,
     probe_name: str,
     group: list[HeadType],
     options: ProbeOptions,
     progress: bool,
-) -> tuple[dict[str, tuple[Tensor, list[HeadIndex], dict[str, Any]]], dict[str, Any]]:
-    """Build one probe, stream its types' statistics in one set of passes, score and label."""
+    n_boot: int,
+) -> tuple[dict[str, TypeResult], dict[str, Any], list[Any]]:
+    """Build one probe, stream its types' statistics in one set of passes, score and label.
+    Returns the results, timings and the batches (for provenance)."""
     t0 = time.perf_counter()
     probe = build_probe(probe_name, model, options)
     t1 = time.perf_counter()
@@ -289,12 +196,7 @@ def _classify_probe(
         "stream_seconds": round(time.perf_counter() - t1, 3),
         **probe.info,
     }
-    out = {}
-    for t in group:
-        score = t.score(stats)
-        heads = t.select(score, stats)
-        out[t.name] = (score, heads, t.details(stats, score, heads))
-    return out, meta
+    return {t.name: _score(t, stats, n_boot, options.seed) for t in group}, meta, probe.batches
 
 
 def classify(
@@ -303,6 +205,7 @@ def classify(
     *,
     validate: bool = False,
     n_random: int = 5,
+    n_boot: int = 200,
     progress: bool = False,
     **probe_options: Any,
 ) -> HeadCatalog:
@@ -312,10 +215,11 @@ def classify(
         model: a bridge from :func:`headmech.load_model`.
         types: names, classes or instances (default: every registered type that can run
             on this model; types needing a decoder are skipped on encoders).
-        validate: also ablate each type's labelled heads and ``n_random`` sets of as
-            many random heads, and record the effects on the type's task metric in
-            ``details["validation"]`` (see :func:`validate_heads`).
-        n_random: random draws for validation.
+        validate: also ablate each type's labelled heads and ``n_random`` layer-matched
+            control sets, recording ``details["validation"]`` (:func:`validate_heads`).
+        n_random: control draws for validation.
+        n_boot: bootstrap resamples of the probe's examples for each score's interval
+            (0: no interval).
         progress: show progress bars.
         **probe_options: fields of :class:`headmech.probes.ProbeOptions` (``corpus``,
             ``n_sentences``, ``n_sequences``, ``half_len``, ``batch_size``, ``seed``).
@@ -324,10 +228,10 @@ def classify(
         A :class:`HeadCatalog`.
 
     Examples:
-        >>> cat = headmech.classify(model, ["previous_token"], n_sentences=32)  # doctest: +SKIP
-        >>> cat.heads("previous_token")  # doctest: +SKIP
-        [HeadIndex(layer=0, head=3)]
+        >>> headmech.classify(model, ["previous_token"], n_sentences=32)  # doctest: +SKIP
     """
+    from headmech.provenance import provenance
+
     try:
         options = ProbeOptions(**probe_options)
     except TypeError as e:
@@ -339,14 +243,17 @@ def classify(
         by_probe.setdefault(t.probe, []).append(t)
     results: dict[str, TypeResult] = {}
     meta: dict[str, Any] = {"skipped": skipped, "probes": {}}
-    for probe_name, group in by_probe.items():
-        found, meta["probes"][probe_name] = _classify_probe(
-            model, probe_name, group, options, progress
+    used: dict[str, Any] = {}
+    for name, group in by_probe.items():
+        found, meta["probes"][name], used[name] = _classify_probe(
+            model, name, group, options, progress, n_boot
         )
-        for t in group:
-            score, heads, details = found[t.name]
-            if validate:
-                details["validation"] = validate_heads(model, t, heads, options, n_random=n_random)
-            results[t.name] = TypeResult(t.name, t.reference, t.threshold, score, heads, details)
-    ordered = {t.name: results[t.name] for t in runnable}
-    return HeadCatalog(info, ordered, meta)
+        results.update(found)
+    if validate:
+        for t in runnable:
+            v = validate_heads(model, t, results[t.name].heads, options, n_random=n_random)
+            results[t.name].details["validation"] = v
+    settings: dict[str, Any] = {"types": {t.name: repr(t) for t in runnable}, "skipped": skipped}
+    settings.update(validate=validate, n_random=n_random, n_boot=n_boot)
+    prov = provenance(model, probes=used, options=options, settings=settings)
+    return HeadCatalog(info, {t.name: results[t.name] for t in runnable}, meta, prov)

@@ -1,24 +1,48 @@
 """The ``headmech`` command.
 
-Every command prints a one-line reason and exits with status 2 on bad input (unknown
-model, head type, method or task, empty, missing or too-long corpus text, a model without
-attention hooks); long work shows a progress bar on stderr. Method, task and
-pruning-method names and their help come from the registries
-(:mod:`headmech.registry`), so a plug-in's additions appear here too. Each command's
-files are written by the result object's own ``save`` (the same files a notebook gets).
+Every command prints a one-line reason (``headmech: error: ...``) and exits with status 2
+on bad input, argument syntax errors included; every value is checked before the model
+loads (:mod:`headmech.validation`). Legal but meaningless input prints one line
+``headmech: warning: ...``; Ctrl-C prints ``headmech: interrupted`` and exits 130. Long
+work shows a progress bar on stderr. Method, task and pruning-method names and their help
+come from the registries (:mod:`headmech.registry`), so a plug-in's additions appear here
+too. Each command's files are written by the result object's own ``save`` into a temporary
+folder next to ``--out`` and moved into ``--out`` only on success; an existing result there
+is overwritten only with ``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from headmech import commands
 from headmech.errors import HeadmechError
+from headmech.validation import HeadmechWarning
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose syntax errors are one-line :class:`HeadmechError`s."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise instead of printing the usage and exiting."""
+        raise HeadmechError(f"{message} (see `{self.prog} --help`)")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    """``--out`` and ``--force``."""
+    p.add_argument(
+        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="overwrite an earlier result of this command in DIR"
+    )
 
 
 def _add_run_options(p: argparse.ArgumentParser, half_len: bool = True) -> None:
@@ -28,9 +52,7 @@ def _add_run_options(p: argparse.ArgumentParser, half_len: bool = True) -> None:
         metavar="MODEL",
         help="minilm-l6, smollm2-135m, toy-induction, or a local Hugging Face model directory",
     )
-    p.add_argument(
-        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
-    )
+    _add_output(p)
     p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
     p.add_argument("--n-sentences", type=int, default=None, help="prose sentences (default 256)")
@@ -51,7 +73,10 @@ def _add_method(p: argparse.ArgumentParser, registry: Any, what: str) -> None:
     from headmech.registry import TASKS
 
     p.add_argument("--method", required=True, metavar="M", help=f"{what}: {registry.help()}")
-    p.add_argument("--task", default="lm", metavar="T", help=f"task (default lm): {TASKS.help()}")
+    p.add_argument(
+        "--task", default=None, metavar="T",
+        help=f"task (default: the model's, lm for most, induction for toy-induction): {TASKS.help()}",
+    )  # fmt: skip
     p.add_argument(
         "--option", "-o", action="append", metavar="KEY=VALUE",
         help="a typed option of the method (repeatable), e.g. -o chunk=16",
@@ -76,7 +101,7 @@ def _add_classify(sub: Any) -> None:
         help="ablate each type's labelled heads and as many random heads; record the effects",
     )
     p.add_argument(
-        "--n-random", type=int, default=5, help="random head sets for --validate (default 5)"
+        "--n-random", type=int, default=None, help="random head sets for --validate (default 5)"
     )
     p.set_defaults(func=commands.cmd_classify)
 
@@ -110,9 +135,7 @@ def _add_circuit(sub: Any) -> None:
     p.add_argument(
         "--top-k", type=int, default=3, help="strongest senders kept per receiver and kind"
     )
-    p.add_argument(
-        "--out", default="headmech-out", metavar="DIR", help="output folder (default: headmech-out)"
-    )
+    _add_output(p)
     p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
     p.set_defaults(func=commands.cmd_circuit)
@@ -131,7 +154,7 @@ def _add_prune(sub: Any) -> None:
     p.add_argument(
         "--fraction",
         type=float,
-        default=0.1,
+        default=None,
         help="michel: share of remaining heads per step (0.1)",
     )
     p.add_argument(
@@ -142,18 +165,18 @@ def _add_prune(sub: Any) -> None:
     )
     p.add_argument(
         "--lams",
-        default="0.01,0.1,1,3,10",
+        default=None,
         help="l0: λ values of the sweep (default 0.01,0.1,1,3,10)",
     )
     p.add_argument(
-        "--l0-steps", type=int, default=100, help="l0: gate training steps per λ (default 100)"
+        "--l0-steps", type=int, default=None, help="l0: gate training steps per λ (default 100)"
     )
     p.set_defaults(func=commands.cmd_prune)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``headmech`` argument parser (subcommands, their help from the registries)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="headmech",
         description="Mechanistic analysis of attention heads: classify heads into a cited catalog of types.",
     )
@@ -177,21 +200,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: str) -> str:
+    """A message as one line: line breaks (say, in a hostile file name) shown as ``\\n``."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _show_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+    """Print a warning as one line ``headmech: warning: ...`` on stderr."""
+    kind = "" if issubclass(category, HeadmechWarning) else f"{category.__name__}: "
+    print(f"headmech: warning: {kind}{_one_line(str(message))}", file=sys.stderr)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether an exception is torch's or Python's out-of-memory error."""
+    text = str(e)
+    return isinstance(e, MemoryError) or "out of memory" in text or "can't allocate" in text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad input, 130: interrupted)."""
     import matplotlib
 
     matplotlib.use("Agg")  # the command writes figures to files; no window
-    try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        return int(args.func(args))
-    except HeadmechError as e:
-        print(f"headmech: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("headmech: interrupted", file=sys.stderr)
-        return 130
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        warnings.simplefilter("always", HeadmechWarning)  # every run shows its own
+        try:
+            args = build_parser().parse_args(argv)
+            return int(args.func(args))
+        except HeadmechError as e:
+            print(f"headmech: error: {_one_line(str(e))}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt:
+            print("headmech: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except (MemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise
+            print(
+                f"headmech: error: out of memory ({_one_line(str(e))[:200]}); try a smaller "
+                "--batch-size or fewer sequences",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

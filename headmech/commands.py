@@ -10,19 +10,53 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headmech.errors import HeadmechError
+from headmech import validation as V
+from headmech.errors import InputError
 
 __all__ = ["cmd_circuit", "cmd_classify", "cmd_importance", "cmd_models", "cmd_prune", "cmd_types"]
 
 
+RESULT_FILES: dict[str, tuple[str, ...]] = {
+    "classify": ("catalog.json", "heatmap.png"),
+    "importance": ("importance.json", "importance.png"),
+    "prune": ("pruning.json", "pruning.png"),
+    "circuit": ("circuit.graphml", "circuit.json", "circuit.png"),
+}
+
+
+def _check_run(args: argparse.Namespace, command: str) -> None:
+    """The checks every analysis command shares, cheapest first, before the model loads:
+    sizes, seed, device, output folder, model name."""
+    for name in ("n_sentences", "n_sequences", "batch_size"):
+        V.count(getattr(args, name, None), "--" + name.replace("_", "-"))
+    V.count(getattr(args, "half_len", None), "--half-len", minimum=2)
+    V.seed(args.seed)
+    V.device(args.device)
+    V.out_dir(args.out, RESULT_FILES[command], args.force)
+    V.model_name(args.model)
+
+
 def _load(args: argparse.Namespace) -> Any:
+    """The model of ``args.model`` on ``args.device`` (after every check has passed)."""
     from headmech.models import load_model
 
     print(f"loading {args.model} ...", file=sys.stderr)
     return load_model(args.model, device=args.device)
+
+
+def _save(args: argparse.Namespace, command: str, save: Callable[[Path], Any]) -> Path:
+    """Run ``save(folder)`` on a temporary folder next to ``--out``; move the files into
+    ``--out`` only if it succeeds (see :func:`headmech.validation.staged_output`)."""
+    try:
+        with V.staged_output(args.out, RESULT_FILES[command], args.force) as tmp:
+            save(tmp)
+    except OSError as e:  # a full disk, a folder made read-only meanwhile: one line
+        raise InputError(f"cannot write the results into {args.out}: {e.strerror or e}") from e
+    return Path(args.out)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -53,33 +87,82 @@ def cmd_types(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_types(
+    tokenizer: Any, names: list[str] | None, sentences: list[str] | None, causal: bool | None
+) -> tuple[list[Any] | None, dict[str, str]]:
+    """The head types to run and those skipped with a reason: types measured on English
+    prose are refused (named by ``--types``) or skipped (the default: all types) when the
+    tokenizer cannot read the prose, e.g. the toy model's ``t0``..``t255`` vocabulary."""
+    from headmech.heads import resolve_types
+
+    types = resolve_types(names)
+    prose = [t.name for t in types if t.probe in V.PROSE_PROBES]
+    problem = V.prose_problem(tokenizer, sentences) if prose else None
+    if problem is None:
+        return names, {}
+    others = [t for t in resolve_types(None) if t.probe not in V.PROSE_PROBES]
+    if names is not None:
+        raise InputError(
+            f"head type(s) {', '.join(prose)} are measured on English prose, but {problem}; "
+            f"try --types {','.join(t.name for t in others)}"
+        )
+    kept = [t for t in others if not (t.causal_only and causal is False)]
+    if not kept:
+        raise InputError(f"no head type fits: {problem}")
+    return kept, {name: f"measured on prose, but {problem}" for name in prose}
+
+
+def _check_classify(
+    args: argparse.Namespace, command: str
+) -> tuple[list[str] | None, list[str] | None]:
+    """``headmech classify`` (and ``circuit``) input checks before loading: the run options,
+    ``--types``, ``--n-random``, ``--corpus``; returns the type names and the sentences."""
+    _check_run(args, command)
+    names = V.head_type_names(args.types) if args.types is not None else None
+    if getattr(args, "n_random", None) is not None:
+        V.count(args.n_random, "--n-random")
+        if not args.validate:
+            V.warn("--n-random is ignored without --validate")
+    corpus = getattr(args, "corpus", None)
+    sentences = V.corpus_file(corpus) if corpus is not None else None
+    if hasattr(args, "n_sentences"):
+        V.probe_options(_probe_options(args))
+    source = _model_source(args.model)
+    if source is not None and source.tokenizer is not None:  # e.g. a toy not trained yet
+        _fit_types(source.tokenizer(), names, sentences, None)
+    return names, sentences
+
+
+def _model_source(name: str) -> Any:
+    """The registered :class:`headmech.models.ModelSource` of ``name``, or None."""
+    from headmech.registry import MODELS
+
+    return MODELS.get(name) if name in MODELS else None
+
+
 def cmd_classify(args: argparse.Namespace) -> int:
     """``headmech classify``."""
     from headmech.classify import classify
-    from headmech.heads import resolve_types
+    from headmech.models import model_info
 
-    types = resolve_types(args.types) if args.types else None  # fail fast, before loading
-    if args.corpus is not None:
-        from headmech.probes import load_sentences
-
-        load_sentences(args.corpus)  # fail fast on a missing or empty file
+    names, sentences = _check_classify(args, "classify")  # fail fast, before loading
     t0 = time.perf_counter()
     model = _load(args)
     t1 = time.perf_counter()
-    options = {k: v for k, v in vars(_probe_options(args)).items()}
-    options["corpus"] = args.corpus
+    types, skipped = _fit_types(model.tokenizer, names, sentences, model_info(model).causal)
+    options = dict(vars(_probe_options(args)), corpus=args.corpus)
+    n_random = 5 if args.n_random is None else args.n_random
     catalog = classify(
-        model, types, validate=args.validate, n_random=args.n_random, progress=True, **options
+        model, types, validate=args.validate, n_random=n_random, progress=True, **options
     )
     t2 = time.perf_counter()
-    path = catalog.save(args.out)
+    out = _save(args, "classify", catalog.save)
     print(catalog.table())
     _print_evidence(catalog)
-    for name, reason in catalog.meta.get("skipped", {}).items():
+    for name, reason in {**skipped, **catalog.meta.get("skipped", {})}.items():
         print(f"skipped {name}: {reason}")
-    print(
-        f"\nwrote {path} and {Path(args.out) / 'heatmap.png'} (load {t1 - t0:.1f}s, classify {t2 - t1:.1f}s)"
-    )
+    files = " and ".join(str(out / f) for f in RESULT_FILES["classify"] if (out / f).exists())
+    print(f"\nwrote {files} (load {t1 - t0:.1f}s, classify {t2 - t1:.1f}s)")
     return 0
 
 
@@ -104,38 +187,70 @@ def _print_evidence(catalog: Any) -> None:
 
 
 def _method_options(registry: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """``--option KEY=VALUE`` pairs, typed by the method's options dataclass, plus ``seed``
-    where the method takes one."""
+    """``--option KEY=VALUE`` pairs, typed by the method's options dataclass and checked,
+    plus ``seed`` where the method takes one."""
     from dataclasses import fields
 
     from headmech.registry import parse_options
 
-    entry = registry.entry(name)
-    options = parse_options(entry, args.option or [])
+    entry = V.lookup(registry, name)
+    options = V.method_options(parse_options(entry, args.option or []))
     if entry.options is not None and "seed" in {f.name for f in fields(entry.options)}:
         options.setdefault("seed", args.seed)
+    return options
+
+
+def _task(model: Any, name: str) -> Any:
+    """The task for the loaded model; refused if it is measured on prose the model's
+    tokenizer cannot read (the toy model), naming the tasks that fit."""
+    from headmech.registry import TASKS
+    from headmech.tasks import get_task
+
+    task = get_task(name, model)  # a causal-only task on an encoder: one-line error
+    problem = V.prose_problem(model.tokenizer) if task.probe in V.PROSE_PROBES else None
+    if problem is not None:
+        fits = [n for n in TASKS.names() if TASKS.get(n)(model).probe not in V.PROSE_PROBES]
+        raise InputError(
+            f"task '{name}' is measured on English prose, but {problem}; "
+            f"try --task {' or '.join(fits)}"
+        )
+    return task
+
+
+def _check_method(args: argparse.Namespace, registry: Any, command: str) -> dict[str, Any]:
+    """``importance`` / ``prune`` checks before loading: run options, method, options, task."""
+    from headmech.registry import TASKS
+
+    _check_run(args, command)
+    options = _method_options(registry, args.method, args)
+    if args.task is None:
+        from headmech.registry import MODELS
+
+        args.task = MODELS.get(args.model).default_task if args.model in MODELS else "lm"
+    V.lookup(TASKS, args.task)
+    V.probe_options(_probe_options(args))
     return options
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
     """``headmech importance``."""
     from headmech.attribution import importance
-    from headmech.registry import METHODS, TASKS
-    from headmech.tasks import get_task
+    from headmech.registry import METHODS
 
-    options = _method_options(METHODS, args.method, args)  # fail fast, before loading
-    TASKS.entry(args.task)
+    options = _check_method(args, METHODS, "importance")  # fail fast, before loading
     t0 = time.perf_counter()
     model = _load(args)
-    get_task(args.task, model)  # a causal-only task on an encoder: one-line error
+    _task(model, args.task)
+    if options.get("baseline") is not None and options["baseline"] >= int(model.cfg.d_vocab):
+        raise InputError(f"option 'baseline' is a token id below {model.cfg.d_vocab}")
     result = importance(
         model, args.method, args.task, probe_options=_probe_options(args), progress=True, **options
     )
-    path = result.save(args.out)
+    out = _save(args, "importance", result.save)
     top = ", ".join(f"L{la}H{h}" for la, h in result.top(5))
     print(f"{result.method} / {result.task}: clean {result.metric_clean}  top heads: {top}")
     print(
-        f"wrote {path} and {Path(args.out) / 'importance.png'} ({result.seconds:.1f}s, "
+        f"wrote {out / 'importance.json'} and {out / 'importance.png'} ({result.seconds:.1f}s, "
         f"{result.forward_equivalents:.1f} forward-pass equivalents; total {time.perf_counter() - t0:.1f}s)"
     )
     return 0
@@ -145,53 +260,66 @@ def cmd_circuit(args: argparse.Namespace) -> int:
     """``headmech circuit``."""
     from headmech.circuits import circuit
     from headmech.classify import classify
-    from headmech.heads import resolve_types
+    from headmech.models import model_info
 
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    if not kinds or any(k not in ("q", "k", "v") for k in kinds):
-        raise HeadmechError(f"--kinds takes q, k and v, got '{args.kinds}'")
-    types = resolve_types(args.types) if args.types else None
+    kinds = V.kinds(args.kinds)
+    V.count(args.top_k, "--top-k")
+    names, _ = _check_classify(args, "circuit")  # fail fast, before loading
     model = _load(args)
+    types, _ = _fit_types(model.tokenizer, names, None, model_info(model).causal)
     catalog = classify(model, types, progress=True, seed=args.seed)
     result = circuit(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
-    files = result.save(args.out)
+    out = _save(args, "circuit", result.save)
     G = result.graph
     print(f"{G.number_of_nodes()} heads, {G.number_of_edges()} edges (score / random baseline):")
     for u, v, d in result.edges()[:40]:
         tu, tv = G.nodes[u]["types"] or "-", G.nodes[v]["types"] or "-"
         print(f"  {u} ({tu}) -{d['kind']}-> {v} ({tv})  {d['score']:.3f}  x{d['ratio']:.1f}")
-    print(f"\nwrote {files['graphml']}, {files['json']} and {files['png']}")
+    print("\nwrote " + ", ".join(str(out / f) for f in RESULT_FILES["circuit"]))
     return 0
 
 
+_METHOD_FLAGS = {"michel": ("fraction", "steps"), "l0": ("lams", "l0_steps")}
+
+
 def _prune_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The pruning method's options: ``-o`` pairs, then the method's own flags (checked;
+    a flag of another method warns that it is ignored)."""
     from headmech.registry import PRUNING_METHODS
 
-    options = _method_options(PRUNING_METHODS, args.method, args)
+    options = _check_method(args, PRUNING_METHODS, "prune")
+    for method, flags in _METHOD_FLAGS.items():
+        given = [f for f in flags if getattr(args, f) is not None]
+        if given and args.method != method:
+            flag = ", ".join("--" + f.replace("_", "-") for f in given)
+            V.warn(f"{flag}: only for --method {method}, ignored by --method {args.method}")
     if args.method == "michel":
-        options.setdefault("fraction", args.fraction)
-        options.setdefault("steps", args.steps)
+        fraction = 0.1 if args.fraction is None else args.fraction
+        options.setdefault("fraction", V.fraction(fraction, "--fraction"))
+        options.setdefault("steps", V.count(args.steps, "--steps"))
     elif args.method == "l0":
-        try:
-            lams = tuple(float(x) for x in args.lams.split(",") if x.strip())
-        except ValueError:
-            raise HeadmechError(
-                f"--lams takes comma-separated numbers, got '{args.lams}'"
-            ) from None
-        options.setdefault("lams", lams)
-        options.setdefault("steps", args.l0_steps)
+        lams = "0.01,0.1,1,3,10" if args.lams is None else args.lams
+        options.setdefault("lams", V.lams(lams))
+        steps = 100 if args.l0_steps is None else args.l0_steps
+        options.setdefault("steps", V.count(steps, "--l0-steps"))
     return options
 
 
-def _load_catalog(path: str | None, model: Any) -> Any:
-    if not path:
-        return None
-    from headmech.classify import HeadCatalog
-
-    catalog = HeadCatalog.load(path)
-    if (catalog.model.n_layers, catalog.model.n_heads) != (model.cfg.n_layers, model.cfg.n_heads):
-        raise HeadmechError(f"{path} describes a model of another shape")
-    return catalog
+def _check_catalog(catalog: Any, model: Any, force: bool) -> None:
+    """Refuse a ``--catalog`` of another shape (or, where the catalog records them, other
+    weights unless ``--force``) than the loaded model."""
+    if catalog is None:
+        return
+    if hasattr(catalog, "check_model"):
+        catalog.check_model(model, force=force)
+    elif (catalog.model.n_layers, catalog.model.n_heads) != (
+        model.cfg.n_layers,
+        model.cfg.n_heads,
+    ):
+        raise InputError(
+            f"--catalog describes a model of {catalog.model.n_layers}x{catalog.model.n_heads} "
+            f"heads, this one has {model.cfg.n_layers}x{model.cfg.n_heads}"
+        )
 
 
 def _print_pruning(result: Any, catalog: Any) -> None:
@@ -224,22 +352,20 @@ def _print_pruning(result: Any, catalog: Any) -> None:
 def cmd_prune(args: argparse.Namespace) -> int:
     """``headmech prune``."""
     from headmech.pruning import prune
-    from headmech.registry import TASKS
-    from headmech.tasks import get_task
 
     options = _prune_options(args)  # fail fast, before loading
-    TASKS.entry(args.task)
+    catalog = V.catalog_file(args.catalog, args.model) if args.catalog is not None else None
     t0 = time.perf_counter()
     model = _load(args)
-    task = get_task(args.task, model)
-    catalog = _load_catalog(args.catalog, model)
+    task = _task(model, args.task)
+    _check_catalog(catalog, model, args.force)
     result = prune(
         model, args.method, task, catalog=catalog, probe_options=_probe_options(args),
         progress=True, **options,
     )  # fmt: skip
-    path = result.save(args.out)
+    out = _save(args, "prune", result.save)
     _print_pruning(result, catalog)
-    print(f"wrote {path} (total {time.perf_counter() - t0:.1f}s)")
+    print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
     return 0
 
 

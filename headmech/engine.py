@@ -74,7 +74,7 @@ class ProbeBatch:
         )
 
 
-# fn(activation, batch, prepared, layer) -> {stat: (sum over queries [n_heads], count)}
+# fn(activation, batch, prepared, layer) -> {stat: (sum over queries [batch, n_heads], count)}
 ReduceFn = Callable[[Tensor, ProbeBatch, Any, int], Mapping[str, tuple[Tensor, Tensor | float]]]
 
 
@@ -84,8 +84,11 @@ class Reducer:
 
     Attributes:
         name: prefix of the statistics it produces (``name.stat``).
-        fn: ``fn(activation, batch, prepared, layer)`` → ``{stat: (sum[n_heads], count)}``;
-            ``count`` is a scalar or ``[n_heads]``. It must not modify ``activation``.
+        fn: ``fn(activation, batch, prepared, layer)`` → ``{stat: (sum, count)}``, per
+            sequence: ``sum`` is ``[batch, n_heads]`` and ``count`` ``[batch]`` or ``[batch,
+            n_heads]`` (per-sequence sums let :mod:`headmech.uncertainty` resample the probe's
+            examples); a reducer with no per-sequence view may return ``[n_heads]`` and a
+            scalar or ``[n_heads]`` count instead. It must not modify ``activation``.
         prepare: ``prepare(batch)`` → anything, run once per batch (not once per layer).
         hook: the attention hook it reads: ``"hook_pattern"``
             (``[batch, head_index, query_pos, key_pos]``) or ``"hook_z"``
@@ -102,7 +105,9 @@ class HeadStats:
     """Named per-head sums and counts, each ``[n_layers, n_heads]`` in float64.
 
     Sums and counts merge by addition (``a + b``), so statistics from batches, probes or
-    machines combine exactly; :meth:`mean` divides at the end.
+    machines combine exactly; :meth:`mean` divides at the end. Where reducers give
+    per-sequence sums, those are kept too (:meth:`units`), so a score can be recomputed on
+    a resample of the probe's sequences (:meth:`resample`; bootstrap intervals).
     """
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
@@ -110,19 +115,70 @@ class HeadStats:
         self.n_heads = n_heads
         self.sums: dict[str, Float[Tensor, "n_layers n_heads"]] = {}
         self.counts: dict[str, Float[Tensor, "n_layers n_heads"]] = {}
+        # name -> layer -> per batch: (sums [batch, n_heads], counts [batch, n_heads])
+        self._units: dict[str, list[list[tuple[Tensor, Tensor]]]] = {}
+        self._stacked: dict[str, tuple[Tensor, Tensor]] = {}  # units(), built once
 
     def _zeros(self) -> Tensor:
         return torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)
 
     def add(self, name: str, layer: int, total: Tensor, count: Tensor | float) -> None:
-        """Add one layer's per-head sums ``total`` (``[n_heads]``) and ``count``."""
+        """Add one layer's sums ``total`` — per sequence ``[batch, n_heads]``, or
+        ``[n_heads]`` — and their ``count`` (``[batch]``, ``[batch, n_heads]``, ``[n_heads]``
+        or a scalar)."""
         if name not in self.sums:
             self.sums[name] = self._zeros()
             self.counts[name] = self._zeros()
-        self.sums[name][layer] += total.detach().to("cpu", torch.float64)
+        total = total.detach().to("cpu", torch.float64)
         if isinstance(count, Tensor):
             count = count.detach().to("cpu", torch.float64)
+        if total.dim() == 2:  # per sequence
+            c = torch.as_tensor(count, dtype=torch.float64)
+            c = (c[:, None] if c.dim() == 1 else c).expand_as(total)
+            rows = self._units.setdefault(name, [[] for _ in range(self.n_layers)])
+            rows[layer].append((total, c))
+            self._stacked.pop(name, None)
+            total, count = total.sum(0), c.sum(0)
+        self.sums[name][layer] += total
         self.counts[name][layer] += count
+
+    def units(self, name: str) -> tuple[Tensor, Tensor] | None:
+        """Per-sequence sums and counts ``[n_units, n_layers, n_heads]`` of a statistic, or
+        None where its reducer gave only totals (layers it did not see are zero)."""
+        rows = self._units.get(name)
+        if rows is None:
+            return None
+        if name in self._stacked:
+            return self._stacked[name]
+        n_units = max(sum(t.shape[0] for t, _ in layer) for layer in rows)
+        sums = torch.zeros(n_units, self.n_layers, self.n_heads, dtype=torch.float64)
+        counts = torch.zeros_like(sums)
+        for la, layer in enumerate(rows):
+            if layer:
+                sums[:, la] = torch.cat([t for t, _ in layer])
+                counts[:, la] = torch.cat([c for _, c in layer])
+        self._stacked[name] = (sums, counts)
+        return sums, counts
+
+    @property
+    def n_units(self) -> int:
+        """Sequences with per-sequence statistics (0: none kept)."""
+        names = list(self._units)
+        return 0 if not names else int(self.units(names[0])[0].shape[0])  # type: ignore[index]
+
+    def resample(self, weights: Float[Tensor, " n_units"]) -> HeadStats:
+        """The statistics of a reweighted probe (bootstrap: how often each sequence is
+        drawn); statistics without per-sequence sums are kept as they are."""
+        out = HeadStats(self.n_layers, self.n_heads)
+        w = weights.to(torch.float64)
+        for name in self.sums:
+            unit = self.units(name)
+            if unit is None:
+                out.sums[name], out.counts[name] = self.sums[name], self.counts[name]
+            else:
+                out.sums[name] = torch.einsum("u,ulh->lh", w, unit[0])
+                out.counts[name] = torch.einsum("u,ulh->lh", w, unit[1])
+        return out
 
     def set(self, name: str, value: Float[Tensor, "n_layers n_heads"]) -> None:
         """Store a per-head value computed once (from weights), with count 1."""
@@ -148,6 +204,11 @@ class HeadStats:
                     out.sums[k], out.counts[k] = out._zeros(), out._zeros()
                 out.sums[k] += src.sums[k]
                 out.counts[k] += src.counts[k]
+            for k, rows in src._units.items():
+                mine = out._units.setdefault(k, [[] for _ in range(out.n_layers)])
+                for la, layer in enumerate(rows):
+                    mine[la] += layer
+                out._stacked.pop(k, None)
         return out
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -200,11 +261,11 @@ def target_reducer(
         mass = (pattern * m).sum(-1)  # [batch, head_index, query_pos]
         hit = mask[:, None].expand_as(pattern).gather(-1, pattern.argmax(-1, keepdim=True))[..., 0]
         w = has[:, None].to(pattern.dtype)
-        n = has.sum()
+        n = has.sum(1)  # [batch]: per sequence
         return {
-            "mass": ((mass * w).sum((0, 2)), n),
-            "hit": ((hit.to(pattern.dtype) * w).sum((0, 2)), n),
-            "rows": ((mass * real_query[:, None]).sum((0, 2)), real_query.sum()),
+            "mass": ((mass * w).sum(2), n),
+            "hit": ((hit.to(pattern.dtype) * w).sum(2), n),
+            "rows": ((mass * real_query[:, None]).sum(2), real_query.sum(1)),
         }
 
     return Reducer(name, fn, prepare)

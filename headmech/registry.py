@@ -317,7 +317,9 @@ PROBES: Registry[Any] = Registry(
     builtins=("headmech.probes", "headmech.probes.prose", "headmech.probes.needle"),
     error=InputError,
 )
-TASKS: Registry[Any] = Registry("tasks", builtins=("headmech.tasks",), error=UnknownTaskError)
+TASKS: Registry[Any] = Registry(
+    "tasks", builtins=("headmech.tasks", "headmech.task_data"), error=UnknownTaskError
+)
 METHODS: Registry[Any] = Registry(
     "methods", builtins=("headmech.attribution",), error=UnknownMethodError
 )

@@ -25,7 +25,8 @@ Built-in tasks:
   ``CallableTask(fn, on="logits" | "hidden")`` with ``fn(output, batch) -> scalar``.
 
 Tasks are registered in :data:`headmech.registry.TASKS` (a plug-in package adds one
-through the entry-point group ``headmech.tasks``: a factory ``model -> Task``).
+through the entry-point group ``headmech.tasks``: a factory ``model -> Task``); the
+built-in ones' selections and corruptions live in :mod:`headmech.task_data`.
 
 **The encoder ``lm`` subtlety.** Cosine fidelity is at its optimum on the clean model, so
 its gradient with respect to head masks or head outputs is exactly zero there, and every
@@ -42,18 +43,16 @@ method used (``ImportanceResult.metric_description``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from headmech.engine import ProbeBatch, run_blocks
 from headmech.errors import UnknownTaskError
-from headmech.probes import ProbeOptions, build_probe, random_token_ids
-from headmech.probes.needle import needle_spans
+from headmech.probes import ProbeOptions, build_probe
 from headmech.registry import TASKS
 
 if TYPE_CHECKING:
@@ -152,9 +151,11 @@ class Task:
         copies: int = 1,
         reference: Any = None,
         linear: bool = False,
-    ) -> tuple[Float[Tensor, " copies"], Float[Tensor, " copies"]]:
-        """Sum and count of the metric in each copy of ``batch`` stacked ``copies`` times,
-        from one forward pass under whatever interventions the caller applied.
+    ) -> tuple[Float[Tensor, "copies units"], Float[Tensor, "copies units"]]:
+        """Sum and count of the metric per copy of ``batch`` stacked ``copies`` times and
+        per unit (sequence; a whole-batch metric has one unit), from one forward pass under
+        whatever interventions the caller applied. Per-unit values let
+        :mod:`headmech.uncertainty` resample the probe's examples.
 
         Gradients flow when autograd is enabled (callers choose ``torch.no_grad``).
         """
@@ -209,67 +210,17 @@ class TokenLossTask(Task):
         resid = resid.view(copies, *query.shape, -1)  # [copies, batch, pos, d_model]
         sel = query[None].expand(copies, -1, -1)
         loss = token_losses(model, resid[sel], target[None].expand(copies, -1, -1)[sel])
-        copy_of = torch.arange(copies, device=dev)[:, None, None].expand_as(sel)[sel]
-        sums = torch.zeros(copies, device=dev, dtype=loss.dtype).index_add(0, copy_of, loss)
-        counts = torch.full((copies,), float(query.sum()), device=dev)
+        n_seq = query.shape[0]
+        unit = torch.arange(copies * n_seq, device=dev).view(copies, n_seq, 1).expand_as(sel)
+        sums = torch.zeros(copies * n_seq, device=dev, dtype=loss.dtype)
+        sums = sums.index_add(0, unit[sel], loss).view(copies, n_seq)  # per copy and sequence
+        counts = query.sum(1).to(loss.dtype)[None].expand(copies, -1)
         return sums, counts
 
     def corrupt(self, batch, model, seed):
         if self._corrupt is None:
             return super().corrupt(batch, model, seed)
         return self._corrupt(batch, model, seed)
-
-
-# offset so corruptions never replay the probe's own draws (probes seed from 0, 1, ...)
-_CORRUPT_SEED = 0x5EED_C0DE
-
-
-def _select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-    ids, mask = batch.input_ids, batch.attention_mask.bool()
-    query = torch.zeros_like(mask)
-    query[:, :-1] = mask[:, 1:]  # position i predicts token i + 1 when that token is real
-    target = torch.zeros_like(ids)
-    target[:, :-1] = ids[:, 1:]
-    return query, target
-
-
-def _select_induction(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
-    query, target = _select_lm(batch)
-    half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
-    pos = torch.arange(query.shape[1], device=query.device)
-    # the repeated tokens but the first: predicted from positions off+half .. off+2*half-2
-    window = (pos >= off + half) & (pos <= off + 2 * half - 2)
-    return query & window[None], target
-
-
-def _corrupt_induction(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
-    """Fresh random tokens in the first half: the second half is no longer a repeat."""
-    half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
-    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
-    ids = batch.input_ids.clone()
-    ids[:, off : off + half] = random_token_ids(model.tokenizer, g, (ids.shape[0], half))
-    return replace(batch, input_ids=ids)
-
-
-def _select_retrieval(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
-    answer_pos, _, valid, _ = needle_spans(batch)
-    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
-    qpos = (answer_pos - 1).clamp(min=0)  # the position that predicts each answer token
-    query.scatter_(1, qpos, valid)
-    target = torch.zeros_like(batch.input_ids)
-    target.scatter_(1, qpos, batch.input_ids.gather(1, answer_pos.clamp(min=0)))
-    return query, target
-
-
-def _corrupt_retrieval(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
-    """The needle's code tokens replaced by random tokens; the answer keeps the real code."""
-    _, source_pos, valid, _ = needle_spans(batch)
-    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
-    ids = batch.input_ids.clone()
-    fresh = random_token_ids(model.tokenizer, g, tuple(source_pos.shape))
-    rows = torch.arange(ids.shape[0])[:, None].expand_as(source_pos)
-    ids[rows[valid], source_pos[valid]] = fresh[valid]
-    return replace(batch, input_ids=ids)
 
 
 class EmbeddingTask(Task):
@@ -297,6 +248,12 @@ class EmbeddingTask(Task):
         pooled = (h * m).sum(1) / m.sum(1)  # [copies * batch, d_model]
         return pooled.view(copies, batch.input_ids.shape[0], -1)  # [copies, batch, d_model]
 
+    def corrupt(self, batch, model, seed):
+        """Random ordinary tokens in place of the sentence's (patching on encoders)."""
+        from headmech.task_data import corrupt_prose
+
+        return corrupt_prose(batch, model, seed)
+
     def metric(self, model, batch, *, copies=1, reference=None, linear=False):
         if reference is None:
             raise UnknownTaskError(
@@ -308,8 +265,8 @@ class EmbeddingTask(Task):
             sim = (e * e0).sum(-1) / (e0 * e0).sum(-1)
         else:
             sim = F.cosine_similarity(e, e0.expand_as(e), dim=-1)
-        sums = (1.0 - sim).sum(1)  # [copies]
-        return sums, torch.full_like(sums, float(e.shape[1]))
+        sums = 1.0 - sim  # [copies, batch]: per sequence
+        return sums, torch.ones_like(sums)
 
 
 class CallableTask(Task):
@@ -356,8 +313,8 @@ class CallableTask(Task):
         out = out.view(copies, *batch.input_ids.shape, -1)  # [copies, batch, pos, d]
         b = batch.to(dev)
         vals = torch.stack(
-            [torch.as_tensor(self.fn(out[i], b)).float().reshape(()) for i in range(copies)]
-        )
+            [torch.as_tensor(self.fn(out[i], b)).float().reshape(1) for i in range(copies)]
+        )  # [copies, 1]: the metric is of the whole batch, one unit
         return vals, torch.ones_like(vals)
 
     def corrupt(self, batch, model, seed):
@@ -367,45 +324,6 @@ class CallableTask(Task):
             if b is batch:
                 return c
         raise UnknownTaskError("no corrupted counterpart for this batch")
-
-
-def _lm(model: Any) -> Task:
-    if is_causal(model):
-        return TokenLossTask(
-            "lm", "prose", _select_lm, "mean next-token cross-entropy on the prose probe"
-        )
-    return EmbeddingTask()
-
-
-def _induction(model: Any) -> Task:
-    return TokenLossTask(
-        "induction",
-        "repeated_random",
-        _select_induction,
-        "mean loss on the repeated half of random-token sequences",
-        _corrupt_induction,
-    )
-
-
-def _retrieval(model: Any) -> Task:
-    return TokenLossTask(
-        "retrieval",
-        "needle",
-        _select_retrieval,
-        "mean NLL of the teacher-forced needle answer tokens",
-        _corrupt_retrieval,
-    )
-
-
-TASKS.register(
-    "lm", _lm, summary="next-token loss (decoders), 1 - cos of the sentence embedding (encoders)"
-)
-TASKS.register(
-    "induction", _induction, summary="loss on the repeated half of random-token sequences"
-)
-TASKS.register(
-    "retrieval", _retrieval, summary="NLL of the needle's answer in a haystack (decoders)"
-)
 
 
 def get_task(task: str | Task, model: TransformerBridge) -> Task:

@@ -19,6 +19,20 @@ from headmech.probes.prose import DEP_LABELS
 # --- hand-made batches ------------------------------------------------------------------
 
 
+def _totals(out: dict) -> dict:
+    """Reducer outputs summed over the batch's sequences (reducers keep them per sequence)."""
+    res = {}
+    for k, (total, count) in out.items():
+        count = torch.as_tensor(count)
+        res[k] = (
+            total.sum(0) if total.dim() == 2 else total,
+            count.sum(0)
+            if count.dim() >= 1 and count.shape[0] == total.shape[0] and total.dim() == 2
+            else count,
+        )
+    return res
+
+
 def _parsed_batch() -> ProbeBatch:
     """Two sentences, right-padded, with a word split into two tokens.
 
@@ -63,7 +77,7 @@ def test_positional_histogram_matches_loop():
     batch = _parsed_batch()
     pattern = _random_pattern(batch, n_heads=5)
     t = PositionalHead()
-    out = t._reduce(pattern, batch, t._prepare(batch), 0)
+    out = _totals(t._reduce(pattern, batch, t._prepare(batch), 0))
     n_heads = pattern.shape[1]
     for off in POS_OFFSETS:
         hits, valid = torch.zeros(n_heads), 0
@@ -97,7 +111,7 @@ def test_syntactic_hits_and_baseline_match_loop():
     batch = _parsed_batch()
     pattern = _random_pattern(batch, n_heads=4, seed=1)
     t = SyntacticHead()
-    out = t._reduce(pattern, batch, t._prepare(batch), 0)
+    out = _totals(t._reduce(pattern, batch, t._prepare(batch), 0))
     hits = {(r, d): torch.zeros(4) for r in t.relations for d in DIRECTIONS}
     counts = dict.fromkeys(hits, 0)
     offsets: dict[tuple[str, str, int], int] = {}
@@ -135,7 +149,7 @@ def test_syntactic_ideal_pattern_finds_every_dependent_to_head_case():
     batch = _parsed_batch()
     t = SyntacticHead()
     ideal = t.ideal_pattern(batch)[:, None]  # [batch, 1, query_pos, key_pos]
-    out = t._reduce(ideal, batch, t._prepare(batch), 0)
+    out = _totals(t._reduce(ideal, batch, t._prepare(batch), 0))
     for rel in ("det", "amod", "nsubj", "advmod", "dobj"):
         total, count = out[f"{rel}.dep_to_head.hit"]
         assert float(count) > 0 and float(total[0]) == float(count), rel
@@ -153,7 +167,7 @@ def test_rare_word_targets_and_chance():
     pattern[0, 1, :, 5] = 0.8  # head 1: [SEP] first (excluded), then token "a"
     pattern[0, 1, :, 1] = 0.1
     t = RareWordHead()
-    out = t._reduce(pattern, batch, t._prepare(batch), 0)
+    out = _totals(t._reduce(pattern, batch, t._prepare(batch), 0))
     hit, n = out["hit"]
     assert float(n) == 2
     assert hit.tolist() == [2.0, 0.0]

@@ -109,8 +109,13 @@ def test_classify_validate_and_evidence(capsys, tiny_dirs, tmp_path):
     data = json.loads((tmp_path / "catalog.json").read_text())
     for t in data["types"].values():
         v = t["details"]["validation"]
-        assert v["control"] == "same_layers" and v["clean"] == 0.0  # encoder: embedding distortion
+        assert v["clean"] == 0.0  # encoder: embedding distortion against itself
         assert len(v["random_effects"]) == (2 if t["heads"] else 0)
+        assert v["control"] == ("same_layers" if t["heads"] else "none")
+        for control in v["control_sets"]:  # recorded, and matched layer by layer
+            layers = sorted(layer for layer, _ in control)
+            assert layers == sorted(layer for layer, _ in t["heads"])
+            assert not {tuple(h) for h in control} & {tuple(h) for h in t["heads"]}
 
 
 def test_python_dash_m_headmech_runs_the_cli():

@@ -128,7 +128,9 @@ def test_michel_bookkeeping(tiny_models, arch, task, tmp_path):
     data = json.loads(path.read_text())
     assert {"method", "task", "steps", "survival"} <= set(data)
     assert data["method"] == "michel" and data["task"] == task
-    assert set(data["steps"][0]) == {"n_kept", "heads_kept", "metric"}
+    assert set(data["steps"][0]) == {"n_kept", "heads_kept", "metric", "metric_interval"}
+    lo, hi = data["steps"][1]["metric_interval"]
+    assert lo <= data["steps"][1]["metric"] <= hi and lo < hi  # bootstrap over sequences
     assert (tmp_path / "pruning.png").stat().st_size > 0
 
 

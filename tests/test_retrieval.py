@@ -130,10 +130,10 @@ def test_planted_copy_head_scores_one(control, control_probe):
     pattern = ideal[:, None].repeat(1, int(control.cfg.n_heads), 1, 1)
     (reducer,) = t.reducers()
     out = reducer.fn(pattern, batch, reducer.prepare(batch), 0)  # type: ignore[misc]
-    total, count = out["copy"]
-    assert torch.allclose(total / count, torch.ones(int(control.cfg.n_heads)))
+    total, count = out["copy"]  # per trial: [batch, n_heads] and [batch]
+    assert torch.allclose(total / count[:, None], torch.ones_like(total))
     hit, n = out["source_hit"]
-    assert torch.allclose(hit / n, torch.ones(int(control.cfg.n_heads)))
+    assert torch.allclose(hit.sum(0) / n.sum(), torch.ones(int(control.cfg.n_heads)))
 
 
 def test_metric_is_answer_nll_and_uniform_masking_moves_it(control, control_probe):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,20 +30,20 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.attribution.ablation import ablation_importance
-from headmech.attribution.confidence import confidence
-from headmech.attribution.logit import direct_logit_attribution
-from headmech.attribution.mask_gradient import mask_gradient_importance
-from headmech.attribution.patching import (
-    activation_patching,
-    attribution_patching,
-    patching_importance,
-    spearman,
+from headmech.attribution.methods import (
+    AblationOptions,
+    DLAOptions,
+    LRPOptions,
+    MaskGradientOptions,
+    MethodOutput,
+    PatchingOptions,
 )
+from headmech.attribution.patching import activation_patching, attribution_patching, spearman
 from headmech.engine import ProbeBatch
-from headmech.errors import UnknownMethodError
+from headmech.errors import HeadmechError, UnknownMethodError
 from headmech.interventions import Cost
 from headmech.probes import ProbeOptions
+from headmech.provenance import SCHEMA_VERSION, dumps
 from headmech.registry import METHODS, build_options
 from headmech.tasks import Task, get_task
 
@@ -57,6 +56,7 @@ __all__ = [
     "ImportanceResult",
     "LRPOptions",
     "MaskGradientOptions",
+    "MethodOutput",
     "PatchingOptions",
     "UnknownMethodError",
     "activation_patching",
@@ -76,11 +76,15 @@ class ImportanceResult:
         metric_clean: the task's metric on the unmodified model (for patching, on the
             unpatched base run); None for methods that measure no metric.
         metric_description: what was measured.
-        seconds: wall time of the method (probe building excluded).
+        seconds: wall time of the method (probe building excluded; not written to JSON,
+            so a rerun writes the same bytes).
         forward_equivalents: compute in passes over the probe (a backward pass counts as
             two forward passes).
         model: the model's short name.
         details: method-specific extras (its options, the probe size).
+        low, high: the bootstrap interval of ``score`` over probe examples (None where the
+            method gives no per-example values).
+        provenance: weights, probe data, versions, settings (:mod:`headmech.provenance`).
     """
 
     method: str
@@ -92,20 +96,27 @@ class ImportanceResult:
     forward_equivalents: float
     model: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    low: Float[Tensor, "n_layers n_heads"] | None = None
+    high: Float[Tensor, "n_layers n_heads"] | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``importance.json`` contents."""
-        return {
+        out = {
+            "schema_version": SCHEMA_VERSION,
             "method": self.method,
             "task": self.task,
             "metric_clean": self.metric_clean,
-            "score": [[round(float(v), 6) for v in row] for row in self.score],
+            "score": self.score.tolist(),
             "metric_description": self.metric_description,
             "model": self.model,
-            "seconds": round(self.seconds, 3),
-            "forward_equivalents": round(self.forward_equivalents, 3),
+            "forward_equivalents": self.forward_equivalents,
             "details": self.details,
+            "provenance": self.provenance,
         }
+        if self.low is not None and self.high is not None:
+            out["interval"] = {"low": self.low.tolist(), "high": self.high.tolist()}
+        return json.loads(dumps(out))
 
     def save(self, out: str | os.PathLike) -> Path:
         """Write ``out/importance.json`` and ``out/importance.png``; returns the JSON path."""
@@ -114,10 +125,35 @@ class ImportanceResult:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         path = out / "importance.json"
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        path.write_text(dumps(self.to_dict()))
         title = f"{self.model} {self.method} / {self.task}"
         score_heatmap(self.score, title=title, path=out / "importance.png")
         return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ImportanceResult:
+        """Read an ``importance.json`` (a one-line error if it is not one)."""
+        p = Path(path)
+        p = p / "importance.json" if p.is_dir() else p
+        try:
+            d = json.loads(p.read_text())
+            interval = d.get("interval") or {}
+            return cls(
+                d["method"], d["task"], torch.tensor(d["score"]), d["metric_clean"],
+                d["metric_description"], 0.0, float(d["forward_equivalents"]), d["model"],
+                d["details"],
+                torch.tensor(interval["low"]) if interval else None,
+                torch.tensor(interval["high"]) if interval else None,
+                d.get("provenance", {}),
+            )  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise HeadmechError(f"{p} is not an importance.json: {e}") from None
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when they write the same ``importance.json``."""
+        return isinstance(other, ImportanceResult) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
 
     def top(self, k: int = 5) -> list[tuple[int, int]]:
         """The ``k`` highest-scoring heads as ``(layer, head)``."""
@@ -125,196 +161,6 @@ class ImportanceResult:
         idx = flat.argsort(descending=True)[:k]
         n_heads = self.score.shape[1]
         return [(int(i) // n_heads, int(i) % n_heads) for i in idx]
-
-
-# method(model, task, batches, cost, options, progress) -> (score, metric_clean, description)
-MethodFn = Callable[
-    ["TransformerBridge", Task, list[ProbeBatch], Cost, Any, bool],
-    tuple[Tensor, float | None, str],
-]
-
-
-@dataclass
-class AblationOptions:
-    """Options of the ablation methods.
-
-    Attributes:
-        chunk: ablations per forward pass (copies of a batch; None: as many as the
-            runner's memory budget allows).
-    """
-
-    chunk: int | None = None
-
-
-@dataclass
-class PatchingOptions:
-    """Options of ``patching`` and ``attribution_patching``.
-
-    Attributes:
-        direction: ``noising`` (corrupted outputs into the clean run) or ``denoising``.
-        seed: seeds the corrupted inputs.
-        chunk: patched runs per forward pass (None: from the memory budget).
-    """
-
-    direction: str = "noising"
-    seed: int = 0
-    chunk: int | None = None
-
-
-@dataclass
-class MaskGradientOptions:
-    """Options of ``mask_gradient``.
-
-    Attributes:
-        per_token: absolute value of the gradient per token (Michel et al.'s code) rather
-            than per batch.
-        normalize_layers: divide each layer's scores by their ℓ2 norm.
-    """
-
-    per_token: bool = True
-    normalize_layers: bool = False
-
-
-@dataclass
-class DLAOptions:
-    """Options of ``dla``.
-
-    Attributes:
-        baseline: a token id to compare the correct token with (None: the vocabulary mean).
-    """
-
-    baseline: int | None = None
-
-
-@dataclass
-class LRPOptions:
-    """Options of ``lrp``.
-
-    Attributes:
-        normalise: normalise relevance within each layer (Voita et al. 2019).
-        per_prediction: normalise each prediction before averaging (one backward pass
-            per position).
-    """
-
-    normalise: bool = True
-    per_prediction: bool = False
-
-
-def _ablation(mode: str) -> MethodFn:
-    def run(model, task, batches, cost, o, progress):
-        score, clean = ablation_importance(
-            model, task, batches, mode, chunk=o.chunk, cost=cost, progress=progress and mode
-        )
-        return score, clean, task.description
-
-    return run
-
-
-def _patching(approximate: bool) -> MethodFn:
-    def run(model, task, batches, cost, o, progress):
-        score, base = patching_importance(
-            model,
-            task,
-            batches,
-            direction=o.direction,
-            approximate=approximate,
-            seed=o.seed,
-            chunk=o.chunk,
-            cost=cost,
-            progress=progress and "patching",
-        )
-        return score, base, (task.gradient_description if approximate else task.description)
-
-    return run
-
-
-def _mask_gradient(model, task, batches, cost, o, progress):
-    score, clean = mask_gradient_importance(
-        model,
-        task,
-        batches,
-        per_token=o.per_token,
-        normalize_layers=o.normalize_layers,
-        cost=cost,
-        progress=progress and "mask gradient",
-    )
-    return score, clean, task.gradient_description
-
-
-def _dla(model, task, batches, cost, o, progress):
-    score = direct_logit_attribution(
-        model, task, batches, baseline=o.baseline, cost=cost, progress=progress and "DLA"
-    )
-    what = (
-        "direct contribution to the correct token's logit minus the vocabulary mean"
-        if task.causal_only
-        else "direct contribution to e.e0/|e0|^2 (frozen post-LN scales)"
-    )
-    return score, None, what
-
-
-def _confidence(model, task, batches, cost, o, progress):
-    cost.add(sum(int(b.input_ids.shape[0]) for b in batches))
-    return confidence(model, batches), None, "mean max attention weight (special tokens excluded)"
-
-
-def _lrp(model, task, batches, cost, o, progress):
-    from headmech.attribution import lrp
-
-    score = lrp.lrp_head_relevance(
-        model,
-        batches,
-        normalise=o.normalise,
-        per_prediction=o.per_prediction,
-        progress=progress,
-    )
-    cost.add(sum(int(b.input_ids.shape[0]) for b in batches), backward=True)
-    what = (
-        lrp.METRIC
-        if o.normalise
-        else "AttnLRP head relevance (hook_z x modified gradient), logit units"
-    )
-    return score, None, what
-
-
-_ABLATIONS = {
-    "zero": "zero-ablate each head (hook_z = 0) and measure the metric's change",
-    "mean": "replace each head's output by its mean over the probe",
-    "resample": "replace each head's output by another input's (the next sequence)",
-    "uniform": "make each head attend uniformly to the keys it may see (Wu et al. 2024)",
-}
-for _mode, _summary in _ABLATIONS.items():
-    METHODS.register(_mode, _ablation(_mode), summary=_summary, options=AblationOptions)
-METHODS.register(
-    "patching",
-    _patching(False),
-    summary="activation patching of each head between clean and corrupted inputs",
-    options=PatchingOptions,
-)
-METHODS.register(
-    "attribution_patching",
-    _patching(True),
-    summary="first-order patching, (z_clean - z_corrupt)·∂metric/∂z",
-    options=PatchingOptions,
-)
-METHODS.register(
-    "mask_gradient",
-    _mask_gradient,
-    summary="Michel et al. 2019: E|∂L/∂ξ_h| of a mask on each head",
-    options=MaskGradientOptions,
-)
-METHODS.register(
-    "dla",
-    _dla,
-    summary="direct logit attribution through the frozen final norm",
-    options=DLAOptions,
-)
-METHODS.register(
-    "confidence", _confidence, summary="Voita et al. 2019: mean maximum attention weight"
-)
-METHODS.register(
-    "lrp", _lrp, summary="AttnLRP head relevance (Achtibat et al. 2024)", options=LRPOptions
-)
 
 
 def importance(
@@ -325,6 +171,7 @@ def importance(
     batches: list[ProbeBatch] | None = None,
     probe_options: ProbeOptions | None = None,
     progress: bool = False,
+    n_boot: int = 200,
     **options: Any,
 ) -> ImportanceResult:
     """Per-head importance of ``model`` for ``task`` by ``method``.
@@ -336,6 +183,8 @@ def importance(
         batches: probe batches to use (default: the task's probe under ``probe_options``).
         probe_options: sizes of the probe.
         progress: show progress bars.
+        n_boot: bootstrap resamples of the probe's examples for the score's interval (0:
+            none; seeded by the ``seed`` option where the method has one, else 0).
         **options: the method's typed options (:class:`AblationOptions`,
             :class:`PatchingOptions`, :class:`MaskGradientOptions`, :class:`DLAOptions`,
             :class:`LRPOptions`); an option the method does not take is a one-line error.
@@ -350,8 +199,10 @@ def importance(
         >>> r = importance(model, "zero", "induction", probe_options=ProbeOptions(n_sequences=4))  # doctest: +SKIP
         >>> r.top(3)  # doctest: +SKIP
     """
+    from headmech.validation import method_options
+
     entry = METHODS.entry(method)
-    opts = build_options(entry, options)
+    opts = build_options(entry, method_options(dict(options)))
     t = get_task(task, model)
     if batches is None:
         batches = t.batches(model, probe_options or ProbeOptions())
@@ -359,19 +210,48 @@ def importance(
     torch_state = torch.is_grad_enabled()
     t0 = time.perf_counter()
     try:
-        score, clean, metric = entry.obj(model, t, list(batches), cost, opts, progress)
+        out: MethodOutput = entry.obj(model, t, list(batches), cost, opts, progress)
     finally:
         torch.set_grad_enabled(torch_state)
-    from headmech.models import model_info
+    seconds = time.perf_counter() - t0
+    settings = {"method": method, "options": vars(opts) if opts is not None else {}}
+    settings.update(task=t.name, n_boot=n_boot)
+    result = _result(model, out, t, batches, probe_options, settings, n_boot, options)
+    result.seconds, result.forward_equivalents = seconds, cost.forward_equivalents
+    result.details["n_sequences"] = cost.sequences
+    return result
 
+
+def _result(
+    model: TransformerBridge,
+    out: MethodOutput,
+    task: Task,
+    batches: list[ProbeBatch],
+    probe_options: ProbeOptions | None,
+    settings: dict[str, Any],
+    n_boot: int,
+    options: dict[str, Any],
+) -> ImportanceResult:
+    """The result with its bootstrap interval and provenance (timings filled by the caller)."""
+    from headmech.models import model_info
+    from headmech.provenance import provenance
+
+    score, units = out.score.detach().float().cpu(), out.units
+    seed = int(options.get("seed", 0))
+    interval = units.interval(n_boot=n_boot, seed=seed) if units is not None and n_boot else None
     return ImportanceResult(
-        method=method,
-        task=t.name,
-        score=score.detach().float().cpu(),
-        metric_clean=clean,
-        metric_description=metric,
-        seconds=time.perf_counter() - t0,
-        forward_equivalents=cost.forward_equivalents,
+        method=settings["method"],
+        task=task.name,
+        score=score,
+        metric_clean=out.metric_clean,
+        metric_description=out.description,
+        seconds=0.0,
+        forward_equivalents=0.0,
         model=model_info(model).name,
-        details={"n_sequences": cost.sequences, **options},
+        details={**options, **out.details},
+        low=None if interval is None else interval[0].reshape(score.shape),
+        high=None if interval is None else interval[1].reshape(score.shape),
+        provenance=provenance(
+            model, probes={task.probe: batches}, options=probe_options, settings=settings
+        ),
     )

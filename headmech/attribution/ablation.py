@@ -18,7 +18,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jaxtyping import Float
 from torch import Tensor
@@ -28,11 +28,12 @@ from headmech.engine import ProbeBatch
 from headmech.heads import HeadIndex
 from headmech.interventions import Cost, run_variants
 from headmech.tasks import Task
+from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["ABLATION_MODES", "Cost", "ablate_sets", "ablation_importance"]
+__all__ = ["ABLATION_MODES", "Cost", "ablate_sets", "ablation_importance", "paired_units"]
 
 
 def ablate_sets(
@@ -45,7 +46,8 @@ def ablate_sets(
     chunk: int | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
-) -> tuple[Float[Tensor, " n_sets"], float]:
+    per_unit: bool = False,
+) -> Any:
     """Metric with each set of heads ablated together, and the clean metric.
 
     Args:
@@ -58,12 +60,17 @@ def ablate_sets(
             runner's memory budget).
         cost: accumulates the compute spent.
         progress: tqdm bar over batches.
+        per_unit: also return per-unit sums and counts (as
+            :func:`headmech.interventions.run_variants`).
 
     Returns:
-        ``(metric per set, clean metric)``.
+        ``(metric per set, clean metric)`` (and the per-unit sums and counts).
     """
     variants = ablation_variants(model, batches, head_sets, mode, cost)
-    return run_variants(model, task, batches, variants, chunk=chunk, cost=cost, progress=progress)
+    return run_variants(
+        model, task, batches, variants, chunk=chunk, cost=cost, progress=progress,
+        per_unit=per_unit,
+    )  # fmt: skip
 
 
 def ablation_importance(
@@ -75,18 +82,27 @@ def ablation_importance(
     chunk: int | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
-) -> tuple[Float[Tensor, "n_layers n_heads"], float]:
+) -> tuple[Float[Tensor, "n_layers n_heads"], float, UnitValues]:
     """Per-head ablation importance ``metric(head ablated) - metric(clean)``.
 
     Returns:
-        ``(score [n_layers, n_heads], clean metric)``.
+        ``(score [n_layers, n_heads], clean metric, per-unit values)``; the unit values
+        are each sequence's paired loss difference, for bootstrap intervals.
 
     Examples:
         >>> score, clean = ablation_importance(model, get_task("lm", model), batches)  # doctest: +SKIP
     """
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     heads = [[(la, h)] for la in range(n_layers) for h in range(n_heads)]
-    metric, clean = ablate_sets(
-        model, task, batches, heads, mode, chunk=chunk, cost=cost, progress=progress
-    )
-    return (metric - clean).view(n_layers, n_heads), clean  # [n_layers * n_heads] -> grid
+    metric, clean, sums, counts = ablate_sets(
+        model, task, batches, heads, mode, chunk=chunk, cost=cost, progress=progress,
+        per_unit=True,
+    )  # fmt: skip
+    return (metric - clean).view(n_layers, n_heads), clean, paired_units(sums, counts, n_heads)
+
+
+def paired_units(sums: Tensor, counts: Tensor, n_heads: int) -> UnitValues:
+    """Per-unit differences from the clean run (row 0) for a grid of per-head variants:
+    ``num [units, n_layers, n_heads]``, ``den`` the clean run's counts."""
+    diff = (sums[1:] - sums[0]).T  # [units, n_variants]
+    return UnitValues(diff.reshape(diff.shape[0], -1, n_heads), counts[0])

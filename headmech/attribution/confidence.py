@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from jaxtyping import Float
 from torch import Tensor
 
 from headmech.engine import ProbeBatch, Reducer, stream_statistics
@@ -40,16 +39,28 @@ def confidence_reducer(name: str = "confidence") -> Reducer:
         # pattern: [batch, head_index, query_pos, key_pos]
         top = (pattern * keys[:, None, None, :].to(pattern.dtype)).amax(-1)  # [batch, head, query]
         w = queries[:, None, :].to(pattern.dtype)
-        return {"max": ((top * w).sum((0, 2)), queries.sum())}
+        return {"max": ((top * w).sum(2), queries.sum(1))}  # per sequence
 
     return Reducer(name, fn, prepare)
 
 
 def confidence(
-    model: TransformerBridge, batches: Sequence[ProbeBatch], *, progress: bool | str = False
-) -> Float[Tensor, "n_layers n_heads"]:
-    """Mean maximum attention weight per head (Voita et al. 2019)."""
+    model: TransformerBridge,
+    batches: Sequence[ProbeBatch],
+    *,
+    progress: bool | str = False,
+    return_units: bool = False,
+) -> Any:
+    """Mean maximum attention weight per head (Voita et al. 2019); with ``return_units``
+    also the per-sequence values (:class:`~headmech.uncertainty.UnitValues`)."""
+    from headmech.uncertainty import UnitValues
+
     stats = stream_statistics(
         model, batches, [confidence_reducer()], progress=progress, total=len(batches)
     )
-    return stats.mean("confidence.max")
+    score = stats.mean("confidence.max")
+    if not return_units:
+        return score
+    units = stats.units("confidence.max")
+    assert units is not None
+    return score, UnitValues(units[0], units[1])

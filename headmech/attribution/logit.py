@@ -36,6 +36,7 @@ from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.interventions import Cost, capture, recording
 from headmech.tasks import EmbeddingTask, Task, TokenLossTask
+from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -54,7 +55,9 @@ def frozen_norm(
 
 def _causal_batch(
     model: TransformerBridge, task: TokenLossTask, batch: ProbeBatch, baseline: int | None
-) -> tuple[Tensor, int]:
+) -> tuple[Tensor, Tensor]:
+    """Per sequence: DLA summed over its targets ``[batch, n_layers, n_heads]``, and how
+    many targets it has ``[batch]``."""
     n_layers = int(model.cfg.n_layers)
     kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
     # the final norm's scale is recorded by a hook inside ln_final, which
@@ -69,14 +72,16 @@ def _causal_batch(
     W_U = model.W_U  # [d_model, d_vocab]
     base = W_U.mean(1) if baseline is None else W_U[:, baseline]  # [d_model]
     direction = (W_U[:, target[query]].T - base) * model.ln_final.weight  # [n, d_model]
-    out = torch.zeros(n_layers, int(model.cfg.n_heads), device=dev)
+    seq = torch.arange(query.shape[0], device=dev)[:, None].expand_as(query)[query]  # [n]
+    out = torch.zeros(query.shape[0], n_layers, int(model.cfg.n_heads), device=dev)
     for la in range(n_layers):
         z = st[f"blocks.{la}.attn.hook_z"][query]  # [n, n_heads, d_head]
         c = torch.einsum("nhd,hdm->nhm", z, model.blocks[la].attn.W_O)  # [n, n_heads, d_model]
         if kind == "LN":
             c = c - c.mean(-1, keepdim=True)
-        out[la] = torch.einsum("nhm,nm->h", c / scale[:, None], direction)
-    return out, int(query.sum())
+        per_row = torch.einsum("nhm,nm->nh", c / scale[:, None], direction)
+        out[:, la] = out[:, la].index_add(0, seq, per_row)
+    return out, query.sum(1)
 
 
 def _norm_scale(model: TransformerBridge, resid: Tensor, kind: str) -> Tensor:
@@ -92,7 +97,9 @@ def _norm_scale(model: TransformerBridge, resid: Tensor, kind: str) -> Tensor:
 
 def _encoder_batch(
     model: TransformerBridge, task: EmbeddingTask, batch: ProbeBatch
-) -> tuple[Tensor, int]:
+) -> tuple[Tensor, Tensor]:
+    """Per sequence: the pooled direct contribution's projection ``[batch, n_layers,
+    n_heads]``, and a count of 1 each."""
     n_layers = int(model.cfg.n_layers)
     names = [f"blocks.{la}.attn.hook_z" for la in range(n_layers)]
     names += [f"blocks.{la}.{ln}.hook_scale" for la in range(n_layers) for ln in ("ln1", "ln2")]
@@ -104,7 +111,7 @@ def _encoder_batch(
     h = st[f"blocks.{n_layers - 1}.hook_out"]
     e0 = (h * m).sum(1) / m.sum(1)  # [batch, d_model]
     proj = e0 / (e0 * e0).sum(-1, keepdim=True)  # [batch, d_model]: c.e0/|e0|^2
-    out = torch.zeros(n_layers, int(model.cfg.n_heads), device=dev)
+    out = torch.zeros(mask.shape[0], n_layers, int(model.cfg.n_heads), device=dev)
     for la in range(n_layers):
         z = st[f"blocks.{la}.attn.hook_z"]  # [batch, pos, n_heads, d_head]
         c = torch.einsum("bphd,hdm->bphm", z, model.blocks[la].attn.W_O)
@@ -113,8 +120,8 @@ def _encoder_batch(
                 s = st[f"blocks.{later}.{ln}.hook_scale"][:, :, None]  # [batch, pos, 1, 1]
                 c = frozen_norm(c, s, getattr(model.blocks[later], ln), "LN")
         pooled = (c * m[..., None]).sum(1) / m.sum(1)[..., None]  # [batch, n_heads, d_model]
-        out[la] = torch.einsum("bhm,bm->h", pooled, proj)
-    return out, int(batch.input_ids.shape[0])
+        out[:, la] = torch.einsum("bhm,bm->bh", pooled, proj)
+    return out, torch.ones(mask.shape[0], device=dev)
 
 
 def direct_logit_attribution(
@@ -125,7 +132,7 @@ def direct_logit_attribution(
     baseline: int | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
-) -> Float[Tensor, "n_layers n_heads"]:
+) -> tuple[Float[Tensor, "n_layers n_heads"], UnitValues]:
     """Mean direct logit attribution of every head over the task's targets.
 
     Args:
@@ -136,9 +143,12 @@ def direct_logit_attribution(
         baseline: a token id to compare the correct token with (default: the mean over
             the vocabulary).
 
+        cost: accumulates the compute spent.
+        progress: a tqdm bar over batches.
+
     Returns:
-        ``[n_layers, n_heads]``; positive: the head pushes the correct token (or the clean
-        embedding direction) directly.
+        ``([n_layers, n_heads], per-sequence values)``; positive: the head pushes the
+        correct token (or the clean embedding direction) directly.
     """
     is_encoder = isinstance(task, EmbeddingTask)
     if not is_encoder and not isinstance(task, TokenLossTask):
@@ -146,7 +156,8 @@ def direct_logit_attribution(
             f"direct logit attribution needs target tokens (lm, induction, retrieval); "
             f"task '{task.name}' has none"
         )
-    total, n = None, 0
+    nums: list[Tensor] = []
+    dens: list[Tensor] = []
     it: Any = batches
     if progress:
         from tqdm.auto import tqdm
@@ -159,9 +170,11 @@ def direct_logit_attribution(
         else:
             assert isinstance(task, TokenLossTask)
             s, k = _causal_batch(model, task, batch, baseline)
-        total = s.double().cpu() if total is None else total + s.double().cpu()
-        n += k
+        nums.append(s.double().cpu())
+        dens.append(k.double().cpu())
         if cost is not None:
             cost.add(int(batch.input_ids.shape[0]))
-    assert total is not None
-    return (total / max(n, 1)).float()
+    if not nums:
+        raise HeadmechError("no batches to attribute")
+    units = UnitValues(torch.cat(nums), torch.cat(dens))
+    return units.point(), units

@@ -75,6 +75,7 @@ from headmech.attribution.lrp_explain import (
 from headmech.attribution.lrp_rules import QKV_SCALE, RuleHooks, installed_rules, lrp_rules
 from headmech.engine import ProbeBatch
 from headmech.errors import InputError
+from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -170,18 +171,19 @@ def _per_sequence(
     n_heads: int,
     *,
     normalise: bool,
-) -> tuple[Float[Tensor, "n_layers n_heads"], int]:
-    """One backward pass for every prediction of a batch; returns (sum, count).
+) -> tuple[Float[Tensor, "units n_layers n_heads"], Float[Tensor, " units"]]:
+    """One backward pass for every prediction of a batch; per sequence, its relevance and
+    how many terms it counts for.
 
     LRP is linear in the starting relevance, so each sequence gets the exact sum over
     its predictions; normalised, a sequence counts once, else each prediction does.
     """
     grads = torch.autograd.grad(picked.sum(), zs, allow_unused=True)
-    rel = _stacked(zs, grads, n_heads).cpu()  # [batch, n_layers, n_heads]
+    rel = _stacked(zs, grads, n_heads).cpu().double()  # [batch, n_layers, n_heads]
     has = select.any(1).cpu()
     if normalise:
-        return _normalised(rel[has]).sum(0), int(has.sum())
-    return rel.sum(0), int(select.sum())
+        return _normalised(rel[has]), torch.ones(int(has.sum()), dtype=torch.float64)
+    return rel[has], select.sum(1).cpu()[has].double()
 
 
 def _per_prediction(
@@ -191,16 +193,20 @@ def _per_prediction(
     n_heads: int,
     *,
     normalise: bool,
-) -> Iterator[tuple[Float[Tensor, "n_layers n_heads"], int]]:
-    """One backward pass per position; yields (sum, count) of its predictions."""
+) -> Iterator[tuple[Float[Tensor, "units n_layers n_heads"], Float[Tensor, " units"]]]:
+    """One backward pass per position; yields each of its predictions' relevance (a unit
+    each)."""
     for t in range(select.shape[1]):
         rows = select[:, t]
         if not bool(rows.any()):
             continue
         grads = torch.autograd.grad(picked[:, t].sum(), zs, retain_graph=True, allow_unused=True)
         rel = _stacked(zs, grads, n_heads)  # [batch, n_layers, n_heads]
-        rel = rel[rows.to(rel.device)].cpu()
-        yield (_normalised(rel) if normalise else rel).sum(0), int(rows.sum())
+        rel = rel[rows.to(rel.device)].cpu().double()
+        yield (
+            (_normalised(rel) if normalise else rel),
+            torch.ones(rel.shape[0], dtype=torch.float64),
+        )
 
 
 def _batch_relevance(
@@ -210,8 +216,9 @@ def _batch_relevance(
     *,
     normalise: bool,
     per_prediction: bool,
-) -> Iterator[tuple[Float[Tensor, "n_layers n_heads"], int]]:
-    """Head relevance of one batch (already on the model's device), as (sum, count) parts.
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Head relevance of one batch (already on the model's device), as (per-unit
+    relevance, per-unit count) parts.
 
     Every real, non-special position is a prediction; its top-1 logit is explained.
     """
@@ -239,12 +246,12 @@ def _accumulated(
     normalise: bool,
     per_prediction: bool,
     progress: bool,
-) -> tuple[Float[Tensor, "n_layers n_heads"], int]:
-    """Head relevance summed over ``batches`` in float64, and how many terms it sums."""
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+) -> UnitValues | None:
+    """Head relevance per unit (sequence, or prediction with ``per_prediction``) over
+    ``batches`` in float64, with how many terms each unit counts for (None: no unit)."""
     device = model_device(model)
-    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    count = 0
+    nums: list[Tensor] = []
+    dens: list[Tensor] = []
     iterator: Iterable[ProbeBatch] = batches
     if progress:
         from tqdm.auto import tqdm
@@ -255,10 +262,12 @@ def _accumulated(
             parts = _batch_relevance(
                 model, rules, batch.to(device), normalise=normalise, per_prediction=per_prediction
             )
-            for part, n in parts:
-                total += part
-                count += n
-    return total, count
+            for num, den in parts:
+                nums.append(num)
+                dens.append(den)
+    if not nums or sum(d.numel() for d in dens) == 0:
+        return None
+    return UnitValues(torch.cat(nums), torch.cat(dens))
 
 
 def lrp_head_relevance(
@@ -268,7 +277,8 @@ def lrp_head_relevance(
     normalise: bool = True,
     per_prediction: bool = False,
     progress: bool = False,
-) -> Float[Tensor, "n_layers n_heads"]:
+    return_units: bool = False,
+) -> Any:
     """AttnLRP head relevance (Voita et al. 2019) averaged over probe data.
 
     Every real, non-special position of every sequence is a prediction to explain; its
@@ -293,10 +303,11 @@ def lrp_head_relevance(
         normalise: normalise within each layer (see above).
         per_prediction: normalise each prediction separately (one backward per position).
         progress: show a progress bar.
+        return_units: also return the per-unit values (bootstrap intervals).
 
     Returns:
         Per-head relevance, ``[n_layers, n_heads]`` (query heads under grouped-query
-        attention).
+        attention); with ``return_units``, ``(relevance, UnitValues)``.
 
     Raises:
         InputError: the batches contain no position to explain.
@@ -309,14 +320,12 @@ def lrp_head_relevance(
         Arras et al. 2025, input × modified gradient as LRP ("efficient" AttnLRP).
 
     Examples:
-        >>> probe = build_probe("repeated_random", model, ProbeOptions(n_sequences=8))  # doctest: +SKIP
-        >>> rel = lrp_head_relevance(model, probe.batches)  # doctest: +SKIP
-        >>> rel.abs().sum(-1)  # doctest: +SKIP
+        >>> lrp_head_relevance(model, probe.batches).abs().sum(-1)  # doctest: +SKIP
         tensor([1., 1., ...])
     """
-    total, count = _accumulated(
+    units = _accumulated(
         model, batches, normalise=normalise, per_prediction=per_prediction, progress=progress
     )
-    if count == 0:
+    if units is None:
         raise InputError("no position to explain: every token is special or padding")
-    return (total / count).float()
+    return (units.point(), units) if return_units else units.point()

@@ -2,12 +2,14 @@
 
 Give every head a mask variable ξ_h multiplying its output, ``MHAtt = Σ_h ξ_h Att_h``,
 and read importance off the gradient at ξ = 1: ``I_h = E_x |∂L(x)/∂ξ_h|``, a first-order
-Taylor estimate of what zeroing the head would do (Molchanov et al. 2017). Since
-``∂L/∂ξ_h = Σ_t Att_h(x)_t · ∂L/∂Att_h(x)_t``, the original code takes the absolute value
-*per token* ``t`` before summing (``einsum("bhli,bhli->bhl", grad_ctx, ctx).abs()``) and
-divides by the token count; HuggingFace's bertology script takes ``|∂L/∂ξ|`` per batch
-instead. Both are here (``per_token``), with the optional ℓ2 normalisation per layer.
-One forward and one backward pass per batch score every head.
+Taylor estimate of what zeroing the head would do (Molchanov et al. 2017). The paper's
+definition takes the absolute value **per example** ``x`` (here: per probe sequence, with
+``L(x)`` the task's mean loss on that sequence): the default, ``per="example"``, computed
+in one forward and backward pass per batch with one ξ per sequence. Two variants are
+kept: ``per="token"`` takes it per token ``t`` (``∂L/∂ξ_h = Σ_t Att_h(x)_t ·
+∂L/∂Att_h(x)_t``; the released code's ``einsum("bhli,bhli->bhl", grad_ctx, ctx).abs()``,
+divided by the token count), and ``per="batch"`` per batch (HuggingFace's bertology
+script's ``|∂L/∂ξ|``). The optional ℓ2 normalisation per layer is the paper's.
 
 References:
     Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better than One?", NeurIPS
@@ -26,13 +28,17 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.engine import ProbeBatch
+from headmech.errors import HeadmechError
 from headmech.interventions import Cost, gradients
 from headmech.tasks import Task
+from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["mask_gradient", "mask_gradient_importance", "masked_importance"]
+__all__ = ["PER", "mask_gradient", "mask_gradient_importance", "masked_importance"]
+
+PER = ("example", "token", "batch")
 
 
 def masked_importance(
@@ -42,38 +48,54 @@ def masked_importance(
     mask: Float[Tensor, "n_layers n_heads"],
     *,
     reference: Any = None,
-    per_token: bool = True,
-) -> tuple[Tensor, Tensor, float, float]:
-    """One batch's ``∂L/∂ξ`` at ξ = ``mask``: ``(signed [n_layers, n_heads], absolute
-    [n_layers, n_heads], metric sum, count)``; ``absolute`` sums ``|∂L/∂ξ_h|`` per token
-    (``per_token``) or takes the batch's ``|∂L/∂ξ_h|``."""
+    per: str = "example",
+) -> tuple[Tensor, UnitValues, float, float]:
+    """One batch's mask gradient at ξ = ``mask``.
+
+    Returns:
+        ``(signed ∂L/∂ξ summed over the batch [n_layers, n_heads], |∂L/∂ξ| as unit values
+        (per sequence, or one unit for the batch), metric sum, count)``.
+    """
+    if per not in PER:
+        raise HeadmechError(f"per must be one of {', '.join(PER)}, got '{per}'")
     dev = next(model.parameters()).device
-    xi = mask.to(dev).float().clone().requires_grad_(True)
+    n_seq = int(batch.input_ids.shape[0])
+    if per == "example":
+        xi = mask.to(dev).float()[None].repeat(n_seq, 1, 1).requires_grad_(True)
+    else:
+        xi = mask.to(dev).float().clone().requires_grad_(True)
     z, grad, s, c = gradients(model, task, batch, reference=reference, scale=xi)
     assert xi.grad is not None
     g = xi.grad.detach().double().cpu()
-    if per_token:
+    if per == "example":  # [batch, n_layers, n_heads]; L(x) is the sequence's mean loss
+        units = c.double().cpu() if c.numel() == n_seq else torch.ones(n_seq, dtype=torch.float64)
+        absolute = UnitValues(g.abs() / units.clamp(min=1)[:, None, None], torch.ones(n_seq))
+        signed = g.sum(0)
+    elif per == "token":
         # grad is w.r.t. ξ·z; with ξ = 1, ∂L/∂ξ_h = Σ_t z_t · ∂L/∂(ξz)_t
         per_tok = (z * grad).sum(-1)  # [n_layers, batch, pos, n_heads]
         real = batch.attention_mask.to(dev).bool()[None, :, :, None]
-        absolute = (per_tok.abs() * real).sum((1, 2)).double().cpu()
+        num = (per_tok.abs() * real).sum(2).double().cpu().permute(1, 0, 2)  # [batch, L, H]
+        absolute = UnitValues(num, batch.attention_mask.sum(1).double())
+        signed = g
     else:
-        absolute = g.abs()
-    return g, absolute, float(s), float(c)
+        absolute = UnitValues(g.abs()[None], torch.tensor([float(batch.n_tokens)]))
+        signed = g
+    return signed, absolute, float(s.sum()), float(c.sum())
 
 
 def _run(
     model: TransformerBridge,
     task: Task,
     batches: Sequence[ProbeBatch],
-    per_token: bool,
+    per: str,
     cost: Cost | None,
     progress: bool | str,
-) -> tuple[Tensor, Tensor, float, float]:
+) -> tuple[Tensor, UnitValues, float]:
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     signed = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    absolute = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    metric, n_units, n_tokens = 0.0, 0.0, 0
+    units: UnitValues | None = None
+    metric, n_units = 0.0, 0.0
     it: Any = batches
     if progress:
         from tqdm.auto import tqdm
@@ -84,27 +106,23 @@ def _run(
     ones = torch.ones(n_layers, n_heads)
     for batch in it:
         ref = task.reference(model, batch)
-        g, a, s, c = masked_importance(model, task, batch, ones, reference=ref, per_token=per_token)
+        g, a, s, c = masked_importance(model, task, batch, ones, reference=ref, per=per)
         signed += g
-        absolute += a
+        units = a if units is None else units + a
         metric += s
         n_units += c
-        n_tokens += batch.n_tokens
         if cost is not None:
             cost.add(int(batch.input_ids.shape[0]), backward=True)
-    return (
-        signed / max(n_units, 1.0),
-        absolute / max(n_tokens, 1),
-        metric / max(n_units, 1.0),
-        n_units,
-    )
+    if units is None:
+        raise HeadmechError("no batches to score")
+    return signed / max(n_units, 1.0), units, metric / max(n_units, 1.0)
 
 
 def mask_gradient(
     model: TransformerBridge, task: Task, batches: Sequence[ProbeBatch]
 ) -> Float[Tensor, "n_layers n_heads"]:
     """The signed gradient ``∂D/∂ξ`` of the task's mean (gradient) metric at ξ = 1."""
-    return _run(model, task, batches, False, None, False)[0].float()
+    return _run(model, task, batches, "batch", None, False)[0].float()
 
 
 def mask_gradient_importance(
@@ -112,27 +130,29 @@ def mask_gradient_importance(
     task: Task,
     batches: Sequence[ProbeBatch],
     *,
-    per_token: bool = True,
+    per: str = "example",
     normalize_layers: bool = False,
     cost: Cost | None = None,
     progress: bool | str = False,
-) -> tuple[Float[Tensor, "n_layers n_heads"], float]:
-    """Michel et al.'s head importance ``E|∂L/∂ξ_h|``.
+) -> tuple[Float[Tensor, "n_layers n_heads"], float, UnitValues]:
+    """Michel et al.'s head importance ``E_x |∂L(x)/∂ξ_h|``.
 
     Args:
         model: a ``TransformerBridge``.
         task: what the loss ``L`` is (its gradient metric: see :mod:`headmech.tasks`).
         batches: probe batches.
-        per_token: absolute value per token (the original code) rather than per batch.
+        per: where the absolute value is taken: ``example`` (the paper's definition),
+            ``token`` (the released code) or ``batch`` (the bertology script).
         normalize_layers: divide each layer's scores by their ℓ2 norm.
         cost: accumulates the compute spent.
         progress: a tqdm bar over batches.
 
     Returns:
-        ``(importance [n_layers, n_heads], clean metric)``; the loss is summed over the
-        task's units (tokens or sequences) and importance divided by the real tokens.
+        ``(importance [n_layers, n_heads], clean metric, per-unit values)``; the unit
+        values give the bootstrap interval (before any layer normalisation).
     """
-    _, score, metric, _ = _run(model, task, batches, per_token, cost, progress)
+    _, units, metric = _run(model, task, batches, per, cost, progress)
+    score = units.point()
     if normalize_layers:
         score = score / (score.norm(dim=1, keepdim=True) + 1e-20)
-    return score.float(), metric
+    return score.float(), metric, units

@@ -35,10 +35,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from headmech.attribution.ablation import paired_units
 from headmech.engine import ProbeBatch
 from headmech.errors import InputError
 from headmech.interventions import Cost, Intervention, Patch, capture_z, gradients, run_variants
 from headmech.tasks import CallableTask, Task
+from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "activation_patching",
     "attribution_patching",
+    "exact_patching",
     "patching_importance",
     "prompt_pair_task",
     "spearman",
@@ -97,11 +100,17 @@ def prompt_pair_task(
 
 
 def _head_patches(
-    model: TransformerBridge, source_z: Tensor, positions: Sequence[int | None]
+    model: TransformerBridge,
+    source_z: Tensor,
+    positions: Sequence[int | None],
+    heads: Sequence[tuple[int, int]] | None = None,
 ) -> list[list[Intervention]]:
-    """One variant per (layer, position, head), TransformerLens' by_pos order."""
+    """One variant per (layer, position, head), TransformerLens' by_pos order (or per
+    head of ``heads``, in their order)."""
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     patch = Patch(source_z)
+    if heads is not None:
+        return [[Intervention.on([h], patch)] for h in heads]
     return [
         [Intervention.on([(la, h)], patch, pos=p)]
         for la in range(n_layers)
@@ -164,17 +173,19 @@ def attribution_patching(
     task, clean, corrupt = prompt_pair_task(model, clean_tokens, corrupted_tokens, metric)
     base, source = (corrupt, clean) if direction == "denoising" else (clean, corrupt)
     z_src = capture_z(model, source)  # [n_layers, batch, pos, n_heads, d_head]
-    z, grad, value, _ = gradients(model, task, base)
+    z, grad, values, _ = gradients(model, task, base)
+    value = values.sum()
     contrib = ((z_src - z) * grad).sum(-1).sum(1)  # [n_layers, pos, n_heads]
     if not per_position:
         contrib = contrib.sum(1)  # [n_layers, n_heads]
     return float(value) + contrib
 
 
-def _pairs(
+def patching_pairs(
     model: TransformerBridge, task: Task, batches: Sequence[ProbeBatch], direction: str, seed: int
 ) -> list[tuple[ProbeBatch, ProbeBatch]]:
-    """Per batch, ``(base, source)``: noising patches corrupted outputs into the clean run."""
+    """Per batch, ``(base, source)``: noising patches corrupted outputs into the clean run,
+    denoising clean outputs into the corrupted run (corruption seed per batch)."""
     pairs = []
     for bi, batch in enumerate(batches):
         corrupt = task.corrupt(batch, model, seed * 1_000_003 + bi)
@@ -189,18 +200,20 @@ def _exact(
     chunk: int | None,
     cost: Cost | None,
     progress: bool | str,
-) -> tuple[Tensor, float]:
+    heads: Sequence[tuple[int, int]] | None = None,
+) -> tuple[Tensor, float, UnitValues]:
     def variants(bi: int, batch: ProbeBatch) -> list[list[Intervention]]:
         z_src = capture_z(model, pairs[bi][1])  # [n_layers, batch, pos, heads, d_head]
         if cost is not None:
             cost.add(int(batch.input_ids.shape[0]))
-        return _head_patches(model, z_src, [None])
+        return _head_patches(model, z_src, [None], heads)
 
     bases = [b for b, _ in pairs]
-    values, base = run_variants(
-        model, task, bases, variants, chunk=chunk, cost=cost, progress=progress
+    values, base, sums, counts = run_variants(
+        model, task, bases, variants, chunk=chunk, cost=cost, progress=progress, per_unit=True
     )
-    return values - base, base
+    width = int(model.cfg.n_heads) if heads is None else len(heads)
+    return values - base, base, paired_units(sums, counts, width)
 
 
 def _approximate(
@@ -209,9 +222,8 @@ def _approximate(
     pairs: list[tuple[ProbeBatch, ProbeBatch]],
     cost: Cost | None,
     progress: bool | str,
-) -> tuple[Tensor, float]:
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+) -> tuple[Tensor, float, UnitValues]:
+    parts: list[UnitValues] = []
     base_sum, base_count = 0.0, 0.0
     it: Any = pairs
     if progress:
@@ -226,10 +238,33 @@ def _approximate(
         if cost is not None:
             cost.add(n_seq)  # the source run
             cost.add(n_seq, backward=True)  # forward + backward on the base run
-        total += ((z_src - z) * grad).sum((-1, 1, 2)).double().cpu()  # [n_layers, n_heads]
-        base_sum += float(s)
-        base_count += float(c)
-    return (total / max(base_count, 1.0)).flatten().float(), base_sum / max(base_count, 1.0)
+        contrib = ((z_src - z) * grad).sum((-1, 2)).double().cpu()  # [n_layers, batch, heads]
+        if c.numel() == n_seq:  # per sequence
+            parts.append(UnitValues(contrib.permute(1, 0, 2), c.double().cpu()))
+        else:  # a whole-batch metric: one unit
+            parts.append(UnitValues(contrib.sum(1)[None], c.double().cpu().reshape(1)))
+        base_sum += float(s.sum())
+        base_count += float(c.sum())
+    units = parts[0]
+    for p in parts[1:]:
+        units = units + p
+    return units.point().flatten(), base_sum / max(base_count, 1.0), units
+
+
+def exact_patching(
+    model: TransformerBridge,
+    task: Task,
+    batches: Sequence[ProbeBatch],
+    heads: Sequence[tuple[int, int]],
+    *,
+    direction: Direction = "noising",
+    seed: int = 0,
+) -> Float[Tensor, " n_heads_given"]:
+    """Exact patching importance of the given heads only (the same corruption, sign and
+    units as :func:`patching_importance`)."""
+    pairs = patching_pairs(model, task, batches, direction, seed)
+    delta, _, _ = _exact(model, task, pairs, None, None, False, heads)
+    return (1.0 if direction == "noising" else -1.0) * delta
 
 
 def patching_importance(
@@ -243,7 +278,7 @@ def patching_importance(
     chunk: int | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
-) -> tuple[Float[Tensor, "n_layers n_heads"], float]:
+) -> tuple[Float[Tensor, "n_layers n_heads"], float, UnitValues]:
     """Head importance from patching between the task's clean and corrupted inputs.
 
     ``noising`` (default): ``metric(clean run, head from corrupted) - metric(clean)``,
@@ -252,13 +287,15 @@ def patching_importance(
     With ``approximate`` the patched metrics are attribution-patching estimates.
 
     Returns:
-        ``(score [n_layers, n_heads], metric of the unpatched base run)``.
+        ``(score [n_layers, n_heads], metric of the unpatched base run, per-unit values)``
+        (the unit values are unsigned: each sequence's metric change).
     """
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    pairs = _pairs(model, task, batches, direction, seed)
+    pairs = patching_pairs(model, task, batches, direction, seed)
     if approximate:
-        delta, base = _approximate(model, task, pairs, cost, progress)
+        delta, base, units = _approximate(model, task, pairs, cost, progress)
     else:
-        delta, base = _exact(model, task, pairs, chunk, cost, progress)
+        delta, base, units = _exact(model, task, pairs, chunk, cost, progress)
     sign = 1.0 if direction == "noising" else -1.0
-    return sign * delta.view(n_layers, n_heads), base
+    units = UnitValues(sign * units.num, units.den)
+    return sign * delta.view(n_layers, n_heads), base, units

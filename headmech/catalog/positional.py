@@ -113,15 +113,15 @@ class PositionalHead(HeadType):
             # v says i + off is an ordinary token, so a hit never lands on a special one
             hit = (offset == off) & v[:, None]
             binned |= hit
-            out[_offset_stat(off)] = (hit.sum((0, 2)).double(), v.sum().double())
-        n_queries = ordinary.sum().double()
+            out[_offset_stat(off)] = (hit.sum(2).double(), v.sum(1).double())  # per sequence
+        n_queries = ordinary.sum(1).double()
         other = ~binned & ordinary[:, None]
-        out["other"] = (other.sum((0, 2)).double(), n_queries)
+        out["other"] = (other.sum(2).double(), n_queries)
         # evidence: queries whose maximum over all real keys is a special token
         real = batch.attention_mask.bool()
         top_all = pattern.masked_fill(~real[:, None, None, :], float("-inf")).argmax(-1)
         sink = batch.special.gather(1, top_all.flatten(1)).view_as(top_all)
-        out["special_argmax"] = ((sink & ordinary[:, None]).sum((0, 2)).double(), n_queries)
+        out["special_argmax"] = ((sink & ordinary[:, None]).sum(2).double(), n_queries)
         return out
 
     def reducers(self) -> list[Reducer]:

@@ -99,11 +99,11 @@ class RareWordHead(HeadType):
         top = scores.argmax(-1, keepdim=True)  # [batch, head_index, query_pos, 1]
         hit = target[:, None].expand_as(pattern).gather(-1, top)[..., 0]  # [batch, head, query]
         hit = hit & query[:, None]
-        n = query.sum().double()
+        n = query.sum(1).double()  # per sequence
         n_heads = pattern.shape[1]
         return {
-            "hit": (hit.sum((0, 2)).double(), n),
-            "chance": ((chance * query).sum().double().expand(n_heads), n),
+            "hit": (hit.sum(2).double(), n),
+            "chance": ((chance * query).sum(1).double()[:, None].expand(-1, n_heads), n),
         }
 
     def reducers(self) -> list[Reducer]:

@@ -80,11 +80,11 @@ class RetrievalHead(HeadType):
             n_steps = valid.sum(1, keepdim=True).clamp(min=1).to(pattern.dtype)  # [batch, 1]
             mass = (rows * span[:, None, None].to(rows.dtype)).sum(-1)  # [batch, head, answer]
             src_hit = (top == source_pos[:, None]).to(pattern.dtype) * w
-            n = valid.sum()
+            n = valid.sum(1)  # per trial (sequence)
             return {
-                "copy": ((copy.sum(-1) / n_steps).sum(0), float(n_batch)),
-                "needle_mass": ((mass * w).sum((0, 2)), n),
-                "source_hit": (src_hit.sum((0, 2)), n),
+                "copy": (copy.sum(-1) / n_steps, torch.ones_like(n)),
+                "needle_mass": ((mass * w).sum(2), n),
+                "source_hit": (src_hit.sum(2), n),
             }
 
         def prepare(batch: ProbeBatch) -> tuple[Tensor, ...]:

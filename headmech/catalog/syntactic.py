@@ -42,8 +42,8 @@ class _Cases:
     query: Int[Tensor, " n_cases"]  # word whose partner is predicted
     partner: Int[Tensor, " n_cases"]  # its true dependency partner
     pair: Int[Tensor, " n_cases"]  # index into SyntacticHead.pairs
-    counts: Float[Tensor, " n_pairs"]
-    offset_hist: Float[Tensor, "n_pairs n_offsets"]  # cases with partner - query == offset
+    counts: Float[Tensor, "batch n_pairs"]  # cases per sequence and pair
+    offset_hist: Float[Tensor, "batch n_pairs n_offsets"]  # cases with partner - query == offset
 
 
 class SyntacticHead(HeadType):
@@ -151,12 +151,15 @@ class SyntacticHead(HeadType):
             s, q, p, k = (torch.cat(x) for x in (seq, query, partner, pair))
         else:
             s = q = p = k = torch.zeros(0, dtype=torch.long, device=word_ids.device)
-        counts = torch.bincount(k, minlength=n_pairs).double()
+        n_batch = int(word_ids.shape[0])
+        unit = s * n_pairs + k  # (sequence, pair): statistics are kept per sequence
+        counts = torch.bincount(unit, minlength=n_batch * n_pairs).double()
+        counts = counts.view(n_batch, n_pairs)
         offset = p - q
         in_range = offset.abs() <= MAX_OFFSET
-        flat = k[in_range] * len(OFFSETS) + offset[in_range] + MAX_OFFSET
-        hist = torch.bincount(flat, minlength=n_pairs * len(OFFSETS)).double()
-        hist = hist.view(n_pairs, len(OFFSETS))  # [n_pairs, n_offsets]
+        flat = unit[in_range] * len(OFFSETS) + offset[in_range] + MAX_OFFSET
+        hist = torch.bincount(flat, minlength=n_batch * n_pairs * len(OFFSETS)).double()
+        hist = hist.view(n_batch, n_pairs, len(OFFSETS))  # [batch, n_pairs, n_offsets]
         return _Cases(pool_from, pool_to, blocked, s, q, p, k, counts, hist)
 
     def _reduce(
@@ -173,16 +176,18 @@ class SyntacticHead(HeadType):
         word_attn = word_attn.masked_fill(cases.blocked[:, None], float("-inf"))
         pred = word_attn.argmax(-1)  # [batch, head_index, n_words]
         hit = pred[cases.seq, :, cases.query] == cases.partner[:, None]  # [n_cases, head]
-        hits = torch.zeros(len(self.pairs), n_heads, dtype=torch.float64, device=pattern.device)
-        hits.index_add_(0, cases.pair, hit.double())
+        n_batch, n_pairs = cases.counts.shape
+        hits = torch.zeros(n_batch * n_pairs, n_heads, dtype=torch.float64, device=pattern.device)
+        hits.index_add_(0, cases.seq * n_pairs + cases.pair, hit.double())
+        hits = hits.view(n_batch, n_pairs, n_heads)  # per sequence
         out: dict[str, tuple[Tensor, Tensor]] = {}
         for k, (rel, direction) in enumerate(self.pairs):
-            n = cases.counts[k]
-            out[f"{rel}.{direction}.hit"] = (hits[k], n)
+            n = cases.counts[:, k]  # [batch]
+            out[f"{rel}.{direction}.hit"] = (hits[:, k], n)
             # the baseline does not depend on the head: the same histogram for every head
             for j, off in enumerate(OFFSETS):
                 out[f"{rel}.{direction}.offset_{off:+d}"] = (
-                    cases.offset_hist[k, j].expand(n_heads),
+                    cases.offset_hist[:, k, j, None].expand(-1, n_heads),
                     n,
                 )
         return out

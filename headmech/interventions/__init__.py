@@ -12,8 +12,9 @@ A head intervention is ``(site, heads, effect)``:
   given value, e.g. a planted pattern), :class:`Uniform` (uniform attention over the
   keys a query may see), :class:`Scale` (a differentiable multiplier: Michel's ξ, L0
   gates, head masks), :class:`Gate` (an input-dependent multiplier computed from the
-  layer's input: mixture-of-heads gates) and :class:`Tap` (adds a zero leaf whose
-  gradient is ∂metric/∂activation).
+  layer's input: mixture-of-heads gates), :class:`Tap` (adds a zero leaf whose
+  gradient is ∂metric/∂activation) and :class:`PathPatch` (a q/k/v input recomputed from
+  the layer's input plus another head's output difference: direct path patching).
 
 Every effect works in one layout, heads first — ``[batch, head_index, pos, d_head]`` for
 z/q/k/v, ``[batch, head_index, query_pos, key_pos]`` for the pattern — reached from the
@@ -43,6 +44,7 @@ from headmech.interventions.effects import (
     Gate,
     Mean,
     Patch,
+    PathPatch,
     Scale,
     Set,
     Tap,
@@ -69,6 +71,7 @@ __all__ = [
     "Intervention",
     "Mean",
     "Patch",
+    "PathPatch",
     "Scale",
     "Set",
     "Tap",

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from einops import rearrange
+from jaxtyping import Float
 from torch import Tensor
+
+from headmech.errors import HeadmechError
 
 __all__ = [
     "SITES",
@@ -23,6 +26,7 @@ __all__ = [
     "Gate",
     "Mean",
     "Patch",
+    "PathPatch",
     "Scale",
     "Set",
     "Tap",
@@ -190,3 +194,99 @@ class Tap(Effect):
         delta = torch.zeros_like(x, requires_grad=True)
         self.store[layer] = (x.detach(), delta)
         return x + delta
+
+
+def _reads_normed_residual(model: Any) -> bool:
+    """Whether attention reads ``ln1(resid)`` (pre-norm) rather than the raw residual (BERT's
+    post-norm blocks, whose ``ln1`` follows the attention: ``attention_dir`` tells them
+    apart, as in :func:`headmech.weights.head_weights`)."""
+    return getattr(model.cfg, "attention_dir", "causal") != "bidirectional"
+
+
+@dataclass(frozen=True, eq=False)
+class PathPatch(Effect):
+    """The selected heads' ``site`` input (q, k or v) is recomputed from the residual
+    entering their block plus ``delta``: ``ln1(resid + delta) @ W[head] + b[head]``, with the
+    block's own norm module and projection weights. Everything else in the block (other
+    heads, the other two of q/k/v) keeps the current run's value.
+
+    With ``delta = (z_src - z_base)[sender] @ W_O[sender]`` this is direct path patching of
+    the edge sender → receiver (Wang et al. 2022; Goldowsky-Dill et al. 2023): only the
+    receiver's ``site`` input sees the sender's other-run output, along the direct path.
+    Under grouped-query attention ``k``/``v`` heads are KV heads (the hook's head axis), so
+    a ``k``/``v`` receiver is a KV head and the patch reaches every query head of its group.
+    ``hook_q``/``hook_k`` are taken before rotary embeddings, so the recomputation needs
+    no positions.
+
+    The copy of a stacked batch that ``x`` belongs to is found by recomputing every copy's
+    input from its residual and matching ``x``, which also checks the recomputation: a
+    mismatch (another edit of the same heads' input earlier in the variant, a site other
+    than ``site``, weights processed away from the norm module) raises
+    :class:`~headmech.errors.HeadmechError`.
+
+    Attributes:
+        model: the ``TransformerBridge`` (its blocks' ``ln1`` and ``attn.W_*``/``b_*``).
+        delta: ``[batch, pos, d_model]``, added to the residual the selected heads read.
+        site: ``"q"``, ``"k"`` or ``"v"``: which input is recomputed (the intervention's site).
+
+    References:
+        Wang et al. 2022, "Interpretability in the Wild"; Goldowsky-Dill et al. 2023,
+        "Localizing Model Behavior with Path Patching".
+    """
+
+    model: Any = field(repr=False)
+    delta: Float[Tensor, "batch pos d_model"] = field(repr=False)
+    site: str = "q"
+    sites = ("q", "k", "v")
+    reads_layer_input = True
+
+    def read(
+        self, resid: Float[Tensor, "*copies batch pos d_model"], layer: int, idx: Tensor
+    ) -> Float[Tensor, "*copies batch n_sel pos d_head"]:
+        """The selected heads' ``site`` input recomputed from a residual entering block
+        ``layer`` (``idx``: head indices at the site, KV heads for k/v under GQA)."""
+        block = self.model.blocks[layer]
+        h = resid
+        if _reads_normed_residual(self.model):
+            # the wrapped module: same values as the bridge's ln1, and no hooks fire
+            norm = getattr(block.ln1, "original_component", None) or block.ln1
+            h = norm(resid)
+        name = self.site.upper()
+        W = getattr(block.attn, f"W_{name}")  # [n_heads (kv), d_model, d_head]
+        sel = idx.to(W.device)
+        out = torch.einsum("...pm,hmd->...hpd", h.to(W.dtype), W[sel])
+        b = getattr(block.attn, f"b_{name}", None)  # [n_heads (kv), d_head] or None
+        if b is not None:
+            out = out + b[sel][:, None, :]
+        return out
+
+    def apply(self, x, layer, idx, ctx):
+        """See :meth:`Effect.apply`."""
+        resid = self._own_residual(x, layer, idx, ctx)  # [batch, pos, d_model]
+        return self.read(resid + self.delta.to(resid), layer, idx).to(x.dtype)
+
+    def _own_residual(
+        self, x: Float[Tensor, "batch n_sel pos d_head"], layer: int, idx: Tensor, ctx: Context
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The rows of the (stacked) layer input that ``x``'s copy read."""
+        resid = ctx.layer_inputs[layer]  # [copies * batch, pos, d_model]
+        copies = resid.shape[0] // x.shape[0]
+        resid = resid.reshape(copies, x.shape[0], *resid.shape[1:])
+        err = (self.read(resid, layer, idx).to(x.dtype) - x[None]).abs()
+        err = err.flatten(1).amax(1).float()  # [copies]
+        eps = max(torch.finfo(x.dtype).eps, 1e-6)
+        tol = 64 * eps * (float(x.abs().max()) + 1.0)
+        c = int(err.argmin())
+        if float(err[c]) > tol:
+            raise HeadmechError(
+                f"PathPatch: layer {layer}'s {self.site} input recomputed from the residual "
+                f"differs from the hooked one by {float(err[c]):.2g}: the site must be "
+                f"'{self.site}', unedited before, with weights matching the norm module"
+            )
+        spread = (resid[err <= tol] - resid[c]).abs().amax()
+        if float(spread) > 64 * eps * (float(resid[c].abs().max()) + 1.0):
+            raise HeadmechError(
+                f"PathPatch: two copies in layer {layer} have the same {self.site} input "
+                "but different residuals; put such variants in separate runs"
+            )
+        return resid[c]

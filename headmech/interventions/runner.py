@@ -7,6 +7,12 @@ serves ``k`` interventions; the clean run rides along as variant 0. The task
 (:mod:`headmech.tasks`) turns each copy's output into its metric. :func:`evaluate` is the
 one-variant case, :func:`gradients` one forward and backward pass with every head's
 output tapped.
+
+The cost floor: the clean run goes first and records what every block received; a chunk
+of variants whose earliest intervened layer is ``l`` then runs only blocks ``l..`` from
+that record (a head in layer ``l`` changes nothing below it), on the batch stacked once
+per variant. Variants are grouped by that layer, so a chunk never pays for blocks it
+cannot change, and the chunk size comes from a memory budget.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
-from jaxtyping import Float
 from torch import Tensor
 
 from headmech.engine import ProbeBatch
@@ -115,15 +120,17 @@ def _run_batch(
     fast: bool,
     cost: Cost | None,
 ) -> tuple[Tensor, Tensor]:
-    """Metric sums and counts for the clean run (index 0) and each variant."""
+    """Metric sums and counts ``[1 + n_variants, units]`` for the clean run (row 0) and
+    each variant."""
     n_layers, n_seq = int(model.cfg.n_layers), int(batch.input_ids.shape[0])
     firsts = [_first_layer(v) for v in variants]
     plan = _plan(firsts, chunk)
     starts = sorted({start for start, _ in plan if start > 0}) if reuse_prefix else []
     with block_inputs(model, starts) as record, fast_attention(model, fast):
         s0, c0 = task.metric(model, batch, reference=ref)  # the clean run, recorded
-    sums = s0.double().cpu().repeat(len(variants) + 1)  # untouched variants: the clean run
-    counts = c0.double().cpu().repeat(len(variants) + 1)
+    # variants that touch nothing are the clean run: rows of s0
+    sums = s0.double().cpu().repeat(len(variants) + 1, 1)
+    counts = c0.double().cpu().repeat(len(variants) + 1, 1)
     if cost is not None:
         cost.add(n_seq)
     for start, idx in plan:
@@ -142,6 +149,14 @@ def _run_batch(
     return sums, counts
 
 
+def _progress(items: Iterable[int], progress: bool | str) -> Iterable[int]:
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=progress if isinstance(progress, str) else "batches", leave=False)
+
+
 def run_variants(
     model: TransformerBridge,
     task: Task,
@@ -154,13 +169,11 @@ def run_variants(
     references: Sequence[Any] | None = None,
     cost: Cost | None = None,
     progress: bool | str = False,
-) -> tuple[Float[Tensor, " n_variants"], float]:
-    """The task's mean metric under each variant, and under none (the clean run).
-
-    The clean run goes first and records what every block received; a chunk of variants
-    whose earliest intervened layer is ``l`` then runs only blocks ``l..`` from that record
-    (a head in layer ``l`` changes nothing below it), on the batch stacked once per
-    variant. Variants are sorted by that layer so chunks start as late as possible.
+    per_unit: bool = False,
+) -> Any:
+    """The task's mean metric under each variant, and under none (the clean run); the
+    clean run records each block's input and every chunk of variants runs only the blocks
+    from its first intervened layer (module docstring).
 
     Args:
         model: a ``TransformerBridge``.
@@ -178,31 +191,31 @@ def run_variants(
         references: per batch, the task's clean reference (default: computed).
         cost: accumulates the compute spent.
         progress: a tqdm bar over batches (a string names it).
+        per_unit: also return the per-unit sums and counts.
 
     Returns:
-        ``(metric per variant, clean metric)``.
+        ``(metric per variant [n_variants], clean metric)``; with ``per_unit`` also
+        ``sums`` and ``counts``, ``[1 + n_variants, n_units]`` (row 0: the clean run; units:
+        the probe's sequences, or its batches for whole-batch metrics), for bootstrap
+        intervals (:class:`headmech.uncertainty.UnitValues`).
     """
     fixed = None if callable(variants) else list(variants)
     sums = counts = None
-    it: Iterable[int] = range(len(batches))
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(it, desc=progress if isinstance(progress, str) else "batches", leave=False)
     with torch.no_grad():
-        for bi in it:
+        for bi in _progress(range(len(batches)), progress):
             batch = batches[bi]
             ref = references[bi] if references is not None else task.reference(model, batch)
             todo = fixed if fixed is not None else variants(bi, batch)  # type: ignore[operator]
             k = chunk or chunk_size(model, batch)
             use_fast = fast and all(iv.site != "pattern" for v in todo for iv in v)
             s, c = _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
-            sums = s if sums is None else sums + s
-            counts = c if counts is None else counts + c
+            sums = s if sums is None else torch.cat([sums, s], 1)
+            counts = c if counts is None else torch.cat([counts, c], 1)
     if sums is None or counts is None:
         raise HeadmechError("no batches to run")
-    mean = sums / counts.clamp(min=1)
-    return mean[1:].float(), float(mean[0])
+    mean = sums.sum(1) / counts.sum(1).clamp(min=1)
+    out = (mean[1:].float(), float(mean[0]))
+    return (*out, sums, counts) if per_unit else out
 
 
 def evaluate(
@@ -212,18 +225,27 @@ def evaluate(
     interventions: Sequence[Intervention] = (),
     *,
     references: Sequence[Any] | None = None,
-) -> float:
+    per_unit: bool = False,
+) -> Any:
     """The task's mean metric over the batches with ``interventions`` applied (references:
-    the clean model's, computed per batch unless given)."""
-    total, n = 0.0, 0.0
+    the clean model's, computed per batch unless given); with ``per_unit`` also its
+    per-unit sums and counts as :class:`~headmech.uncertainty.UnitValues`."""
+    from headmech.uncertainty import UnitValues
+
+    sums: list[Tensor] = []
+    counts: list[Tensor] = []
     with torch.no_grad():
         for i, b in enumerate(batches):
             ref = references[i] if references is not None else task.reference(model, b)
             with applied(model, list(interventions)):
                 s, c = task.metric(model, b, reference=ref)
-            total += float(s.sum())
-            n += float(c.sum())
-    return total / max(n, 1.0)
+            sums.append(s.double().cpu().flatten())
+            counts.append(c.double().cpu().flatten())
+    if not sums:
+        raise HeadmechError("no batches to evaluate")
+    units = UnitValues(torch.cat(sums), torch.cat(counts))
+    value = float(units.num.sum() / units.den.sum().clamp(min=1))
+    return (value, units) if per_unit else value
 
 
 def gradients(
@@ -242,13 +264,15 @@ def gradients(
         task: the metric (its gradient form with ``linear``: see :mod:`headmech.tasks`).
         batch: one probe batch.
         reference: the task's clean reference for this batch.
-        scale: optional ``[n_layers, n_heads]`` leaf multiplying each head's output
-            (Michel et al.'s ξ); its gradient is accumulated into ``scale.grad``.
+        scale: optional leaf multiplying each head's output (Michel et al.'s ξ),
+            ``[n_layers, n_heads]`` or per sequence ``[batch, n_layers, n_heads]``; its
+            gradient is accumulated into ``scale.grad``.
         linear: use the task's gradient metric.
 
     Returns:
-        ``(z, grad, metric_sum, count)``: ``z`` (after ``scale``) and ``∂(metric sum)/∂z``,
-        both ``[n_layers, batch, pos, n_heads, d_head]``.
+        ``(z, grad, metric_sums, counts)``: ``z`` (after ``scale``) and ``∂(metric sum)/∂z``,
+        both ``[n_layers, batch, pos, n_heads, d_head]``; the metric's sums and counts per
+        unit (``[units]``: sequences, or one for a whole-batch metric).
     """
     n_layers = int(model.cfg.n_layers)
     store: dict[int, tuple[Tensor, Tensor]] = {}
@@ -267,4 +291,4 @@ def gradients(
     grad = torch.stack([rearrange(gi, "b h p d -> b p h d") for gi in g[:n_layers]])
     if scale is not None:
         scale.grad = g[-1] if scale.grad is None else scale.grad + g[-1]
-    return z, grad, s.detach().sum(), c.sum()
+    return z, grad, s.detach()[0], c.detach()[0]

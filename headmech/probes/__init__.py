@@ -68,6 +68,11 @@ class ProbeOptions:
     needle_lengths: tuple[int, ...] = (300, 700, 1100, 1500)
     needle_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
 
+    def __post_init__(self) -> None:
+        from headmech.validation import probe_options
+
+        probe_options(self)  # one-line InputError on a count < 1, a bad seed, ...
+
 
 @dataclass
 class Probe:

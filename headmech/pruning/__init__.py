@@ -101,8 +101,10 @@ def prune(
     Returns:
         A :class:`PruningResult`; ``.save(dir)`` writes ``pruning.json``.
     """
+    from headmech.validation import method_options
+
     entry = PRUNING_METHODS.entry(method)
-    opts = build_options(entry, options)
+    opts = build_options(entry, method_options(dict(options)))
     kwargs = vars(opts) if opts is not None else {}
     return entry.obj(
         model, task, probe_options=probe_options, catalog=catalog, progress=progress, **kwargs

@@ -381,4 +381,7 @@ def l0_prune(
         history.append(
             {"n_kept": r.heads_kept, "heads_kept": kept, "metric": r.metric, "lambda": r.lam}
         )
-    return _result("l0", t, model, history, catalog, n_layers * n_heads)
+    settings = {"lams": list(lams), "steps": steps, "lr": lr, "seed": seed}
+    return _result(
+        "l0", t, model, history, catalog, n_layers * n_heads, (), probe_options, settings
+    )

@@ -316,8 +316,12 @@ def mae_prune(
     c = compare_mae(model, t, probe_options=probe_options, **options)
     comparison = {"base": c.base, "mae": c.mae, "finetuned": c.finetuned}
     comparison["model_steps"] = c.model_steps
+    from headmech.provenance import provenance
+
     result = PruningResult("mae", t.name, [], metric=t.description)
     result.model = str(getattr(model, "headmech_name", "model"))
+    settings = {"method": "mae", "task": t.name, **asdict(MAEOptions(**options))}
+    result.provenance = provenance(model, options=probe_options, settings=settings)
     result.extra = {
         "comparison": comparison,
         "mae_improves": c.mae_improves,

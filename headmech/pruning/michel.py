@@ -13,11 +13,11 @@ References:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -47,11 +47,14 @@ class MichelOptions:
         steps: stop after this many pruning steps (None: until no head is left).
         recompute: rescore the heads under the current mask each step (the paper); else
             use the full model's scores throughout.
+        per: where the mask gradient's absolute value is taken (``example``, the paper's
+            definition; ``token``, its released code; ``batch``).
     """
 
     fraction: float = 0.1
     steps: int | None = None
     recompute: bool = True
+    per: str = "example"
 
 
 def masked_metric(
@@ -72,16 +75,35 @@ def masked_importance(
     batches: Sequence[ProbeBatch],
     mask: HeadMask,
     references: Sequence[Any],
+    per: str = "example",
 ) -> Float[Tensor, "n_layers n_heads"]:
-    """Michel et al.'s ``E|∂L/∂ξ_h|`` (absolute value per token) at ξ = ``mask``."""
-    n_layers, n_heads = mask.shape
-    score = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    n_tokens = 0
+    """Michel et al.'s ``E_x |∂L(x)/∂ξ_h|`` at ξ = ``mask`` (absolute value per example;
+    ``per="token"`` as their released code)."""
+    total = None
     for batch, ref in zip(batches, references, strict=True):
-        _, absolute, _, _ = _batch_importance(model, task, batch, mask.values, reference=ref)
-        score += absolute
-        n_tokens += batch.n_tokens
-    return (score / max(n_tokens, 1)).float()
+        _, units, _, _ = _batch_importance(model, task, batch, mask.values, reference=ref, per=per)
+        total = units if total is None else total + units
+    assert total is not None
+    return total.point()
+
+
+def _record(
+    model: TransformerBridge,
+    task: Task,
+    batches: Sequence[ProbeBatch],
+    mask: HeadMask,
+    refs: Sequence[Any],
+) -> dict[str, Any]:
+    """One step of the trajectory: the heads kept, the metric and its bootstrap interval."""
+    iv = mask.intervention()
+    metric, units = evaluate(
+        model, task, batches, [iv] if iv else [], references=refs, per_unit=True
+    )
+    step = {"n_kept": mask.n_kept, "heads_kept": mask.kept(), "metric": metric}
+    interval = units.interval()
+    if interval is not None:
+        step["metric_interval"] = [float(interval[0]), float(interval[1])]
+    return step
 
 
 def _step(mask: HeadMask, score: Tensor, fraction: float) -> HeadMask:
@@ -101,6 +123,7 @@ def michel_prune(
     fraction: float = 0.1,
     steps: int | None = None,
     recompute: bool = True,
+    per: str = "example",
     batches: list[ProbeBatch] | None = None,
     probe_options: ProbeOptions | None = None,
     catalog: HeadCatalog | None = None,
@@ -111,7 +134,7 @@ def michel_prune(
     Args:
         model: a ``TransformerBridge``.
         task: ``lm``, ``induction``, ``retrieval`` or a :class:`headmech.tasks.Task`.
-        fraction, steps, recompute: see :class:`MichelOptions`.
+        fraction, steps, recompute, per: see :class:`MichelOptions`.
         batches: probe batches (default: the task's probe under ``probe_options``).
         probe_options: probe sizes.
         catalog: a :class:`headmech.classify.HeadCatalog`; fills ``survival`` per type.
@@ -132,25 +155,19 @@ def michel_prune(
     mask = HeadMask.for_model(model)
     n_total = mask.n_kept
 
-    def record() -> dict[str, Any]:
-        metric = masked_metric(model, t, batches, mask, refs)
-        return {"n_kept": mask.n_kept, "heads_kept": mask.kept(), "metric": metric}
-
-    history = [record()]
-    fixed = None if recompute else masked_importance(model, t, batches, mask, refs)
+    history = [_record(model, t, batches, mask, refs)]
+    fixed = None if recompute else masked_importance(model, t, batches, mask, refs, per)
     while mask.n_kept > 0 and (steps is None or len(history) <= steps):
-        score = fixed if fixed is not None else masked_importance(model, t, batches, mask, refs)
+        score = (
+            fixed if fixed is not None else masked_importance(model, t, batches, mask, refs, per)
+        )
         mask = _step(mask, score, fraction)
-        history.append(record())
+        history.append(_record(model, t, batches, mask, refs))
         if progress:
-            import sys
-
-            last = history[-1]
-            print(
-                f"step {len(history) - 1}: {mask.n_kept} heads kept, metric {last['metric']:.4f}",
-                file=sys.stderr,
-            )
-    return _result("michel", t, model, history, catalog, n_total)
+            print(f"step {len(history) - 1}: {mask.n_kept} heads kept, metric "
+                  f"{history[-1]['metric']:.4f}", file=sys.stderr)  # fmt: skip
+    settings = {"fraction": fraction, "steps": steps, "recompute": recompute, "per": per}
+    return _result("michel", t, model, history, catalog, n_total, batches, probe_options, settings)
 
 
 def _result(
@@ -160,11 +177,23 @@ def _result(
     steps: list[dict[str, Any]],
     catalog: HeadCatalog | None,
     n_total: int,
+    batches: Sequence[ProbeBatch] = (),
+    probe_options: ProbeOptions | None = None,
+    settings: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> PruningResult:
     from headmech.models import model_info
+    from headmech.provenance import provenance
     from headmech.pruning.survival import survival
 
+    prov = provenance(
+        model,
+        probes={task.probe: batches} if batches else None,
+        options=probe_options,
+        settings={"method": method, "task": task.name, **(settings or {})},
+    )
+    if catalog is not None:
+        prov["catalog"] = dict(catalog.provenance.get("model", {}))
     return PruningResult(
         method=method,
         task=task.name,
@@ -174,4 +203,5 @@ def _result(
         metric=task.description,
         model=model_info(model).name,
         extra=extra or {},
+        provenance=prov,
     )

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headmech.errors import HeadmechError
+from headmech.provenance import SCHEMA_VERSION, dumps
+
 __all__ = ["PruningResult"]
 
 
@@ -25,6 +28,7 @@ class PruningResult:
         model: the model's short name.
         extra: method-specific results written at the top level of ``pruning.json``
             (MAE: ``comparison``).
+        provenance: weights, probe data, versions, settings (:mod:`headmech.provenance`).
     """
 
     method: str
@@ -35,6 +39,7 @@ class PruningResult:
     metric: str = ""
     model: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def removable_fraction(self, tolerance: float = 0.05) -> float:
         """Fraction of heads removed at the last step before the metric first exceeds
@@ -66,16 +71,47 @@ class PruningResult:
             }
             row.update({k: v for k, v in s.items() if k not in row})
             steps.append(row)
-        return {
-            "method": self.method,
-            "task": self.task,
-            "steps": steps,
-            "survival": {k: [round(float(v), 6) for v in vs] for k, vs in self.survival.items()},
-            "model": self.model,
-            "metric_description": self.metric,
-            "removable_at_5pct": round(self.removable_fraction(0.05), 6),
-            **self.extra,
-        }
+        return json.loads(
+            dumps(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "method": self.method,
+                    "task": self.task,
+                    "steps": steps,
+                    "survival": self.survival,
+                    "model": self.model,
+                    "n_heads_total": self.n_heads_total,
+                    "metric_description": self.metric,
+                    "removable_at_5pct": self.removable_fraction(0.05),
+                    "provenance": self.provenance,
+                    **self.extra,
+                }
+            )
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> PruningResult:
+        """Read a ``pruning.json`` (a one-line error if it is not one)."""
+        p = Path(path)
+        p = p / "pruning.json" if p.is_dir() else p
+        known = {"schema_version", "method", "task", "steps", "survival", "model",
+                 "n_heads_total", "metric_description", "removable_at_5pct", "provenance"}  # fmt: skip
+        try:
+            d = json.loads(p.read_text())
+            return cls(
+                d["method"], d["task"], d["steps"], d.get("survival", {}),
+                int(d.get("n_heads_total", 0)), d.get("metric_description", ""),
+                d.get("model", ""), {k: v for k, v in d.items() if k not in known},
+                d.get("provenance", {}),
+            )  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise HeadmechError(f"{p} is not a pruning.json: {e}") from None
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when they write the same ``pruning.json``."""
+        return isinstance(other, PruningResult) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
 
     def save(self, out: str | os.PathLike) -> Path:
         """Write ``out/pruning.json`` and, when there are steps, ``out/pruning.png``;
@@ -83,7 +119,7 @@ class PruningResult:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         path = out / "pruning.json"
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        path.write_text(dumps(self.to_dict()))
         if self.steps:
             from headmech.plot import pruning_curve
 

@@ -1,0 +1,194 @@
+"""Provenance: what every JSON file headmech writes says about how it was made.
+
+A result a paper cites must say which weights, which probe data, which code and which
+settings produced it, and a rerun must give the same bytes. :func:`provenance` collects
+that record — schema version; headmech, torch, transformers and TransformerLens versions;
+the model's name, shape, dtype, device and a SHA-256 of its weights; the probe generator,
+its options and a SHA-256 of the token ids it produced (and of the corpus file, when one
+was given); the seed and the thresholds — and :func:`dumps` writes JSON deterministically
+(sorted keys, fixed float rounding, no timings), so the same command on the same machine
+writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from headmech._version import __version__
+from headmech.errors import HeadmechError
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from headmech.engine import ProbeBatch
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "WeightsMismatchError",
+    "check_weights",
+    "data_hash",
+    "dumps",
+    "provenance",
+    "weights_hash",
+]
+
+SCHEMA_VERSION = "2"  # 2: provenance, intervals, control sets (1: the first catalog.json)
+
+
+class WeightsMismatchError(HeadmechError):
+    """A saved result describes other weights than the model it is applied to."""
+
+
+def _version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's parameters and buffers (names, dtypes, shapes and bytes).
+
+    Cached on the model and recomputed when a parameter changes in place (tensor versions).
+    """
+    tensors = sorted(
+        ((k, v) for k, v in model.state_dict().items() if "inv_freq" not in k),
+        key=lambda kv: kv[0],
+    )
+    key = tuple((k, v._version, v.data_ptr()) for k, v in tensors)
+    cached = getattr(model, "_headmech_weights_hash", None)
+    if cached is not None and cached[0] == key:
+        return str(cached[1])
+    h = hashlib.sha256()
+    seen: set[int] = set()
+    for name, t in tensors:
+        if t.data_ptr() in seen:  # tied weights: once
+            continue
+        seen.add(t.data_ptr())
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    digest = h.hexdigest()
+    object.__setattr__(model, "_headmech_weights_hash", (key, digest))
+    return digest
+
+
+def data_hash(batches: Iterable[ProbeBatch]) -> str:
+    """SHA-256 of a probe's token ids and attention masks, batch by batch."""
+    h = hashlib.sha256()
+    for b in batches:
+        for t in (b.input_ids, b.attention_mask):
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.detach().cpu().to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _options(options: Any) -> dict[str, Any]:
+    if options is None:
+        return {}
+    is_instance = dataclasses.is_dataclass(options) and not isinstance(options, type)
+    raw = dataclasses.asdict(options) if is_instance else dict(options)  # type: ignore[arg-type]
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        if k == "corpus" and v is not None and not isinstance(v, (str, os.PathLike)):
+            out[k] = f"{len(v)} sentences given in Python"
+        elif isinstance(v, (tuple, list)):
+            out[k] = list(v)
+        elif isinstance(v, os.PathLike):
+            out[k] = str(v)
+        else:
+            out[k] = v
+    corpus = raw.get("corpus")
+    if isinstance(corpus, (str, os.PathLike)) and Path(corpus).is_file():
+        out["corpus_sha256"] = hashlib.sha256(Path(corpus).read_bytes()).hexdigest()
+    elif corpus is not None and not isinstance(corpus, (str, os.PathLike)):
+        out["corpus_sha256"] = hashlib.sha256("\n".join(corpus).encode()).hexdigest()
+    return out
+
+
+def provenance(
+    model: TransformerBridge,
+    *,
+    probes: Mapping[str, Iterable[ProbeBatch]] | None = None,
+    options: Any = None,
+    settings: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The provenance record of a result computed on ``model``.
+
+    Args:
+        model: the bridge the result was computed on.
+        probes: probe name → the batches used (their token ids are hashed).
+        options: the probe options (a dataclass or a mapping).
+        settings: anything else the result depends on (method options, thresholds, seed).
+
+    Returns:
+        A JSON-ready dict (no timings: the same inputs give the same record).
+    """
+    from headmech.models import model_info
+
+    info = model_info(model)
+    p = next(model.parameters())
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "versions": {
+            "headmech": __version__,
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "transformer_lens": _version("transformer-lens"),
+        },
+        "model": {
+            "name": info.name,
+            "n_layers": info.n_layers,
+            "n_heads": info.n_heads,
+            "n_kv_heads": info.n_kv_heads,
+            "weights_sha256": weights_hash(model),
+            "dtype": str(p.dtype).removeprefix("torch."),
+            "device": str(p.device),
+        },
+        "probe_options": _options(options),
+        "probes": {name: {"data_sha256": data_hash(b)} for name, b in (probes or {}).items()},
+    }
+    if settings:
+        record["settings"] = dict(settings)
+    return record
+
+
+def check_weights(saved: Mapping[str, Any] | None, model: TransformerBridge, what: str) -> None:
+    """Refuse to apply a saved result to other weights than it was computed on.
+
+    Raises:
+        WeightsMismatchError: the saved weights hash differs from the model's (pass
+            ``force=True`` / ``--force`` to the caller to apply it anyway).
+    """
+    want = ((saved or {}).get("model") or {}).get("weights_sha256")
+    if not want:
+        return
+    have = weights_hash(model)
+    if have != want:
+        raise WeightsMismatchError(
+            f"{what} was computed on other weights (sha256 {want[:12]}…, this model "
+            f"{have[:12]}…); use --force / force=True to apply it anyway"
+        )
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        return None if value != value else round(value, 6)
+    if isinstance(value, dict):
+        return {str(k): _round(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_round(v) for v in value]
+    return value
+
+
+def dumps(data: Mapping[str, Any]) -> str:
+    """Deterministic JSON: sorted keys, floats rounded to 6 decimals (NaN as null)."""
+    return json.dumps(_round(dict(data)), indent=1, sort_keys=True, allow_nan=False) + "\n"

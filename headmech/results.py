@@ -1,0 +1,268 @@
+"""The catalog a classification produces: per type, scores, intervals, labels, evidence.
+
+:class:`HeadCatalog` round-trips through ``catalog.json`` (``load(save(x)) == x``; schema
+in docs/architecture.md). Every type's score comes with a bootstrap interval over probe
+examples (:mod:`headmech.uncertainty`), and a head whose interval straddles the type's
+threshold is listed as *borderline*. The ``provenance`` record names the weights, probe
+data, versions and settings (:mod:`headmech.provenance`); applying a catalog to a model
+with other weights is refused unless forced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headmech.errors import CatalogFileError
+from headmech.heads import HeadIndex
+from headmech.models import ModelInfo
+from headmech.provenance import SCHEMA_VERSION, check_weights, dumps
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = ["HeadCatalog", "TypeResult"]
+
+
+def _grid(t: Tensor) -> list[list[float | None]]:
+    return [[None if v != v else round(float(v), 6) for v in row] for row in t.tolist()]
+
+
+def _tensor(rows: Any, shape: tuple[int, int], what: str) -> Tensor:
+    t = torch.tensor([[float("nan") if v is None else float(v) for v in row] for row in rows])
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {shape}")
+    return t
+
+
+def _heads(pairs: Any, shape: tuple[int, int], what: str) -> list[HeadIndex]:
+    heads = [HeadIndex(int(lh[0]), int(lh[1])) for lh in pairs]
+    for h in heads:
+        if not (0 <= h.layer < shape[0] and 0 <= h.head < shape[1]):
+            raise ValueError(f"{what} names head {list(h)} outside the model")
+    return heads
+
+
+@dataclass
+class TypeResult:
+    """One head type's verdict on a model.
+
+    Attributes:
+        name, reference: the type and its citation.
+        threshold: the decision threshold on ``score``.
+        score: ``[n_layers, n_heads]``.
+        heads: labelled heads, best first.
+        details: type-specific evidence (and ``validation`` when validated).
+        low, high: the bootstrap interval of ``score`` over probe examples (None when the
+            probe kept no per-example statistics).
+        borderline: heads whose interval contains the threshold.
+    """
+
+    name: str
+    reference: str
+    threshold: float
+    score: Float[Tensor, "n_layers n_heads"]
+    heads: list[HeadIndex]
+    details: dict[str, Any] = field(default_factory=dict)
+    low: Float[Tensor, "n_layers n_heads"] | None = None
+    high: Float[Tensor, "n_layers n_heads"] | None = None
+    borderline: list[HeadIndex] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """This type's entry in ``catalog.json``."""
+        out: dict[str, Any] = {
+            "reference": self.reference,
+            "threshold": self.threshold,
+            "score": _grid(self.score),
+            "heads": [[h.layer, h.head] for h in self.heads],
+            "borderline": [[h.layer, h.head] for h in self.borderline],
+            "details": self.details,
+        }
+        if self.low is not None and self.high is not None:
+            out["interval"] = {"low": _grid(self.low), "high": _grid(self.high)}
+        return out
+
+    @classmethod
+    def from_json(cls, name: str, t: dict[str, Any], shape: tuple[int, int]) -> TypeResult:
+        """Parse one type's entry (``ValueError``/``KeyError`` on a malformed one)."""
+        if not isinstance(t, dict):
+            raise ValueError(f"type '{name}' is not an object")
+        score = _tensor(t["score"], shape, f"type '{name}' score")
+        interval = t.get("interval")
+        low = high = None
+        if interval is not None:
+            low = _tensor(interval["low"], shape, f"type '{name}' interval")
+            high = _tensor(interval["high"], shape, f"type '{name}' interval")
+        return cls(
+            name,
+            str(t.get("reference", "")),
+            float(t["threshold"]),
+            score,
+            _heads(t["heads"], shape, f"type '{name}'"),
+            dict(t.get("details", {})),
+            low,
+            high,
+            _heads(t.get("borderline", []), shape, f"type '{name}' borderline"),
+        )
+
+
+@dataclass
+class HeadCatalog:
+    """Scores and labels of every head for several head types.
+
+    Attributes:
+        model: name and shape of the model.
+        types: results by head type name.
+        meta: how it was computed (probe sizes, seconds); not written to JSON.
+        provenance: weights, probe data, versions and settings (written to JSON).
+    """
+
+    model: ModelInfo
+    types: dict[str, TypeResult]
+    meta: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> TypeResult:
+        return self.types[name]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when they write the same ``catalog.json`` (``load(save(x)) == x``)."""
+        return isinstance(other, HeadCatalog) and self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def heads(self, type_name: str) -> list[HeadIndex]:
+        """The heads labelled with ``type_name``, best first."""
+        return self.types[type_name].heads
+
+    def labels(self) -> dict[HeadIndex, list[str]]:
+        """Head → the types it is labelled with."""
+        out: dict[HeadIndex, list[str]] = {}
+        for name, r in self.types.items():
+            for h in r.heads:
+                out.setdefault(h, []).append(name)
+        return dict(sorted(out.items()))
+
+    def check_model(self, model: TransformerBridge, *, force: bool = False) -> None:
+        """Refuse a model of another shape, or (unless ``force``) with other weights than
+        the catalog was computed on (one-line :class:`~headmech.errors.HeadmechError`)."""
+        from headmech.errors import HeadmechError
+
+        shape = (int(model.cfg.n_layers), int(model.cfg.n_heads))
+        if shape != (self.model.n_layers, self.model.n_heads):
+            raise HeadmechError(
+                f"the catalog describes a model of {self.model.n_layers}x{self.model.n_heads} "
+                f"heads, this one has {shape[0]}x{shape[1]}"
+            )
+        if not force:
+            check_weights(self.provenance, model, f"the catalog of {self.model.name}")
+
+    # --- JSON -------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The ``catalog.json`` contents (schema in docs/architecture.md)."""
+        from headmech._version import __version__
+
+        return json.loads(
+            dumps(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "headmech_version": __version__,
+                    "model": {
+                        "name": self.model.name,
+                        "n_layers": self.model.n_layers,
+                        "n_heads": self.model.n_heads,
+                    },
+                    "types": {name: r.to_json() for name, r in self.types.items()},
+                    "provenance": self.provenance,
+                }
+            )
+        )
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write what ``headmech classify`` writes: a directory gets ``catalog.json`` and
+        ``heatmap.png``; a path ending in ``.json`` gets the JSON alone. Returns the JSON
+        path. The same catalog always gives the same bytes."""
+        p = Path(path)
+        if p.suffix == ".json":
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(dumps(self.to_json()))
+            return p
+        p.mkdir(parents=True, exist_ok=True)
+        (p / "catalog.json").write_text(dumps(self.to_json()))
+        if self.types:
+            self.heatmap(p / "heatmap.png")
+        return p / "catalog.json"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HeadCatalog:
+        """Read a ``catalog.json``; a one-line :class:`CatalogFileError` if it is corrupt."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "catalog.json"
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise CatalogFileError(f"no catalog file at {p}") from None
+        except IsADirectoryError:
+            raise CatalogFileError(f"{p} is a folder, not a catalog file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CatalogFileError(f"{p} is not valid JSON: {e}") from None
+        try:
+            if not isinstance(data, dict):
+                raise ValueError("the file holds no JSON object")
+            m = data["model"]
+            shape = (int(m["n_layers"]), int(m["n_heads"]))
+            if min(shape) < 1:
+                raise ValueError(f"a model of {shape[0]}x{shape[1]} heads")
+            types = {n: TypeResult.from_json(n, t, shape) for n, t in data["types"].items()}
+            info = ModelInfo(str(m["name"]), shape[0], shape[1], shape[1], 0, 0, True)
+            prov = data.get("provenance", {})
+            if not isinstance(prov, dict):
+                raise ValueError("provenance is not an object")
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise CatalogFileError(f"{p} is not a headmech catalog: {e!s}") from None
+        return cls(info, types, provenance=prov)
+
+    # --- display ----------------------------------------------------------------
+    def table(self, max_heads: int = 8) -> str:
+        """A plain-text table: per type, its labelled heads with scores."""
+        rows = [("type", "reference", "thr", "#heads", "top heads (score)")]
+        for name, r in self.types.items():
+            top = ", ".join(f"{h} {float(r.score[h]):.2f}" for h in r.heads[:max_heads])
+            if len(r.heads) > max_heads:
+                top += f", ... (+{len(r.heads) - max_heads})"
+            if not r.heads:
+                best = torch.nan_to_num(r.score, nan=float("-inf"))
+                flat = int(best.argmax())
+                h = HeadIndex(flat // r.score.shape[1], flat % r.score.shape[1])
+                top = f"none (best {h} {float(r.score[h]):.2f})"
+            if r.borderline:
+                top += f"; borderline: {', '.join(map(str, r.borderline[:4]))}"
+            rows.append((name, r.reference, f"{r.threshold:g}", str(len(r.heads)), top))
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines = []
+        for k, row in enumerate(rows):
+            cells = "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True))
+            lines.append(cells + "  " + row[4])
+            if k == 0:
+                lines.append("-" * (sum(widths) + 8 + len(row[4])))
+        return "\n".join(lines)
+
+    def heatmap(self, path: str | os.PathLike | None = None) -> Any:
+        """A seaborn layer x head heatmap per type; saved to ``path`` if given."""
+        from headmech.plot import catalog_heatmap
+
+        return catalog_heatmap(self, path)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}: {len(v.heads)}" for k, v in self.types.items())
+        return (
+            f"HeadCatalog({self.model.name}, {self.model.n_layers}x{self.model.n_heads}; {counts})"
+        )

