@@ -45,6 +45,20 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_placement(p: argparse.ArgumentParser) -> None:
+    """Where the model runs and in which dtype."""
+    from headmech.validation import DTYPES
+
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="weight dtype (default: as stored, fp32 for the bundled models); "
+        "statistics and metrics accumulate in fp32",
+    )
+
+
 def _add_run_options(p: argparse.ArgumentParser, half_len: bool = True) -> None:
     """Model, output folder, seed, device and probe sizes (classify, importance, prune)."""
     p.add_argument(
@@ -54,7 +68,7 @@ def _add_run_options(p: argparse.ArgumentParser, half_len: bool = True) -> None:
     )
     _add_output(p)
     p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    _add_placement(p)
     p.add_argument("--n-sentences", type=int, default=None, help="prose sentences (default 256)")
     p.add_argument(
         "--n-sequences", type=int, default=None, help="repeated random sequences (default 32)"
@@ -137,7 +151,7 @@ def _add_circuit(sub: Any) -> None:
     )
     _add_output(p)
     p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
+    _add_placement(p)
     p.set_defaults(func=commands.cmd_circuit)
 
 

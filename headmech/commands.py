@@ -41,11 +41,12 @@ def _check_run(args: argparse.Namespace, command: str) -> None:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    """The model of ``args.model`` on ``args.device`` (after every check has passed)."""
+    """The model of ``args.model`` on ``args.device`` in ``args.dtype`` (after every check
+    has passed)."""
     from headmech.models import load_model
 
     print(f"loading {args.model} ...", file=sys.stderr)
-    return load_model(args.model, device=args.device)
+    return load_model(args.model, device=args.device, dtype=getattr(args, "dtype", None))
 
 
 def _save(args: argparse.Namespace, command: str, save: Callable[[Path], Any]) -> Path:

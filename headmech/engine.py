@@ -288,7 +288,9 @@ def _reduce_hooks(
         def hook_fn(activation: Tensor, *, hook: Any) -> None:
             layer = _layer_of(hook.name)
             for r in group:
-                out = r.fn(activation.detach(), state["batch"], state["prepared"][r.name], layer)
+                # reductions in fp32 whatever the model's dtype (a no-op for fp32 models)
+                act = activation.detach().float()
+                out = r.fn(act, state["batch"], state["prepared"][r.name], layer)
                 for stat, (total_, count) in out.items():
                     stats.add(f"{r.name}.{stat}", layer, total_, count)
             return None  # read-only: the forward pass is unchanged

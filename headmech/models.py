@@ -349,7 +349,9 @@ def load_hf(name: str | os.PathLike) -> tuple[Any, Any]:
 
 
 def load_model(
-    name: str | os.PathLike, device: str | torch.device | None = None
+    name: str | os.PathLike,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> TransformerBridge:
     """Load a model by name as a ``TransformerBridge`` with its tokenizer, offline.
 
@@ -357,6 +359,9 @@ def load_model(
         name: ``minilm-l6``, ``smollm2-135m``, a ``toy-*`` name, or a path to a local
             Hugging Face model directory.
         device: torch device; default CPU (or what the bridge picks for CUDA machines).
+        dtype: weight dtype, ``float32``, ``bfloat16`` or ``float16`` (default: as loaded,
+            fp32 for the bundled models). Floating buffers such as rotary frequencies stay
+            fp32; head statistics and task metrics accumulate in fp32 whatever the dtype.
 
     Returns:
         A bridge in eval mode whose hooks follow TransformerLens names
@@ -364,7 +369,7 @@ def load_model(
 
     Raises:
         UnknownModelError, MissingPackageError, UnsupportedModelError: one-line reasons.
-        InputError: a device that does not exist on this machine.
+        InputError: a device that does not exist on this machine, an unknown dtype.
 
     Examples:
         >>> model = headmech.load_model("minilm-l6")  # doctest: +SKIP
@@ -372,18 +377,28 @@ def load_model(
         (6, 12)
     """
     from headmech.validation import device as check_device
+    from headmech.validation import dtype as check_dtype
 
     check_device(device)  # before loading: `cuda` without a GPU fails in a second
+    torch_dtype = check_dtype(dtype)
     hf_model, tokenizer = load_hf(name)
     from transformer_lens.model_bridge import TransformerBridge
 
+    if torch_dtype is not None:
+        # parameters only: buffers (rotary inv_freq) keep their precision, as TL does
+        for p in hf_model.parameters():
+            p.data = p.data.to(torch_dtype)
     if device is not None:
         hf_model.to(device)
     source = str(getattr(hf_model.config, "_name_or_path", "") or name)
     try:
         with _quiet():
             bridge = TransformerBridge.boot_transformers(
-                source, hf_model=hf_model, tokenizer=tokenizer, device=device
+                source,
+                hf_model=hf_model,
+                tokenizer=tokenizer,
+                device=device,
+                dtype=next(hf_model.parameters()).dtype,
             )
     except Exception as e:  # any failure inside the bridge's adapters: one line, not a trace
         raise UnsupportedModelError(

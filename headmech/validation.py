@@ -25,7 +25,8 @@ from headmech.errors import HeadmechError, InputError, MissingPackageError, Unkn
 
 # fmt: off
 __all__ = [
-    "HeadmechWarning", "catalog_file", "config_shape", "corpus_file", "count", "device",
+    "DTYPES", "HeadmechWarning", "catalog_file", "config_shape", "corpus_file", "count", "device",
+    "dtype",
     "fraction", "head_type_names", "kinds", "lams", "lookup", "method_options", "model_name",
     "out_dir", "probe_options", "prose_problem", "seed", "staged_output", "warn",
 ]
@@ -158,6 +159,23 @@ def device(spec: Any) -> Any:
     if d.index is not None and d.index >= n:
         raise InputError(f"device {str(spec)!r}: this machine has {n} {d.type} device(s)")
     return spec
+
+
+# the weight dtypes a model can be loaded in; statistics and metrics accumulate in fp32
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def dtype(spec: Any) -> Any:
+    """A ``torch.dtype`` from ``float32``/``bfloat16``/``float16`` (or a floating
+    ``torch.dtype``); None stays None (the weights' own dtype, fp32 for the bundled models)."""
+    if spec is None:
+        return None
+    import torch
+
+    name = str(spec).removeprefix("torch.")
+    if name not in DTYPES:
+        raise InputError(f"dtype {spec!r} is not one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
 
 
 def model_name(name: str) -> str:

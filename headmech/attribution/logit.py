@@ -69,14 +69,16 @@ def _causal_batch(
     query, target = task.select(batch.to(dev))  # [batch, pos] each
     resid = st[f"blocks.{n_layers - 1}.hook_out"][query]  # [n, d_model]
     scale = _norm_scale(model, resid, kind)  # [n, 1]
-    W_U = model.W_U  # [d_model, d_vocab]
+    W_U = model.W_U.float()  # [d_model, d_vocab]
     base = W_U.mean(1) if baseline is None else W_U[:, baseline]  # [d_model]
-    direction = (W_U[:, target[query]].T - base) * model.ln_final.weight  # [n, d_model]
+    direction = (W_U[:, target[query]].T - base) * model.ln_final.weight.float()  # [n, d_model]
     seq = torch.arange(query.shape[0], device=dev)[:, None].expand_as(query)[query]  # [n]
     out = torch.zeros(query.shape[0], n_layers, int(model.cfg.n_heads), device=dev)
     for la in range(n_layers):
         z = st[f"blocks.{la}.attn.hook_z"][query]  # [n, n_heads, d_head]
-        c = torch.einsum("nhd,hdm->nhm", z, model.blocks[la].attn.W_O)  # [n, n_heads, d_model]
+        c = torch.einsum(
+            "nhd,hdm->nhm", z, model.blocks[la].attn.W_O.float()
+        )  # [n, n_heads, d_model]
         if kind == "LN":
             c = c - c.mean(-1, keepdim=True)
         per_row = torch.einsum("nhm,nm->nh", c / scale[:, None], direction)
@@ -87,9 +89,9 @@ def _causal_batch(
 def _norm_scale(model: TransformerBridge, resid: Tensor, kind: str) -> Tensor:
     """The final norm's clean scale for these residual vectors (what its hook_scale holds)."""
     with torch.no_grad(), recording(model, ["ln_final.hook_scale"]) as store:
-        model.ln_final(resid)
+        model.ln_final(resid.to(model.ln_final.weight.dtype))
     if "ln_final.hook_scale" in store:
-        return store["ln_final.hook_scale"].detach().reshape(resid.shape[0], 1)
+        return store["ln_final.hook_scale"].detach().float().reshape(resid.shape[0], 1)
     eps = float(getattr(model.cfg, "eps", 1e-5))
     x = resid - resid.mean(-1, keepdim=True) if kind == "LN" else resid
     return (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
@@ -114,7 +116,7 @@ def _encoder_batch(
     out = torch.zeros(mask.shape[0], n_layers, int(model.cfg.n_heads), device=dev)
     for la in range(n_layers):
         z = st[f"blocks.{la}.attn.hook_z"]  # [batch, pos, n_heads, d_head]
-        c = torch.einsum("bphd,hdm->bphm", z, model.blocks[la].attn.W_O)
+        c = torch.einsum("bphd,hdm->bphm", z, model.blocks[la].attn.W_O.float())
         for later in range(la, n_layers):  # post-LN skip path: ln1 and ln2 of each block
             for ln in ("ln1", "ln2"):
                 s = st[f"blocks.{later}.{ln}.hook_scale"][:, :, None]  # [batch, pos, 1, 1]

@@ -235,11 +235,12 @@ def capture(
     names: Sequence[str],
     interventions: Sequence[Intervention] = (),
 ) -> dict[str, Tensor]:
-    """Activations at hook points ``names`` on one batch (no gradient; blocks only)."""
+    """Activations at hook points ``names`` on one batch (no gradient; blocks only), in fp32
+    whatever the model's dtype (analysis arithmetic runs in fp32)."""
     dev = next(model.parameters()).device
     with torch.no_grad(), applied(model, list(interventions)), recording(model, names) as store:
         run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev))
-    return {k: v.detach() for k, v in store.items()}
+    return {k: v.detach().float() for k, v in store.items()}
 
 
 def capture_z(

@@ -1,0 +1,113 @@
+"""Models loaded in bfloat16/float16: every method runs, statistics accumulate in fp32 and
+agree with the fp32 model's within bf16 rounding; the weights' dtype is recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import headmech
+import headmech.provenance
+from headmech.attribution import importance
+from headmech.errors import InputError
+from headmech.probes import ProbeOptions
+from headmech.registry import METHODS
+
+SMALL = ProbeOptions(n_sentences=8, n_sequences=4, half_len=8, batch_size=4)
+TYPES = ["positional", "previous_token", "attention_sink", "induction", "duplicate_token"]
+
+
+@pytest.fixture(scope="module")
+def bf16_models(tiny_dirs):
+    return {k: headmech.load_model(str(tiny_dirs[k]), dtype="bfloat16") for k in ("gpt2", "llama")}
+
+
+def test_load_in_bf16_casts_weights_not_rotary_buffers(bf16_models):
+    model = bf16_models["llama"]
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    buffers = {n: b.dtype for n, b in model.named_buffers() if b.is_floating_point()}
+    assert all(d == torch.float32 for n, d in buffers.items() if "inv_freq" in n), buffers
+    assert headmech.provenance.provenance(model)["model"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_every_method_runs_in_bf16_with_fp32_scores(bf16_models, kind):
+    model = bf16_models[kind]
+    for method in METHODS:
+        r = importance(model, method, "induction", probe_options=SMALL)
+        assert r.score.dtype == torch.float32, method
+        assert torch.isfinite(r.score).all(), method
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_bf16_catalog_matches_fp32(tiny_models, bf16_models, kind):
+    opts = {"n_sentences": 16, "n_sequences": 8, "half_len": 8, "n_boot": 0}
+    full = headmech.classify(tiny_models[kind], TYPES, **opts)
+    half = headmech.classify(bf16_models[kind], TYPES, **opts)
+    for name in TYPES:
+        # attention weights in bf16 carry 8 bits of mantissa: ~0.4% relative error each;
+        # averages over many positions stay within 0.02 of the fp32 model's. Positional is
+        # a share of argmaxes: on a random model's near-uniform rows a few ties flip
+        # (measured 0.04 = 1 of 24 query positions), hence 0.05 there
+        atol = 0.05 if name == "positional" else 0.02
+        torch.testing.assert_close(
+            half[name].score, full[name].score, atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+def test_bf16_ablation_agrees_with_fp32(tiny_models, bf16_models):
+    a = importance(tiny_models["llama"], "zero", "induction", probe_options=SMALL)
+    b = importance(bf16_models["llama"], "zero", "induction", probe_options=SMALL)
+    # the loss itself is computed in fp32 from bf16 logits
+    assert abs(a.metric_clean - b.metric_clean) < 0.02 * abs(a.metric_clean)
+    torch.testing.assert_close(b.score, a.score, atol=0.03, rtol=0.1)
+
+
+@pytest.mark.parametrize("bad", ["float8", "int8", "fp32x"])
+def test_unknown_dtype_is_one_line(tiny_dirs, bad):
+    with pytest.raises(InputError, match="is not one of float32, bfloat16, float16"):
+        headmech.load_model(str(tiny_dirs["gpt2"]), dtype=bad)
+
+
+@pytest.mark.slow
+def test_smollm2_in_bf16_labels_the_same_induction_heads(smollm2):
+    opts = {"n_sequences": 16, "n_boot": 0}
+    full = headmech.classify(smollm2, ["induction"], **opts)["induction"]
+    half_model = headmech.load_model("smollm2-135m", dtype="bfloat16")
+    half = headmech.classify(half_model, ["induction"], **opts)["induction"]
+    assert half.heads == full.heads, (half.heads, full.heads)
+    torch.testing.assert_close(half.score, full.score, atol=0.02, rtol=0)
+
+
+def test_cli_dtype_flag_is_recorded_and_checked(tiny_dirs, tmp_path, capsys):
+    from headmech.cli import main
+
+    out = tmp_path / "out"
+    args = ["classify", str(tiny_dirs["llama"]), "--types", "previous_token", "--n-sentences", "4"]
+    assert main([*args, "--out", str(out), "--dtype", "bfloat16"]) == 0
+    saved = json.loads((out / "catalog.json").read_text())
+    assert saved["provenance"]["model"]["dtype"] == "bfloat16"
+    # argparse's choices: one line naming them, exit status 2
+    assert main([*args, "--out", str(tmp_path / "x"), "--dtype", "float8"]) == 2
+    assert "invalid choice: 'float8'" in capsys.readouterr().err
+
+
+def test_circuit_and_path_patching_run_in_bf16(tiny_models, bf16_models):
+    from headmech.circuits import composition_scores, path_patch
+
+    for kind in ("gpt2", "llama"):
+        comp = composition_scores(bf16_models[kind], "k")
+        assert comp.dtype == torch.float32
+        torch.testing.assert_close(
+            comp, composition_scores(tiny_models[kind], "k"), atol=0.02, rtol=0
+        )
+        full = path_patch(
+            tiny_models[kind], "induction", (0, 1), component="k", probe_options=SMALL
+        )
+        half = path_patch(
+            bf16_models[kind], "induction", (0, 1), component="k", probe_options=SMALL
+        )
+        assert half.dtype == torch.float32 and torch.isfinite(half[1]).all()  # receivers
+        torch.testing.assert_close(half, full, atol=0.05, rtol=0.1, equal_nan=True)
