@@ -38,19 +38,12 @@ from headmech.registry import MODELS
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+# fmt: off
 __all__ = [
-    "ModelInfo",
-    "ModelSource",
-    "cache_dir",
-    "ensure_toy",
-    "hf_dir_problem",
-    "list_models",
-    "load_hf",
-    "load_model",
-    "model_info",
-    "repair_cache_folder",
-    "toy_checkpoints",
+    "ModelInfo", "ModelSource", "cache_dir", "ensure_toy", "hf_dir_problem", "list_models",
+    "load_hf", "load_model", "model_info", "repair_cache_folder", "toy_checkpoints",
 ]
+# fmt: on
 
 
 def cache_dir() -> Path:
@@ -359,9 +352,8 @@ def load_model(
         name: ``minilm-l6``, ``smollm2-135m``, a ``toy-*`` name, or a path to a local
             Hugging Face model directory.
         device: torch device; default CPU (or what the bridge picks for CUDA machines).
-        dtype: weight dtype, ``float32``, ``bfloat16`` or ``float16`` (default: as loaded,
-            fp32 for the bundled models). Floating buffers such as rotary frequencies stay
-            fp32; head statistics and task metrics accumulate in fp32 whatever the dtype.
+        dtype: ``float32``, ``bfloat16`` or ``float16`` weights (default: as stored);
+            see :mod:`headmech.placement`.
 
     Returns:
         A bridge in eval mode whose hooks follow TransformerLens names
@@ -376,29 +368,22 @@ def load_model(
         >>> model.cfg.n_layers, model.cfg.n_heads  # doctest: +SKIP
         (6, 12)
     """
-    from headmech.validation import device as check_device
-    from headmech.validation import dtype as check_dtype
+    from headmech import placement
 
-    check_device(device)  # before loading: `cuda` without a GPU fails in a second
-    torch_dtype = check_dtype(dtype)
+    placement.device(device)  # before loading: `cuda` without a GPU fails in a second
+    torch_dtype = placement.dtype(dtype)
     hf_model, tokenizer = load_hf(name)
     from transformer_lens.model_bridge import TransformerBridge
 
-    if torch_dtype is not None:
-        # parameters only: buffers (rotary inv_freq) keep their precision, as TL does
-        for p in hf_model.parameters():
-            p.data = p.data.to(torch_dtype)
+    placement.cast_parameters(hf_model, torch_dtype)
     if device is not None:
         hf_model.to(device)
     source = str(getattr(hf_model.config, "_name_or_path", "") or name)
     try:
         with _quiet():
+            kw = {"device": device, "dtype": next(hf_model.parameters()).dtype}
             bridge = TransformerBridge.boot_transformers(
-                source,
-                hf_model=hf_model,
-                tokenizer=tokenizer,
-                device=device,
-                dtype=next(hf_model.parameters()).dtype,
+                source, hf_model=hf_model, tokenizer=tokenizer, **kw
             )
     except Exception as e:  # any failure inside the bridge's adapters: one line, not a trace
         raise UnsupportedModelError(
