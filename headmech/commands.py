@@ -8,6 +8,7 @@ second, not after a minute of loading) and writes its files through the result o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,15 +44,24 @@ def _check_run(args: argparse.Namespace, command: str) -> None:
 def _load(args: argparse.Namespace) -> Any:
     """The model of ``args.model`` on ``args.device`` in ``args.dtype`` (after every check
     has passed)."""
+    from headmech import distributed
     from headmech.models import load_model
 
+    # under torchrun: join the process group; only rank 0 prints and writes
+    device = distributed.init_from_env(args.device)
+    if not distributed.is_main():
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (this process's own output)
     print(f"loading {args.model} ...", file=sys.stderr)
-    return load_model(args.model, device=args.device, dtype=getattr(args, "dtype", None))
+    return load_model(args.model, device=device, dtype=getattr(args, "dtype", None))
 
 
 def _save(args: argparse.Namespace, command: str, save: Callable[[Path], Any]) -> Path:
     """Run ``save(folder)`` on a temporary folder next to ``--out``; move the files into
     ``--out`` only if it succeeds (see :func:`headmech.validation.staged_output`)."""
+    from headmech import distributed
+
+    if not distributed.is_main():  # under torchrun rank 0 alone writes
+        return Path(args.out)
     try:
         with V.staged_output(args.out, RESULT_FILES[command], args.force) as tmp:
             save(tmp)

@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headmech import distributed
 from headmech.forward import bare_forward, run_blocks
 
 if TYPE_CHECKING:
@@ -331,7 +332,9 @@ def stream_statistics(
         total: number of batches, for the bar.
 
     Returns:
-        :class:`HeadStats` with ``reducer.stat`` entries.
+        :class:`HeadStats` with ``reducer.stat`` entries. Under ``torchrun`` each rank
+        streams its share of the batches and every rank returns the sum over all ranks
+        (:mod:`headmech.distributed`).
     """
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     stats = HeadStats(n_layers, n_heads)
@@ -342,17 +345,22 @@ def stream_statistics(
         raise ValueError(f"reducer names must be unique, got {names}")
     state: dict[str, Any] = {"prepared": {}}
     fwd_hooks = _reduce_hooks(reducers, layers, stats, state)
+    rank, world = distributed.world()  # under torchrun: batch i on rank i mod world
     iterator: Iterable[ProbeBatch] = batches
-    if progress:
+    if progress and rank == 0:
         from tqdm.auto import tqdm
 
         desc = progress if isinstance(progress, str) else "batches"
         iterator = tqdm(batches, desc=desc, total=total, leave=False)
+    sizes = []
     with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
-        for batch in iterator:
+        for i, batch in enumerate(iterator):
+            sizes.append(int(batch.input_ids.shape[0]))
+            if i % world != rank:
+                continue
             batch = batch.to(device)
             state["batch"] = batch
             for r in reducers:
                 state["prepared"][r.name] = r.prepare(batch) if r.prepare else None
             run_blocks(model, batch.input_ids, batch.attention_mask, max(layers) + 1)
-    return stats
+    return distributed.merge_stats(stats, sizes)

@@ -26,6 +26,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from headmech import distributed
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.forward import block_inputs, fast_attention, starting_at
@@ -200,19 +201,19 @@ def run_variants(
         intervals (:class:`headmech.uncertainty.UnitValues`).
     """
     fixed = None if callable(variants) else list(variants)
-    sums = counts = None
+    if not batches:
+        raise HeadmechError("no batches to run")
+    parts: dict[int, tuple[Tensor, Tensor]] = {}
     with torch.no_grad():
-        for bi in _progress(range(len(batches)), progress):
+        for bi in _progress(distributed.mine(len(batches)), progress):  # all, or a rank's
             batch = batches[bi]
             ref = references[bi] if references is not None else task.reference(model, batch)
             todo = fixed if fixed is not None else variants(bi, batch)  # type: ignore[operator]
             k = chunk or chunk_size(model, batch)
             use_fast = fast and all(iv.site != "pattern" for v in todo for iv in v)
-            s, c = _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
-            sums = s if sums is None else torch.cat([sums, s], 1)
-            counts = c if counts is None else torch.cat([counts, c], 1)
-    if sums is None or counts is None:
-        raise HeadmechError("no batches to run")
+            parts[bi] = _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
+    sums = distributed.gather_units({i: s for i, (s, _) in parts.items()}, len(batches))
+    counts = distributed.gather_units({i: c for i, (_, c) in parts.items()}, len(batches))
     mean = sums.sum(1) / counts.sum(1).clamp(min=1)
     out = (mean[1:].float(), float(mean[0]))
     return (*out, sums, counts) if per_unit else out
@@ -232,18 +233,19 @@ def evaluate(
     per-unit sums and counts as :class:`~headmech.uncertainty.UnitValues`."""
     from headmech.uncertainty import UnitValues
 
-    sums: list[Tensor] = []
-    counts: list[Tensor] = []
-    with torch.no_grad():
-        for i, b in enumerate(batches):
-            ref = references[i] if references is not None else task.reference(model, b)
-            with applied(model, list(interventions)):
-                s, c = task.metric(model, b, reference=ref)
-            sums.append(s.double().cpu().flatten())
-            counts.append(c.double().cpu().flatten())
-    if not sums:
+    batches = list(batches)
+    if not batches:
         raise HeadmechError("no batches to evaluate")
-    units = UnitValues(torch.cat(sums), torch.cat(counts))
+    parts: dict[int, tuple[Tensor, Tensor]] = {}
+    with torch.no_grad():
+        for i in distributed.mine(len(batches)):  # all batches, or this rank's share
+            ref = references[i] if references is not None else task.reference(model, batches[i])
+            with applied(model, list(interventions)):
+                s, c = task.metric(model, batches[i], reference=ref)
+            parts[i] = (s.double().cpu().reshape(1, -1), c.double().cpu().reshape(1, -1))
+    sums = distributed.gather_units({i: s for i, (s, _) in parts.items()}, len(batches))
+    counts = distributed.gather_units({i: c for i, (_, c) in parts.items()}, len(batches))
+    units = UnitValues(sums[0], counts[0])
     value = float(units.num.sum() / units.den.sum().clamp(min=1))
     return (value, units) if per_unit else value
 

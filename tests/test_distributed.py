@@ -1,0 +1,74 @@
+"""torchrun: two gloo processes shard the probe batches and all_reduce the per-head sums;
+the catalog equals the single-process one (scores to 1e-5, same labels and intervals) and
+rank 0 alone writes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+TYPES = "positional,previous_token,attention_sink,syntactic"
+
+
+def _run(args: list[str], nproc: int | None) -> None:
+    launcher = [sys.executable, "-m", "headmech"]
+    if nproc:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        launcher += ["--nproc-per-node", str(nproc), "-m", "headmech"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*launcher, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def catalogs(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    args = ["classify", str(tiny_dirs["llama"]), "--types", TYPES, "--n-sentences", "24"]
+    args += ["--batch-size", "4", "--validate", "--n-random", "2"]
+    for name, nproc in (("one", None), ("two", 2)):
+        _run([*args, "--out", str(root / name)], nproc)
+    return [json.loads((root / d / "catalog.json").read_text()) for d in ("one", "two")]
+
+
+def test_two_gloo_processes_equal_one(catalogs):
+    one, two = catalogs
+    assert one["types"].keys() == two["types"].keys()
+    for name, t in one["types"].items():
+        u = two["types"][name]
+        assert "interval" in t, name  # the bootstrap runs on the merged per-sequence sums
+        pairs = [(t["score"], u["score"])]
+        pairs += [(t["interval"][k], u["interval"][k]) for k in ("low", "high")]
+        for a, b in pairs:
+            a, b = (torch.tensor(x, dtype=torch.float64) for x in (a, b))
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=0, equal_nan=True)
+        assert u["heads"] == t["heads"] and u.get("borderline") == t.get("borderline"), name
+        if "validation" in t["details"]:  # ablation effects: evaluate() sharded too
+            v, w = t["details"]["validation"], u["details"]["validation"]
+            assert v["effect"] == pytest.approx(w["effect"], abs=1e-5), name
+            assert v["random_effects"] == pytest.approx(w["random_effects"], abs=1e-5), name
+    assert one["provenance"] == two["provenance"]  # same probes, same weights
+
+
+def test_two_gloo_processes_zero_ablation_equals_one(tiny_dirs, tmp_path):
+    args = ["importance", str(tiny_dirs["llama"]), "--method", "zero", "--task", "induction"]
+    args += ["--n-sequences", "8", "--half-len", "8", "--batch-size", "4"]
+    for name, nproc in (("one", None), ("two", 2)):
+        _run([*args, "--out", str(tmp_path / name)], nproc)
+    one, two = (json.loads((tmp_path / d / "importance.json").read_text()) for d in ("one", "two"))
+    for key in ("score",):
+        a, b = (torch.tensor(x[key], dtype=torch.float64) for x in (one, two))
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+    assert two["metric_clean"] == pytest.approx(one["metric_clean"], abs=1e-6)
+
+
+def test_a_single_process_merges_nothing():
+    from headmech.distributed import merge_stats, shard, world
+    from headmech.engine import HeadStats
+
+    s = HeadStats(2, 4)
+    assert world() == (0, 1) and merge_stats(s, [4]) is s and shard([1, 2, 3]) == [1, 2, 3]
