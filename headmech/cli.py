@@ -57,6 +57,21 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
         help="weight dtype (default: as stored, fp32 for the bundled models); "
         "statistics and metrics accumulate in fp32",
     )
+    p.add_argument(
+        "--device-map",
+        choices=["auto"],
+        default=None,
+        help="spread the model over GPUs, CPU and disk with accelerate",
+    )
+    p.add_argument(
+        "--max-memory",
+        metavar="DEV=SIZE,...",
+        default=None,
+        help="memory per device for --device-map, e.g. cpu=2GiB or 0=70GiB,1=70GiB,cpu=100GiB",
+    )
+    p.add_argument(
+        "--offload-folder", metavar="DIR", default=None, help="where disk-offloaded weights go"
+    )
 
 
 def _add_run_options(p: argparse.ArgumentParser, half_len: bool = True) -> None:

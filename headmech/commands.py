@@ -52,7 +52,8 @@ def _load(args: argparse.Namespace) -> Any:
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (this process's own output)
     print(f"loading {args.model} ...", file=sys.stderr)
-    return load_model(args.model, device=device, dtype=getattr(args, "dtype", None))
+    where = {k: getattr(args, k, None) for k in ("device_map", "max_memory", "offload_folder")}
+    return load_model(args.model, device=device, dtype=getattr(args, "dtype", None), **where)
 
 
 def _save(args: argparse.Namespace, command: str, save: Callable[[Path], Any]) -> Path:

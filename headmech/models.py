@@ -8,11 +8,9 @@ Three kinds of name resolve here:
   (:mod:`headmech.toys`);
 * a path to any local Hugging Face model directory.
 
-Named models are registered in :data:`headmech.registry.MODELS` as :class:`ModelSource`
-objects; a plug-in package adds one through the entry-point group ``headmech.models``.
-Weights are loaded with ``attn_implementation="eager"`` so that attention patterns exist
-and the bridge's ``hook_pattern`` fires. Downloaded-once artefacts (dequantised SmolLM2,
-trained toys) live in ``$HEADMECH_CACHE`` (default ``~/.cache/headmech``).
+Named models are :class:`ModelSource` entries of :data:`headmech.registry.MODELS` (plug-ins:
+entry-point group ``headmech.models``). Attention is eager, so ``hook_pattern`` fires. Built
+once (dequantised SmolLM2, trained toys): ``$HEADMECH_CACHE`` (``~/.cache/headmech``).
 """
 
 from __future__ import annotations
@@ -345,39 +343,41 @@ def load_model(
     name: str | os.PathLike,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    *,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[Any, Any] | None = None,
+    offload_folder: str | None = None,
 ) -> TransformerBridge:
     """Load a model by name as a ``TransformerBridge`` with its tokenizer, offline.
 
     Args:
         name: ``minilm-l6``, ``smollm2-135m``, a ``toy-*`` name, or a path to a local
             Hugging Face model directory.
-        device: torch device; default CPU (or what the bridge picks for CUDA machines).
-        dtype: ``float32``, ``bfloat16`` or ``float16`` weights (default: as stored);
-            see :mod:`headmech.placement`.
+        device, dtype: torch device (default CPU); ``float32``/``bfloat16``/``float16``.
+        device_map, max_memory, offload_folder: spread the model over devices, CPU and
+            disk with accelerate (``"auto"``; ``max_memory`` as ``"cpu=2GiB,0=70GiB"``).
+            All checked and applied in :mod:`headmech.placement`.
 
     Returns:
         A bridge in eval mode whose hooks follow TransformerLens names
         (``blocks.{l}.attn.hook_pattern``, ``hook_z``, ...).
 
     Raises:
-        UnknownModelError, MissingPackageError, UnsupportedModelError: one-line reasons.
-        InputError: a device that does not exist on this machine, an unknown dtype.
+        UnknownModelError, MissingPackageError, UnsupportedModelError, InputError (a
+        device not on this machine, an unknown dtype): one-line reasons.
 
     Examples:
         >>> model = headmech.load_model("minilm-l6")  # doctest: +SKIP
         >>> model.cfg.n_layers, model.cfg.n_heads  # doctest: +SKIP
         (6, 12)
     """
-    from headmech import placement
+    from headmech.placement import Placement
 
-    placement.device(device)  # before loading: `cuda` without a GPU fails in a second
-    torch_dtype = placement.dtype(dtype)
+    where = Placement.checked(device, dtype, device_map, max_memory, offload_folder)  # fail fast
     hf_model, tokenizer = load_hf(name)
     from transformer_lens.model_bridge import TransformerBridge
 
-    placement.cast_parameters(hf_model, torch_dtype)
-    if device is not None:
-        hf_model.to(device)
+    where.apply(hf_model)
     source = str(getattr(hf_model.config, "_name_or_path", "") or name)
     try:
         with _quiet():

@@ -72,6 +72,10 @@ def _check(model: TransformerBridge, component: str, direction: str) -> None:
             "path patching needs pre-norm blocks: in this post-norm encoder a head's write is "
             "normalised before later heads read it, so there is no direct path to patch"
         )
+    from headmech.placement import is_offloaded
+
+    if is_offloaded(model):  # a sender's W_O is read while another block runs
+        raise HeadmechError("path patching does not support offloaded models yet")
 
 
 def _sender(model: TransformerBridge, sender: HeadIndex | Sequence[int]) -> HeadIndex:

@@ -58,24 +58,37 @@ def _version(dist: str) -> str:
 def weights_hash(model: torch.nn.Module) -> str:
     """SHA-256 of the model's parameters and buffers (names, dtypes, shapes and bytes).
 
-    Cached on the model and recomputed when a parameter changes in place (tensor versions).
+    Weights offloaded to disk or CPU by accelerate (``device_map``) are read through
+    ``accelerate.utils.align_module_device``, so an offloaded model hashes like the same
+    weights loaded whole. Cached on the model and recomputed when a parameter changes in
+    place (tensor versions).
     """
-    tensors = sorted(
-        ((k, v) for k, v in model.state_dict().items() if "inv_freq" not in k),
-        key=lambda kv: kv[0],
-    )
-    key = tuple((k, v._version, v.data_ptr()) for k, v in tensors)
+    from accelerate.utils import align_module_device
+
+    named = [
+        (f"{prefix}.{n}" if prefix else n, mod, t)
+        for prefix, mod in model.named_modules()
+        for n, t in [*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False)]
+        if t is not None and "inv_freq" not in n
+    ]
+    # inference tensors keep no version counter: such a model is rehashed every time
+    key = tuple((name, -1 if t.is_inference() else t._version, id(t)) for name, _, t in named)
     cached = getattr(model, "_headmech_weights_hash", None)
     if cached is not None and cached[0] == key:
         return str(cached[1])
-    h = hashlib.sha256()
+    digests: dict[str, str] = {}
     seen: set[int] = set()
-    for name, t in tensors:
-        if t.data_ptr() in seen:  # tied weights: once
+    for name, mod, t in named:
+        if id(t) in seen:  # tied weights: once, under the first name
             continue
-        seen.add(t.data_ptr())
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        seen.add(id(t))
+        with align_module_device(mod):  # materialises offloaded weights; else a no-op
+            value = getattr(mod, name.rsplit(".", 1)[-1])
+            raw = value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        digests[name] = f"{value.dtype}:{tuple(value.shape)}:{hashlib.sha256(raw).hexdigest()}"
+    h = hashlib.sha256()
+    for name in sorted(digests):
+        h.update(f"{name}={digests[name]};".encode())
     digest = h.hexdigest()
     object.__setattr__(model, "_headmech_weights_hash", (key, digest))
     return digest

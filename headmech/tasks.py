@@ -83,9 +83,12 @@ def unembed(
     model: TransformerBridge, resid: Float[Tensor, "n d_model"]
 ) -> Float[Tensor, "n d_vocab"]:
     """Final norm and unembedding of selected residual vectors (avoids full logits)."""
+    from headmech.placement import materialised
+
     normed = model.ln_final(resid)
     # W_U is [d_model, d_vocab], a view of the [d_vocab, d_model] weight: one fused addmm
-    return F.linear(normed, model.W_U.T, getattr(model, "b_U", None))
+    with materialised(model.unembed):  # an offloaded (device_map) unembedding is loaded
+        return F.linear(normed, model.W_U.T, getattr(model, "b_U", None))
 
 
 LOSS_ROWS = 512  # rows of logits alive at once: [512, d_vocab] instead of every selected row

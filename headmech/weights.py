@@ -47,6 +47,15 @@ def _norm_weight(module: object) -> Tensor | None:
 
 @torch.no_grad()
 def head_weights(model: TransformerBridge, fold_norms: bool = True) -> HeadWeights:
+    """Q, K, V, O per query head, plus embedding and unembedding (offloaded weights are
+    read through :func:`headmech.placement.materialised`); see :func:`_head_weights`."""
+    from headmech.placement import materialised
+
+    with materialised(model):
+        return _head_weights(model, fold_norms)
+
+
+def _head_weights(model: TransformerBridge, fold_norms: bool) -> HeadWeights:
     """Q, K, V, O per query head, plus embedding and unembedding.
 
     Args:

@@ -185,6 +185,25 @@ def _mask_gradient(model, task, batches, cost, o, progress):
     return MethodOutput(score, clean, task.gradient_description, units)
 
 
+def _reads_weights(fn: MethodFn) -> MethodFn:
+    """Methods that read weights directly between forward passes (DLA's W_O/W_U, LRP's
+    rules) refuse a model whose weights accelerate offloads (``device_map``)."""
+
+    def run(model, task, batches, cost, o, progress):
+        from headmech.errors import HeadmechError
+        from headmech.placement import is_offloaded
+
+        if is_offloaded(model):
+            raise HeadmechError(
+                f"{fn.__name__.lstrip('_')} reads weights directly and does not support "
+                "offloaded models yet: load the model without --device-map/--max-memory"
+            )
+        return fn(model, task, batches, cost, o, progress)
+
+    return run
+
+
+@_reads_weights
 def _dla(model, task, batches, cost, o, progress):
     from headmech.errors import InputError
 
@@ -209,6 +228,7 @@ def _confidence(model, task, batches, cost, o, progress):
     return MethodOutput(score, None, "mean max attention weight (special tokens excluded)", units)
 
 
+@_reads_weights
 def _lrp(model, task, batches, cost, o, progress):
     from headmech.attribution import lrp
 
