@@ -95,6 +95,19 @@ def _add_run_options(p: argparse.ArgumentParser, half_len: bool = True) -> None:
     p.add_argument(
         "--batch-size", type=int, default=16, help="sequences per forward pass (default 16)"
     )
+    p.add_argument(
+        "--context",
+        metavar="N,N,...",
+        default=None,
+        help="needle probe: haystack lengths in tokens, up to the model's context "
+        "(default 300,700,1100,1500)",
+    )
+    p.add_argument(
+        "--depths",
+        metavar="D,D,...",
+        default=None,
+        help="needle probe: needle depths in [0, 1] (default 0.1,0.5,0.9)",
+    )
 
 
 def _add_method(p: argparse.ArgumentParser, registry: Any, what: str) -> None:

@@ -36,6 +36,8 @@ def _check_run(args: argparse.Namespace, command: str) -> None:
         V.count(getattr(args, name, None), "--" + name.replace("_", "-"))
     V.count(getattr(args, "half_len", None), "--half-len", minimum=2)
     V.seed(args.seed)
+    if hasattr(args, "batch_size"):
+        _probe_options(args)  # --context / --depths and the options' own checks
     V.device(args.device)
     V.out_dir(args.out, RESULT_FILES[command], args.force)
     V.model_name(args.model)
@@ -386,6 +388,10 @@ def _probe_options(args: argparse.Namespace) -> Any:
     from headmech.probes import ProbeOptions
 
     sizes = {k: getattr(args, k, None) for k in ("n_sentences", "n_sequences", "half_len")}
+    if getattr(args, "context", None) is not None:
+        sizes["needle_lengths"] = V.number_list(args.context, "--context", int, low=1)
+    if getattr(args, "depths", None) is not None:
+        sizes["needle_depths"] = V.number_list(args.depths, "--depths", float, low=0, high=1)
     return ProbeOptions(
         seed=args.seed,
         batch_size=args.batch_size,

@@ -29,6 +29,7 @@ __all__ = [
     "DTYPES", "HeadmechWarning", "catalog_file", "config_shape", "corpus_file", "count", "device",
     "dtype",
     "fraction", "head_type_names", "kinds", "lams", "lookup", "method_options", "model_name",
+    "number_list",
     "out_dir", "probe_options", "prose_problem", "seed", "staged_output", "warn",
 ]
 # fmt: on
@@ -130,6 +131,20 @@ def head_type_names(text: str) -> list[str]:
     for n in names:
         lookup(HEAD_TYPES, n)
     return names
+
+
+def number_list(
+    text: str, flag: str, kind: type, low: float | None = None, high: float | None = None
+) -> tuple[Any, ...]:
+    """``"1,2,3"`` as a tuple of ``kind`` within ``[low, high]``; a one-line error otherwise."""
+    try:
+        values = tuple(kind(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: expected comma-separated {kind.__name__}s") from None
+    bad = [v for v in values if (low is not None and v < low) or (high is not None and v > high)]
+    if not values or bad:
+        raise InputError(f"{flag} {text!r}: every value must lie in [{low}, {high}]")
+    return values
 
 
 def model_name(name: str) -> str:

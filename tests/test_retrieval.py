@@ -204,3 +204,28 @@ def test_masking_retrieval_heads_hurts_recall_far_more_than_random_heads(smollm2
     assert v["mode"] == "uniform" and v["n_heads"] >= 4
     assert v["effect"] > 1.0
     assert v["effect"] > 3 * max(v["random_effects"])
+
+
+def test_cli_context_and_depths_reach_the_needle_probe(bpe_tokenizer, tmp_path, capsys):
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from headmech.cli import main
+
+    config = LlamaConfig(
+        vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512,
+    )  # fmt: skip
+    folder = tmp_path / "llama-512"
+    LlamaForCausalLM(config).save_pretrained(folder)
+    bpe_tokenizer.save_pretrained(folder)
+    args = ["classify", str(folder), "--types", "retrieval", "--out", str(tmp_path / "out")]
+    assert main([*args, "--context", "100,300", "--depths", "0.25,0.75"]) == 0
+    out = json.loads((tmp_path / "out" / "catalog.json").read_text())
+    saved = out["provenance"]["probe_options"]
+    assert saved["needle_lengths"] == [100, 300] and saved["needle_depths"] == [0.25, 0.75]
+    for bad, why in (("--depths", "1.5"), ("--context", "0"), ("--context", "x")):
+        assert main([*args, "--force", bad, why]) == 2
+        assert "headmech: error: " + bad in capsys.readouterr().err
