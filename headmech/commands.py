@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,10 @@ __all__ = ["cmd_circuit", "cmd_classify", "cmd_importance", "cmd_models", "cmd_p
 
 
 RESULT_FILES: dict[str, tuple[str, ...]] = {
-    "classify": ("catalog.json", "heatmap.png"),
-    "importance": ("importance.json", "importance.png"),
-    "prune": ("pruning.json", "pruning.png"),
-    "circuit": ("circuit.graphml", "circuit.json", "circuit.png"),
+    "classify": ("catalog.json", "heatmap.png", "run.json"),
+    "importance": ("importance.json", "importance.png", "run.json"),
+    "prune": ("pruning.json", "pruning.png", "run.json"),
+    "circuit": ("circuit.graphml", "circuit.json", "circuit.png", "run.json"),
 }
 
 
@@ -54,20 +53,30 @@ def _load(args: argparse.Namespace) -> Any:
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (this process's own output)
     print(f"loading {args.model} ...", file=sys.stderr)
+    args.started = time.perf_counter()
     where = {k: getattr(args, k, None) for k in ("device_map", "max_memory", "offload_folder")}
-    return load_model(args.model, device=device, dtype=getattr(args, "dtype", None), **where)
+    model = load_model(args.model, device=device, dtype=getattr(args, "dtype", None), **where)
+    args.loaded = time.perf_counter()
+    return model
 
 
-def _save(args: argparse.Namespace, command: str, save: Callable[[Path], Any]) -> Path:
-    """Run ``save(folder)`` on a temporary folder next to ``--out``; move the files into
-    ``--out`` only if it succeeds (see :func:`headmech.validation.staged_output`)."""
+def _save(args: argparse.Namespace, command: str, result: Any) -> Path:
+    """Run ``result.save(folder)`` on a temporary folder next to ``--out`` and write the
+    run record (``run.json``: seconds, tokens/s, peak memory); move the files into ``--out``
+    only if it succeeds (see :func:`headmech.validation.staged_output`)."""
+    import json
+
     from headmech import distributed
+    from headmech.progress import run_record
 
     if not distributed.is_main():  # under torchrun rank 0 alone writes
         return Path(args.out)
+    now = time.perf_counter()
+    record = run_record(command, result, args.loaded - args.started, now - args.started)
     try:
         with V.staged_output(args.out, RESULT_FILES[command], args.force) as tmp:
-            save(tmp)
+            result.save(tmp)
+            (tmp / "run.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     except OSError as e:  # a full disk, a folder made read-only meanwhile: one line
         raise InputError(f"cannot write the results into {args.out}: {e.strerror or e}") from e
     return Path(args.out)
@@ -170,7 +179,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
         model, types, validate=args.validate, n_random=n_random, progress=True, **options
     )
     t2 = time.perf_counter()
-    out = _save(args, "classify", catalog.save)
+    out = _save(args, "classify", catalog)
     print(catalog.table())
     _print_evidence(catalog)
     for name, reason in {**skipped, **catalog.meta.get("skipped", {})}.items():
@@ -260,7 +269,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
     result = importance(
         model, args.method, args.task, probe_options=_probe_options(args), progress=True, **options
     )
-    out = _save(args, "importance", result.save)
+    out = _save(args, "importance", result)
     top = ", ".join(f"L{la}H{h}" for la, h in result.top(5))
     print(f"{result.method} / {result.task}: clean {result.metric_clean}  top heads: {top}")
     print(
@@ -283,7 +292,7 @@ def cmd_circuit(args: argparse.Namespace) -> int:
     types, _ = _fit_types(model.tokenizer, names, None, model_info(model).causal)
     catalog = classify(model, types, progress=True, seed=args.seed)
     result = circuit(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
-    out = _save(args, "circuit", result.save)
+    out = _save(args, "circuit", result)
     G = result.graph
     print(f"{G.number_of_nodes()} heads, {G.number_of_edges()} edges (score / random baseline):")
     for u, v, d in result.edges()[:40]:
@@ -377,7 +386,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         model, args.method, task, catalog=catalog, probe_options=_probe_options(args),
         progress=True, **options,
     )  # fmt: skip
-    out = _save(args, "prune", result.save)
+    out = _save(args, "prune", result)
     _print_pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
     return 0

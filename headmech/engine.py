@@ -348,10 +348,10 @@ def stream_statistics(
     rank, world = distributed.world()  # under torchrun: batch i on rank i mod world
     iterator: Iterable[ProbeBatch] = batches
     if progress and rank == 0:
-        from tqdm.auto import tqdm
+        from headmech.progress import bar
 
         desc = progress if isinstance(progress, str) else "batches"
-        iterator = tqdm(batches, desc=desc, total=total, leave=False)
+        iterator = bar(batches, desc, total, tokens=lambda b: int(b.attention_mask.sum()))
     sizes = []
     with torch.inference_mode(), model.hooks(fwd_hooks=fwd_hooks):
         for i, batch in enumerate(iterator):

@@ -104,6 +104,11 @@ def data_hash(batches: Iterable[ProbeBatch]) -> str:
     return h.hexdigest()
 
 
+def n_tokens(batches: Iterable[ProbeBatch]) -> int:
+    """Real (unpadded) tokens of a probe."""
+    return int(sum(int(b.attention_mask.sum()) for b in batches))
+
+
 def _options(options: Any) -> dict[str, Any]:
     if options is None:
         return {}
@@ -167,7 +172,10 @@ def provenance(
             "device": str(p.device),
         },
         "probe_options": _options(options),
-        "probes": {name: {"data_sha256": data_hash(b)} for name, b in (probes or {}).items()},
+        "probes": {
+            name: {"data_sha256": data_hash(b), "n_tokens": n_tokens(b)}
+            for name, b in (probes or {}).items()
+        },
     }
     if settings:
         record["settings"] = dict(settings)

@@ -201,7 +201,10 @@ def test_rerunning_a_command_writes_the_same_bytes(tiny_dirs, tmp_path, argv):
         args = [str(tiny_dirs["bert"]) if a == "MODEL" else a for a in argv]
         assert main([*args, "--out", str(out)]) == 0
         outs.append(out)
-    files = sorted(p.name for p in outs[0].glob("*.json"))
+    # run.json is the run record (seconds, tokens/s, peak memory): the one file that differs
+    run = json.loads((outs[0] / "run.json").read_text())
+    assert run["probe_tokens"] > 0 and run["peak_memory_mb"] > 0 and run["seconds"]["compute"] > 0
+    files = sorted(p.name for p in outs[0].glob("*.json") if p.name != "run.json")
     assert files
     for name in files:
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name

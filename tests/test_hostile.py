@@ -528,7 +528,7 @@ def test_force_replaces_the_result_and_drops_its_stale_files(tmp_path, classify_
     for name in ("catalog.json", "heatmap.png", "notes.txt"):
         (out / name).write_text("old")
     assert classify_saving(out, None, "--force") == 0
-    assert sorted(p.name for p in out.iterdir()) == ["catalog.json", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["catalog.json", "notes.txt", "run.json"]
     assert (out / "catalog.json").read_text() == "new" and (out / "notes.txt").read_text() == "old"
     _no_temporary_folder(tmp_path)
 

@@ -150,12 +150,15 @@ def _run_batch(
     return sums, counts
 
 
-def _progress(items: Iterable[int], progress: bool | str) -> Iterable[int]:
-    if not progress:
+def _progress(
+    items: Sequence[int], progress: bool | str, batches: Sequence[ProbeBatch]
+) -> Iterable[int]:
+    if not progress or not distributed.is_main():
         return items
-    from tqdm.auto import tqdm
+    from headmech.progress import bar
 
-    return tqdm(items, desc=progress if isinstance(progress, str) else "batches", leave=False)
+    desc = progress if isinstance(progress, str) else "batches"
+    return bar(items, desc, len(items), tokens=lambda i: int(batches[i].attention_mask.sum()))
 
 
 def run_variants(
@@ -205,7 +208,7 @@ def run_variants(
         raise HeadmechError("no batches to run")
     parts: dict[int, tuple[Tensor, Tensor]] = {}
     with torch.no_grad():
-        for bi in _progress(distributed.mine(len(batches)), progress):  # all, or a rank's
+        for bi in _progress(distributed.mine(len(batches)), progress, batches):  # a rank's
             batch = batches[bi]
             ref = references[bi] if references is not None else task.reference(model, batch)
             todo = fixed if fixed is not None else variants(bi, batch)  # type: ignore[operator]
