@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from headmech import report
 from headmech import validation as V
 from headmech.errors import InputError
 
@@ -181,32 +182,12 @@ def cmd_classify(args: argparse.Namespace) -> int:
     t2 = time.perf_counter()
     out = _save(args, "classify", catalog)
     print(catalog.table())
-    _print_evidence(catalog)
+    report.evidence(catalog)
     for name, reason in {**skipped, **catalog.meta.get("skipped", {})}.items():
         print(f"skipped {name}: {reason}")
     files = " and ".join(str(out / f) for f in RESULT_FILES["classify"] if (out / f).exists())
     print(f"\nwrote {files} (load {t1 - t0:.1f}s, classify {t2 - t1:.1f}s)")
     return 0
-
-
-def _print_evidence(catalog: Any) -> None:
-    """Each type's own evidence (e.g. syntactic: per relation, best head vs baseline) and
-    validation effects."""
-    from headmech.heads import head_types
-
-    registry = head_types()
-    for name, r in catalog.types.items():
-        lines = registry[name]().report(r.details) if name in registry else []
-        v = r.details.get("validation")
-        if v and v.get("n_heads"):
-            lines.append(
-                f"validation ({v['mode']} ablation, {v['metric']}): labelled heads {v['effect']:+.4f}, "
-                f"{len(v['random_effects'])} random sets of {v['n_heads']} ({v['control']}) {v['random_mean']:+.4f} on average"
-            )
-        if lines:
-            print(f"\n{name}:")
-            for line in lines:
-                print(f"  {line}")
 
 
 def _method_options(registry: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -345,33 +326,6 @@ def _check_catalog(catalog: Any, model: Any, force: bool) -> None:
         )
 
 
-def _print_pruning(result: Any, catalog: Any) -> None:
-    if catalog is not None and result.steps:
-        from headmech.pruning.survival import enrichment, removal_order
-
-        n_kept = [st["n_kept"] for st in result.steps]
-        print("types by when pruning removed half their heads (heads kept then):")
-        for row in removal_order(result.survival, n_kept):
-            print(f"  {row['type']}: {row['half_removed_at_n_kept']}")
-        half = min(result.steps, key=lambda st: abs(st["n_kept"] - n_kept[0] / 2))
-        e = enrichment(half["heads_kept"], catalog)
-        print(f"enrichment of catalogued heads among the {half['n_kept']} kept: {e}")
-    for st in result.steps:
-        lam = f"  (lambda {st['lambda']:g})" if "lambda" in st else ""
-        print(f"  {st['n_kept']:4d} heads kept: {st['metric']:.4f}{lam}")
-    if "comparison" in result.extra:
-        c = result.extra["comparison"]
-        print(
-            f"mae / {result.task} (held out, lower is better): base {c['base']:.4f}, "
-            f"MAE gates + {c['model_steps']} model steps {c['mae']:.4f}, fine-tuned alone {c['finetuned']:.4f}"
-        )
-    else:
-        print(
-            f"{result.method} / {result.task}: {result.removable_fraction(0.05):.0%} of heads "
-            "removable at <= 5% metric loss"
-        )
-
-
 def cmd_prune(args: argparse.Namespace) -> int:
     """``headmech prune``."""
     from headmech.pruning import prune
@@ -387,7 +341,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         progress=True, **options,
     )  # fmt: skip
     out = _save(args, "prune", result)
-    _print_pruning(result, catalog)
+    report.pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
     return 0
 
