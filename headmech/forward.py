@@ -26,7 +26,14 @@ from torch import Tensor
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["BlockInputs", "block_inputs", "fast_attention", "run_blocks", "starting_at"]
+__all__ = [
+    "BlockInputs",
+    "block_inputs",
+    "fast_attention",
+    "pattern_hooked",
+    "run_blocks",
+    "starting_at",
+]
 
 
 @dataclass
@@ -128,11 +135,18 @@ def fast_attention_possible(model: TransformerBridge) -> bool:
             return False
         if any(getattr(hf, name, None) is not None for name in ("sinks", "attn_logit_softcapping")):
             return False  # HF's SDPA path does not take these: keep eager
+    return not pattern_hooked(model)
+
+
+def pattern_hooked(model: TransformerBridge) -> bool:
+    """Whether a hook reads or writes what only eager attention computes (the pattern, the
+    scores, the rotated q and k): an intervention or a caller's cache there."""
+    for block in model.blocks:
         for name in _PATTERN_HOOKS:
-            hp = getattr(attn, name, None)
+            hp = getattr(block.attn, name, None)
             if hp is not None and (hp._forward_hooks or hp._forward_pre_hooks):
-                return False
-    return True
+                return True
+    return False
 
 
 def _sdpa_forward(attn: Any) -> Any:

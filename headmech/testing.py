@@ -11,6 +11,8 @@ The checks:
 * ``check_score_shape_and_finite`` — the score is a finite ``[n_layers, n_heads]`` tensor;
 * ``check_deterministic`` — the same seed gives the same scores;
 * ``check_inputs_not_mutated`` — reducers leave the activation and the probe untouched;
+* ``check_blocks_add_up`` — a blockwise reducer's sums over blocks of query rows equal
+  its sums over the whole pattern (what the pattern-free path relies on);
 * ``check_positive_control`` — a head whose pattern is replaced by the type's
   ``ideal_pattern`` is found, and ranked first;
 * ``check_negative_control`` — no head of a randomly initialised model is labelled;
@@ -198,7 +200,7 @@ def check_inputs_not_mutated(head_type: HeadType, model: TransformerBridge | Non
         else:
             act = torch.rand(n, pos, h, int(model.cfg.d_head), generator=g)
         copy = act.clone()
-        r.fn(act, batch, r.prepare(batch) if r.prepare else None, 0)
+        r(act, batch, r.prepare(batch) if r.prepare else None, 0)
         assert torch.equal(act, copy), f"reducer {r.name} modified its activation"
     _stats(head_type, model, probe)
     for b, (ids, mask, special) in zip(probe.batches, before, strict=True):
@@ -206,6 +208,41 @@ def check_inputs_not_mutated(head_type: HeadType, model: TransformerBridge | Non
             "probe batch modified"
         )
         assert torch.equal(b.special, special), "probe special-token mask modified"
+
+
+def check_blocks_add_up(head_type: HeadType, model: TransformerBridge | None = None) -> None:
+    """Sums and counts of a blockwise reducer over three blocks of query rows equal its
+    sums over all rows at once, on a random pattern."""
+    from headmech.reducers import merge_sums
+
+    model = model or _control_model(head_type)
+    batch = build_probe(head_type.probe, model, CONTROL_OPTIONS).batches[0]
+    n, pos = batch.input_ids.shape
+    g = torch.Generator().manual_seed(1)
+    scores = torch.rand(n, int(model.cfg.n_heads), pos, pos, generator=g)
+    causal = model.cfg.attention_dir == "causal"
+    if causal:  # blocks of a causal pattern leave out the keys after their last query
+        scores = scores.masked_fill(torch.ones(pos, pos, dtype=torch.bool).triu(1), -torch.inf)
+    pattern = scores.softmax(-1)
+    for r in head_type.reducers():
+        if not (r.blockwise and r.hook == "hook_pattern"):
+            continue
+        prepared = r.prepare(batch) if r.prepare else None
+        whole = r(pattern, batch, prepared, 0)
+        parts: dict[str, list[Any]] = {}
+        cuts = [0, pos // 3, pos // 2 + 1, pos]
+        for a, b in zip(cuts, cuts[1:], strict=False):
+            block = pattern[:, :, a:b, : b if causal else pos]
+            merge_sums(parts, r(block, batch, prepared, 0, slice(a, b)))
+        assert sorted(parts) == sorted(whole), f"reducer {r.name}: blocks give other statistics"
+        for stat, (total, count) in whole.items():
+            got_total, got_count = parts[stat]
+            assert torch.allclose(
+                torch.as_tensor(got_total).double(), torch.as_tensor(total).double(), atol=1e-5
+            ), f"reducer {r.name}: {stat} summed over blocks differs from the whole pattern's"
+            assert torch.allclose(
+                torch.as_tensor(got_count).double(), torch.as_tensor(count).double(), atol=1e-9
+            ), f"reducer {r.name}: {stat} counts over blocks differ from the whole pattern's"
 
 
 def check_positive_control(head_type: HeadType, model: TransformerBridge | None = None) -> None:
@@ -260,6 +297,7 @@ CHECKS: list[Callable[..., Any]] = [
     check_score_shape_and_finite,
     check_deterministic,
     check_inputs_not_mutated,
+    check_blocks_add_up,
     check_positive_control,
     check_negative_control,
 ]

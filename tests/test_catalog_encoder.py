@@ -77,7 +77,7 @@ def test_positional_histogram_matches_loop():
     batch = _parsed_batch()
     pattern = _random_pattern(batch, n_heads=5)
     t = PositionalHead()
-    out = _totals(t._reduce(pattern, batch, t._prepare(batch), 0))
+    out = _totals(t.reducers()[0](pattern, batch, t._prepare(batch), 0))
     n_heads = pattern.shape[1]
     for off in POS_OFFSETS:
         hits, valid = torch.zeros(n_heads), 0
@@ -111,7 +111,7 @@ def test_syntactic_hits_and_baseline_match_loop():
     batch = _parsed_batch()
     pattern = _random_pattern(batch, n_heads=4, seed=1)
     t = SyntacticHead()
-    out = _totals(t._reduce(pattern, batch, t._prepare(batch), 0))
+    out = _totals(t.reducers()[0](pattern, batch, t._prepare(batch), 0))
     hits = {(r, d): torch.zeros(4) for r in t.relations for d in DIRECTIONS}
     counts = dict.fromkeys(hits, 0)
     offsets: dict[tuple[str, str, int], int] = {}
@@ -149,7 +149,7 @@ def test_syntactic_ideal_pattern_finds_every_dependent_to_head_case():
     batch = _parsed_batch()
     t = SyntacticHead()
     ideal = t.ideal_pattern(batch)[:, None]  # [batch, 1, query_pos, key_pos]
-    out = _totals(t._reduce(ideal, batch, t._prepare(batch), 0))
+    out = _totals(t.reducers()[0](ideal, batch, t._prepare(batch), 0))
     for rel in ("det", "amod", "nsubj", "advmod", "dobj"):
         total, count = out[f"{rel}.dep_to_head.hit"]
         assert float(count) > 0 and float(total[0]) == float(count), rel
@@ -167,7 +167,7 @@ def test_rare_word_targets_and_chance():
     pattern[0, 1, :, 5] = 0.8  # head 1: [SEP] first (excluded), then token "a"
     pattern[0, 1, :, 1] = 0.1
     t = RareWordHead()
-    out = _totals(t._reduce(pattern, batch, t._prepare(batch), 0))
+    out = _totals(t.reducers()[0](pattern, batch, t._prepare(batch), 0))
     hit, n = out["hit"]
     assert float(n) == 2
     assert hit.tolist() == [2.0, 0.0]

@@ -129,7 +129,7 @@ def test_planted_copy_head_scores_one(control, control_probe):
     ideal = t.ideal_pattern(batch)  # [batch, query_pos, key_pos]
     pattern = ideal[:, None].repeat(1, int(control.cfg.n_heads), 1, 1)
     (reducer,) = t.reducers()
-    out = reducer.fn(pattern, batch, reducer.prepare(batch), 0)  # type: ignore[misc]
+    out = reducer(pattern, batch, reducer.prepare(batch), 0)
     total, count = out["copy"]  # per trial: [batch, n_heads] and [batch]
     assert torch.allclose(total / count[:, None], torch.ones_like(total))
     hit, n = out["source_hit"]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from headmech import blockwise
 from headmech.engine import ProbeBatch, Reducer, stream_statistics
 
 if TYPE_CHECKING:
@@ -34,14 +35,16 @@ def confidence_reducer(name: str = "confidence") -> Reducer:
         ordinary = ~batch.special  # [batch, pos]
         return ordinary, ordinary
 
-    def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
+    def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice) -> dict:
         queries, keys = prepared
-        # pattern: [batch, head_index, query_pos, key_pos]
-        top = (pattern * keys[:, None, None, :].to(pattern.dtype)).amax(-1)  # [batch, head, query]
+        queries = queries[:, rows]
+        # pattern: [batch, head_index, query rows, key_pos]
+        # the largest weight on an ordinary key (none visible: 0; weights are >= 0)
+        top = blockwise.top1(pattern, keys)[0].clamp(min=0)  # [batch, head, query]
         w = queries[:, None, :].to(pattern.dtype)
         return {"max": ((top * w).sum(2), queries.sum(1))}  # per sequence
 
-    return Reducer(name, fn, prepare)
+    return Reducer(name, fn, prepare, blockwise=True)
 
 
 def confidence(

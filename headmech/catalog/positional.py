@@ -8,6 +8,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headmech import blockwise
 from headmech.engine import HeadStats, ProbeBatch, Reducer
 from headmech.heads import HeadIndex, HeadType
 
@@ -100,11 +101,13 @@ class PositionalHead(HeadType):
         batch: ProbeBatch,
         prepared: tuple[Tensor, Tensor, Tensor, Tensor],
         layer: int,
+        rows: slice,
     ) -> dict[str, tuple[Tensor, Tensor]]:
-        ordinary, keys, valid, pos = prepared
+        ordinary_keys, keys, valid, pos = prepared
+        # this block's queries: rows of the pattern (the keys stay whole)
+        ordinary, valid, pos = ordinary_keys[:, rows], valid[:, :, rows], pos[rows]
         # masked_fill, not in place: the engine's activation must stay untouched
-        scores = pattern.masked_fill(~keys[:, None, None, :], float("-inf"))
-        top: Int[Tensor, "batch head_index query_pos"] = scores.argmax(-1)
+        top: Int[Tensor, "batch head_index query_pos"] = blockwise.top1(pattern, keys)[1]
         offset = top - pos  # [batch, head_index, query_pos]
         out: dict[str, tuple[Tensor, Tensor]] = {}
         binned = torch.zeros_like(ordinary[:, None].expand_as(top))
@@ -118,14 +121,14 @@ class PositionalHead(HeadType):
         other = ~binned & ordinary[:, None]
         out["other"] = (other.sum(2).double(), n_queries)
         # evidence: queries whose maximum over all real keys is a special token
-        real = batch.attention_mask.bool()
-        top_all = pattern.masked_fill(~real[:, None, None, :], float("-inf")).argmax(-1)
-        sink = batch.special.gather(1, top_all.flatten(1)).view_as(top_all)
+        # (padding keys carry no weight: the argmax over every key is over the real ones)
+        top_all = blockwise.top1(pattern)[1]
+        sink = batch.special.gather(1, top_all.flatten(1)).view_as(top_all)  # key lookup
         out["special_argmax"] = ((sink & ordinary[:, None]).sum(2).double(), n_queries)
         return out
 
     def reducers(self) -> list[Reducer]:
-        return [Reducer(self.name, self._reduce, self._prepare)]
+        return [Reducer(self.name, self._reduce, self._prepare, blockwise=True)]
 
     # --- decision -----------------------------------------------------------------
     def _fractions(self, stats: HeadStats) -> Float[Tensor, "n_off n_layers n_heads"]:

@@ -8,6 +8,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from headmech import blockwise
 from headmech.engine import HeadStats, ProbeBatch, Reducer
 from headmech.heads import HeadIndex, HeadType
 
@@ -93,11 +94,15 @@ class RareWordHead(HeadType):
         batch: ProbeBatch,
         prepared: tuple[Tensor, Tensor, Tensor, Tensor],
         layer: int,
+        rows: slice,
     ) -> dict[str, tuple[Tensor, Tensor]]:
         target, keys, query, chance = prepared
-        scores = pattern.masked_fill(~keys[:, None, None, :], float("-inf"))
-        top = scores.argmax(-1, keepdim=True)  # [batch, head_index, query_pos, 1]
-        hit = target[:, None].expand_as(pattern).gather(-1, top)[..., 0]  # [batch, head, query]
+        target, query, chance = target[:, rows], query[:, rows], chance[:, rows]  # this block
+        top = blockwise.top1(pattern, keys)[1][..., None]  # [batch, head_index, query_pos, 1]
+        width = pattern.shape[-1]  # keys after the block's last query are left out
+        hit = (
+            target[:, None, :, :width].expand_as(pattern).gather(-1, top)[..., 0]
+        )  # [batch, head, query]
         hit = hit & query[:, None]
         n = query.sum(1).double()  # per sequence
         n_heads = pattern.shape[1]
@@ -107,7 +112,7 @@ class RareWordHead(HeadType):
         }
 
     def reducers(self) -> list[Reducer]:
-        return [Reducer(self.name, self._reduce, self._prepare)]
+        return [Reducer(self.name, self._reduce, self._prepare, blockwise=True)]
 
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:

@@ -64,25 +64,30 @@ class RetrievalHead(HeadType):
         return t.scatter(1, query, torch.where(valid, source_pos, query.new_full((), -1)))
 
     def reducers(self) -> list[Reducer]:
-        def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
-            query, target, source_pos, valid, span = prepared
-            n_batch, n_heads, _, n_key = pattern.shape
-            n_answer = query.shape[1]
-            # pattern: [batch, head_index, query_pos, key_pos] -> answer-step rows only
-            idx = query[:, None, :, None].expand(n_batch, n_heads, n_answer, n_key)
-            rows = pattern.gather(2, idx)  # [batch, head_index, answer, key_pos]
-            top = rows.argmax(-1)  # [batch, head_index, answer]
+        def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice) -> dict:
+            query, target, source_pos, valid_all, span = prepared
+            _, n_heads, n_rows, n_key = pattern.shape
+            # this block's answer steps: their query rows fall in ``rows``
+            local = query - rows.start
+            valid = valid_all & (local >= 0) & (local < n_rows)
+            idx = local.clamp(0, n_rows - 1)[:, None, :, None].expand(-1, n_heads, -1, n_key)
+            steps = pattern.gather(2, idx)  # [batch, head_index, answer, key_pos]
+            top = steps.argmax(-1)  # [batch, head_index, answer]
             flat = top.flatten(1)  # [batch, head_index * answer]
             in_span = span.gather(1, flat).view_as(top)
             same = batch.input_ids.gather(1, flat).view_as(top) == target[:, None]
             w = valid[:, None].to(pattern.dtype)  # [batch, 1, answer]
             copy = (in_span & same).to(pattern.dtype) * w
-            n_steps = valid.sum(1, keepdim=True).clamp(min=1).to(pattern.dtype)  # [batch, 1]
-            mass = (rows * span[:, None, None].to(rows.dtype)).sum(-1)  # [batch, head, answer]
+            n_steps = valid_all.sum(1, keepdim=True).clamp(min=1).to(pattern.dtype)  # [batch, 1]
+            on_span = span[:, None, None, :n_key].to(steps.dtype)  # keys 0 .. n_key - 1
+            mass = (steps * on_span).sum(-1)  # [batch, head, answer]
             src_hit = (top == source_pos[:, None]).to(pattern.dtype) * w
-            n = valid.sum(1)  # per trial (sequence)
+            n = valid.sum(1)  # per trial (sequence), this block's steps
+            # one trial counts once: its steps' shares over the blocks sum to 1 (a trial
+            # with no valid step counts in the first block)
+            share = n / n_steps[:, 0] + (~valid_all.any(1) & (rows.start == 0))
             return {
-                "copy": (copy.sum(-1) / n_steps, torch.ones_like(n)),
+                "copy": (copy.sum(-1) / n_steps, share),
                 "needle_mass": ((mass * w).sum(2), n),
                 "source_hit": (src_hit.sum(2), n),
             }
@@ -93,7 +98,7 @@ class RetrievalHead(HeadType):
             target = batch.input_ids.gather(1, answer_pos.clamp(min=0))  # [batch, answer]
             return query, target, source_pos, valid, span
 
-        return [Reducer(self.name, fn, prepare)]
+        return [Reducer(self.name, fn, prepare, blockwise=True)]
 
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:

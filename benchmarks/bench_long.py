@@ -1,0 +1,207 @@
+"""Long context: head statistics against a bare fused-attention forward, 2k to 8k tokens.
+
+One sequence of ``T`` tokens (BOS, ``T/2`` random tokens, the same tokens again: the
+induction probe at length ``T``), the reducers of every catalog type that reads attention
+on a token sequence (positional, previous token, duplicate token, induction, attention
+sink) plus Voita's confidence, three ways, each in a fresh subprocess:
+
+* ``bare``: the same blocks with no hooks, attention as fused SDPA (the floor);
+* ``blocks``: ``stream_statistics(attention="blocks")``: patterns rebuilt from q and k in
+  blocks of query rows while the model runs SDPA (what ``classify`` does by default);
+* ``pattern``: ``stream_statistics(attention="pattern")``: eager attention, reducers on
+  every layer's whole ``hook_pattern`` (the path before pattern-free statistics).
+
+Peak memory above the loaded model (CPU: ``VmHWM`` reset after loading; CUDA: the
+allocator's peak) and seconds of one pass, as ratios to ``bare``; targets at 8,192
+tokens: memory <= 1.25x and time <= 1.5x. Writes a table and ``long.png``.
+
+Usage:
+    python benchmarks/bench_long.py [--lengths 2048,4096,8192] [--threads 2]
+    python benchmarks/bench_long.py --device cuda --model-config llama-1b --dtype bfloat16 \\
+        --lengths 8192,32768,65536   # random weights from a config: no download
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import add_arguments, clock, memory_mb, peak_mb, record, reset_peak, start
+
+MODES = ("bare", "blocks", "pattern")
+TYPES = ("positional", "previous_token", "duplicate_token", "induction", "attention_sink")
+# a LLaMA-3.2-1B-shaped config (grouped-query: 32 query heads, 8 KV heads)
+CONFIGS = {
+    "llama-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    )
+}
+
+
+def _load(args: argparse.Namespace):  # noqa: ANN202
+    import headmech
+
+    if not args.model_config:
+        return headmech.load_model(args.model, device=args.device, dtype=args.dtype)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok_source = headmech.load_model("smollm2-135m").tokenizer
+    with torch.device("cpu"):
+        hf = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok_source), **CONFIGS[args.model_config]))
+    folder = Path(tempfile.mkdtemp(prefix="bench_long_"))
+    hf.save_pretrained(folder)
+    tok_source.save_pretrained(folder)
+    del hf
+    return headmech.load_model(str(folder), device=args.device, dtype=args.dtype)
+
+
+def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
+    """In a subprocess: seconds and peak memory above the model of one pass."""
+    import headmech
+    from headmech.attribution.confidence import confidence_reducer
+    from headmech.engine import bare_forward, stream_statistics
+    from headmech.forward import fast_attention
+    from headmech.probes import ProbeOptions, build_probe
+
+    model = _load(args)
+    opts = ProbeOptions(n_sequences=1, half_len=(n - 1) // 2, batch_size=1)
+    batches = build_probe("repeated_random", model, opts).batches
+    short = build_probe("repeated_random", model, ProbeOptions(n_sequences=1, half_len=32)).batches
+    reducers = [r for t in TYPES for r in headmech.get_head_type(t)().reducers()]
+    reducers.append(confidence_reducer())
+
+    def run(b: list) -> None:
+        if mode == "bare":
+            with fast_attention(model) as on:
+                assert on, "no fused attention for this model"
+                bare_forward(model, b)
+        else:
+            stream_statistics(model, b, reducers, attention=mode)
+
+    run(short)  # warm-up (and the once-per-model check)
+    gc.collect()
+    reset_peak(args.device)
+    base = memory_mb(args.device)
+    t0 = clock(args.device)
+    run(batches)
+    seconds = clock(args.device) - t0
+    return {
+        "mode": mode,
+        "tokens": batches[0].n_tokens,
+        "seconds": seconds,
+        "peak_mb": peak_mb(args.device) - base,
+    }
+
+
+def measure(args: argparse.Namespace, mode: str, n: int) -> dict:
+    cmd = [sys.executable, __file__, "--_pass", mode, str(n), "--model", args.model]
+    for flag in ("device", "threads", "dtype", "model_config"):
+        if getattr(args, flag):
+            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        return {"mode": mode, "error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def figure(table: dict[int, dict[str, dict]], name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    data = {"tokens": [], "mode": [], "memory": [], "time": []}
+    for n, row in table.items():
+        for mode in ("blocks", "pattern"):
+            if (
+                mode in row
+                and "error" not in row[mode]
+                and "error" not in row.get("bare", {"error": 1})
+            ):
+                data["tokens"].append(n)
+                data["mode"].append(mode)
+                data["memory"].append(row[mode]["peak_mb"] / row["bare"]["peak_mb"])
+                data["time"].append(row[mode]["seconds"] / row["bare"]["seconds"])
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax, what, target in zip(axes, ("memory", "time"), (1.25, 1.5), strict=True):
+        sns.barplot(x=data["tokens"], y=data[what], hue=data["mode"], ax=ax)
+        ax.axhline(target, color="k", ls="--", lw=1)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel(f"{what} / bare SDPA forward")
+    fig.suptitle(f"{name}: head statistics at long context")
+    fig.tight_layout()
+    fig.savefig(Path(__file__).with_name("long.png"), dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    ap.add_argument("--lengths", default="2048,4096,8192")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--model-config", default=None, choices=sorted(CONFIGS))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--_pass", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    start(args)
+    if args._pass:
+        print(json.dumps(one_pass(args, args._pass[0], int(args._pass[1]))))
+        return
+    name = args.model_config or args.model
+    table: dict[int, dict[str, dict]] = {}
+    rows = []
+    print(f"{name} ({args.dtype or 'float32'}, {args.device or 'cpu'})")
+    print(f"{'tokens':>7} {'mode':>8} {'seconds':>8} {'peak MB':>8} {'time x':>7} {'mem x':>6}")
+    lengths = [int(x) for x in args.lengths.split(",")]
+    for n in lengths:
+        table[n] = row = {}
+        for mode in args.modes.split(","):
+            t = time.perf_counter()
+            row[mode] = r = measure(args, mode, n)
+            if "error" in r:
+                print(f"{n:>7} {mode:>8} failed: {r['error']} ({time.perf_counter() - t:.0f}s)")
+                continue
+            bare = row.get("bare", {})
+            tx = r["seconds"] / bare["seconds"] if "seconds" in bare else float("nan")
+            mx = r["peak_mb"] / bare["peak_mb"] if "peak_mb" in bare else float("nan")
+            print(
+                f"{n:>7} {mode:>8} {r['seconds']:>8.2f} {r['peak_mb']:>8.0f} {tx:>7.2f} {mx:>6.2f}"
+            )
+            if mode != "bare":
+                last = n == max(lengths)
+                met = (mx <= 1.25 and tx <= 1.5) if mode == "blocks" else None
+                rows.append(
+                    {
+                        "figure": "long",
+                        "what": f"{mode} statistics vs bare SDPA forward, one {n}-token sequence "
+                        f"({name}, {args.dtype or 'float32'})",
+                        "result": f"memory {mx:.2f}x ({r['peak_mb']:.0f} vs {bare['peak_mb']:.0f} MB), "
+                        f"time {tx:.2f}x ({r['seconds']:.1f} vs {bare['seconds']:.1f} s)",
+                        "target": "memory <= 1.25x, time <= 1.5x at 8,192"
+                        if mode == "blocks"
+                        else "",
+                        "met": met if last or mode != "blocks" else None,
+                        "values": {"tokens": n, mode: r, "bare": bare},
+                    }
+                )
+    figure(table, name)
+    record("bench_long" + (f"_{args.model_config}" if args.model_config else ""), args.device, rows)
+
+
+if __name__ == "__main__":
+    main()

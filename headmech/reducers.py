@@ -1,0 +1,146 @@
+"""What a reducer is: a per-head statistic computed inside a hook.
+
+:class:`Reducer` pairs a function that turns one layer's activation (the attention
+pattern, or a block of its query rows; or ``hook_z``) into per-sequence sums and counts
+with a ``prepare`` run once per batch. :func:`target_reducer` is the common case, "how
+much attention goes to each query's target key(s), and is the target the argmax".
+:mod:`headmech.engine` runs reducers; both names are re-exported there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from headmech import blockwise
+from headmech.stats import ProbeBatch
+
+__all__ = ["Reducer", "Sums", "merge_sums", "target_reducer"]
+
+
+# what a reducer returns: {stat: (sum over queries [batch, n_heads], count)}
+Sums = Mapping[str, tuple[Tensor, Tensor | float]]
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """A per-head statistic computed inside a hook.
+
+    Attributes:
+        name: prefix of the statistics it produces (``name.stat``).
+        fn: ``fn(activation, batch, prepared, layer)`` → ``{stat: (sum, count)}``, per
+            sequence: ``sum`` is ``[batch, n_heads]`` and ``count`` ``[batch]`` or ``[batch,
+            n_heads]`` (per-sequence sums let :mod:`headmech.uncertainty` resample the probe's
+            examples); a reducer with no per-sequence view may return ``[n_heads]`` and a
+            scalar or ``[n_heads]`` count instead. It must not modify ``activation``.
+        prepare: ``prepare(batch)`` → anything, run once per batch (not once per layer).
+        hook: the attention hook it reads: ``"hook_pattern"``
+            (``[batch, head_index, query_pos, key_pos]``) or ``"hook_z"``
+            (``[batch, pos, head_index, d_head]``).
+        blockwise: the reducer takes a block of query rows: it is called as ``fn(block,
+            batch, prepared, layer, rows)`` with ``rows`` a ``slice`` of query positions and
+            ``block`` the pattern's rows ``[batch, head_index, len(rows), width]``: keys
+            ``0 .. width - 1``, where ``width <= T`` (causal attention leaves out the keys
+            after the block's last query: they have no weight). Its sums and counts over
+            the blocks add up to the whole pattern's. Without it a pattern reducer sees
+            every query and key at once (one ``T x T`` block).
+    """
+
+    name: str
+    fn: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]]
+    prepare: Callable[[ProbeBatch], Any] | None = None
+    hook: str = "hook_pattern"
+    blockwise: bool = False
+
+    def __call__(
+        self,
+        activation: Tensor,
+        batch: ProbeBatch,
+        prepared: Any,
+        layer: int,
+        rows: slice | None = None,
+    ) -> Sums:
+        """``fn`` on one layer's activation; ``rows``: the query rows of a pattern block
+        (default all, the only choice for a reducer that is not blockwise)."""
+        if not self.blockwise:
+            if rows is not None and (rows.start, rows.stop) != (0, activation.shape[-2]):
+                raise ValueError(f"reducer {self.name} is not blockwise: it needs every row")
+            return self.fn(activation, batch, prepared, layer)
+        rows = slice(0, activation.shape[-2]) if rows is None else rows
+        return self.fn(activation, batch, prepared, layer, rows)
+
+
+def _set_mass(pattern: Tensor, where: Tensor, rows: slice) -> Tensor:
+    """Attention mass on a set of target keys per query, ``[batch, head_index, rows]``,
+    from the targets' ``(sequence, query, key)`` rows ``where`` (O(targets), not O(T^2))."""
+    b, q, k = where.unbind(-1)
+    keep = (q >= rows.start) & (q < rows.stop) & (k < pattern.shape[-1])
+    b, q, k = b[keep], q[keep] - rows.start, k[keep]
+    mass = pattern.new_zeros(pattern.shape[0], pattern.shape[2], pattern.shape[1])
+    mass.index_put_((b, q), pattern[b, :, q, k], accumulate=True)  # [batch, rows, head]
+    return mass.transpose(1, 2)
+
+
+def target_reducer(
+    name: str,
+    targets: Callable[[ProbeBatch], Tensor],
+) -> Reducer:
+    """Attention mass on, and argmax hits of, per-query target positions.
+
+    Args:
+        name: statistic prefix; produces ``name.mass``, ``name.hit`` (means over the
+            queries that have a target) and ``name.rows`` (mass summed over every real
+            query, divided by all real queries — TransformerLens' "mul" score when the
+            pattern rows sum to one).
+        targets: ``targets(batch)`` returns either ``Int[batch, query_pos]`` (one key
+            position per query, -1 for none) or ``Bool[batch, query_pos, key_pos]`` (a set
+            of target keys per query; empty rows have no target).
+
+    Returns:
+        A :class:`Reducer` on ``hook_pattern``.
+    """
+
+    def prepare(batch: ProbeBatch) -> tuple[Tensor, ...]:
+        t = targets(batch)
+        real_query = batch.attention_mask.bool()
+        if t.dtype == torch.bool:  # a set of keys per query: [batch, query_pos, key_pos]
+            t = t & batch.attention_mask.bool()[:, None, :]
+            # its True entries as (sequence, query, key) rows: the mass reads only these
+            return t, t.any(-1) & real_query, real_query, t.nonzero()
+        return t.clamp(min=0), (t >= 0) & real_query, real_query  # one key per query
+
+    def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice) -> dict:
+        target, has, real_query = (x[:, rows] for x in prepared[:3])
+        # pattern: [batch, head_index, query rows, key_pos]
+        top = blockwise.top1(pattern)[1]  # [batch, head_index, query rows]
+        width = pattern.shape[-1]  # keys 0 .. width - 1 (later keys have no weight)
+        if target.dim() == 2:  # one key per query: read it, no [query, key] mask needed
+            idx = target.clamp(max=width - 1)[:, None, :, None].expand(-1, pattern.shape[1], -1, 1)
+            mass = pattern.gather(-1, idx)[..., 0] * (has & (target < width))[:, None]
+            hit = top == target[:, None]
+        else:
+            mass = _set_mass(pattern, prepared[3], rows)
+            hit = target[:, None, :, :width].expand_as(pattern).gather(-1, top[..., None])[..., 0]
+        w = has[:, None].to(pattern.dtype)
+        n = has.sum(1)  # [batch]: per sequence
+        return {
+            "mass": ((mass * w).sum(2), n),
+            "hit": ((hit.to(pattern.dtype) * w).sum(2), n),
+            "rows": ((mass * real_query[:, None]).sum(2), real_query.sum(1)),
+        }
+
+    return Reducer(name, fn, prepare, blockwise=True)
+
+
+def merge_sums(acc: dict[str, list[Any]], out: Sums) -> None:
+    """Add a block's sums and counts into ``acc`` (``{stat: [sum, count]}``)."""
+    for stat, (total_, count) in out.items():
+        if stat in acc:
+            acc[stat][0] = acc[stat][0] + total_
+            acc[stat][1] = acc[stat][1] + count
+        else:
+            acc[stat] = [total_, count]

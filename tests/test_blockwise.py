@@ -1,0 +1,225 @@
+"""Pattern-free statistics: patterns rebuilt from q and k in blocks of query rows equal the
+model's own pattern, on every bundled model and on tiny GPT-2, LLaMA (grouped-query) and
+BERT models."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import headmech
+from headmech import blockwise, engine
+from headmech.engine import stream_statistics
+from headmech.interventions import Intervention, Set, applied
+from headmech.probes import ProbeOptions, build_probe
+
+SMALL = ProbeOptions(
+    n_sentences=12, n_sequences=4, half_len=12, needle_lengths=(120,), needle_depths=(0.5,)
+)
+
+
+def _types(model):
+    causal = model.cfg.attention_dir == "causal"
+    out = [headmech.get_head_type(t)() for t in headmech.head_types()]
+    out = [t for t in out if causal or not t.causal_only]
+    # the needle probe needs a few hundred tokens of context (tiny models have 64)
+    return [t for t in out if t.probe != "needle" or model.cfg.n_ctx >= 256]
+
+
+def assert_paths_agree(model, options=SMALL, budget=2**14):
+    """Every statistic of every type, pattern path vs blocks (a small block budget, so
+    several blocks per layer), means and per-sequence sums."""
+    by_probe: dict[str, list] = {}
+    for t in _types(model):
+        by_probe.setdefault(t.probe, []).append(t)
+    checked = 0
+    for probe, types in by_probe.items():
+        batches = build_probe(probe, model, options).batches
+        reducers = [r for t in types for r in t.reducers()]
+        a = stream_statistics(model, batches, reducers, attention="pattern")
+        b = stream_statistics(model, batches, reducers, attention="blocks", block_memory=budget)
+        assert sorted(a.sums) == sorted(b.sums)
+        for k in a.sums:
+            torch.testing.assert_close(b.sums[k], a.sums[k], atol=1e-4, rtol=1e-5, msg=k)
+            torch.testing.assert_close(b.counts[k], a.counts[k], atol=1e-9, rtol=0, msg=k)
+            ua, ub = a.units(k), b.units(k)
+            assert (ua is None) == (ub is None), k
+            if ua is not None and ub is not None:
+                torch.testing.assert_close(ub[0], ua[0], atol=1e-4, rtol=1e-5, msg=k)
+            checked += 1
+    assert checked > 10
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
+def test_tiny_models_blocks_equal_pattern(tiny_models, name):
+    assert_paths_agree(tiny_models[name])
+
+
+def test_toy_induction_blocks_equal_pattern():
+    assert_paths_agree(headmech.load_model("toy-induction"))
+
+
+def test_smollm2_blocks_equal_pattern(smollm2):
+    assert_paths_agree(smollm2, budget=2**20)
+
+
+def test_minilm_blocks_equal_pattern(minilm):
+    assert_paths_agree(minilm, budget=2**18)
+
+
+def test_rows_equal_run_with_cache_pattern(tiny_models):
+    """A block of rebuilt rows is the cached ``hook_pattern`` (grouped-query LLaMA, a
+    padded sequence)."""
+    model = tiny_models["llama"]
+    geom = blockwise.geometry(model)
+    assert isinstance(geom, blockwise.Geometry) and geom.n_kv_heads == 2 < geom.n_heads
+    ids = torch.randint(0, 500, (2, 20), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 14:] = 0
+    _, cache = model.run_with_cache(ids, attention_mask=mask)
+    store: dict[int, object] = {}
+    with blockwise.capture_rotary(model, [1], store):
+        model(ids, attention_mask=mask, return_type=None)
+    q, k = blockwise.rotate(
+        cache["blocks.1.attn.hook_q"], cache["blocks.1.attn.hook_k"], store[1], geom
+    )
+    rows = slice(5, 12)
+    got = blockwise.pattern_rows(q, k, mask.bool(), geom, 1, rows)
+    want = cache["blocks.1.attn.hook_pattern"][:, :, rows]
+    assert got.shape[-1] == 12  # causal: keys after the last query (11) are left out
+    assert float(want[..., 12:].abs().max()) == 0.0
+    torch.testing.assert_close(got[0], want[0, ..., :12], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got[1], want[1, ..., :12], atol=1e-6, rtol=1e-5)
+
+
+def test_rows_per_block_follows_the_budget():
+    per_row = 2 * 9 * 8192 * 16  # two sequences, 9 heads, 8k keys, 16 bytes per entry
+    assert blockwise.rows_per_block(2, 9, 8192, 256 * 2**20) == 256 * 2**20 // per_row
+    assert blockwise.rows_per_block(2, 9, 8192, 1) == 1
+    assert blockwise.rows_per_block(1, 1, 10, 2**30) == 10
+
+
+def test_pattern_interventions_keep_the_real_pattern(tiny_models):
+    """A hook on the pattern (a planted head) must be seen: auto uses the model's pattern,
+    and asking for blocks is refused."""
+    model = tiny_models["llama"]
+    t = headmech.get_head_type("previous_token")()
+    (batch,) = build_probe(t.probe, model, ProbeOptions(n_sentences=4, batch_size=4)).batches
+    planted = Intervention.on(
+        [headmech.HeadIndex(1, 2)], Set(t.ideal_pattern(batch)[:, None]), site="pattern"
+    )
+    with applied(model, [planted], strict=False):
+        s = stream_statistics(model, [batch], t.reducers())
+        assert float(s.mean("previous_token.mass")[1, 2]) == pytest.approx(1.0, abs=1e-6)
+        with pytest.raises(ValueError, match="hook reads or edits the pattern"):
+            stream_statistics(model, [batch], t.reducers(), attention="blocks")
+
+
+def test_a_wrong_geometry_is_caught_and_falls_back(tiny_models, monkeypatch):
+    """The check on a short input notices a geometry that does not reproduce the model's
+    pattern (here a wrong scale): auto warns and uses the pattern path."""
+    model = tiny_models["gpt2"]
+    right = blockwise.geometry(model)
+    assert isinstance(right, blockwise.Geometry)
+    wrong = blockwise.Geometry(
+        right.n_heads, right.n_kv_heads, right.causal, tuple(2 * s for s in right.scales), None
+    )
+    monkeypatch.setattr(blockwise, "geometry", lambda m: wrong)
+    monkeypatch.setattr(engine, "_CHECKED", type(engine._CHECKED)())
+    with pytest.warns(UserWarning, match="differs from the model's"):
+        mode, _ = engine._choose(model, headmech.get_head_type("induction")().reducers(), "auto")
+    assert mode == "pattern"
+
+
+def test_unsupported_attention_is_named(tiny_models, monkeypatch):
+    model = tiny_models["llama"]
+    hf = model.blocks[0].attn.original_component
+    monkeypatch.setattr(hf.config, "sliding_window", 16, raising=False)
+    assert blockwise.geometry(model) == "sliding-window attention"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mode, _ = engine._choose(model, headmech.get_head_type("induction")().reducers(), "auto")
+    assert mode == "pattern"
+
+
+def test_blocks_with_bf16_accumulate_in_fp32(tiny_dirs):
+    """A bf16 model's rebuilt rows are fp32 and its statistics stay close to fp32's."""
+    m32 = headmech.load_model(str(tiny_dirs["llama"]))
+    m16 = headmech.load_model(str(tiny_dirs["llama"]), dtype="bfloat16")
+    t = headmech.get_head_type("previous_token")()
+    batches = build_probe(t.probe, m32, ProbeOptions(n_sentences=8, batch_size=4)).batches
+    a = stream_statistics(m32, batches, t.reducers(), attention="pattern")
+    b = stream_statistics(m16, batches, t.reducers(), attention="blocks")
+    diff = (a.mean("previous_token.mass") - b.mean("previous_token.mass")).abs().max()
+    assert float(diff) < 0.02
+
+
+def test_blocks_run_fused_attention(smollm2, monkeypatch):
+    """In the blocks path the model runs SDPA (fast attention is on) and no hook reads
+    the pattern; hook_z reducers still run."""
+    import contextlib
+
+    states, fired = [], []
+    real = engine.fast_attention
+
+    @contextlib.contextmanager
+    def spy_fast(model, enable=True):
+        with real(model, enable) as on:
+            states.append(on)
+            yield on
+
+    def spy(z, batch, prepared, layer):
+        fired.append(layer)
+        return {}
+
+    monkeypatch.setattr(engine, "fast_attention", spy_fast)
+    t = headmech.get_head_type("induction")()
+    batches = build_probe(t.probe, smollm2, ProbeOptions(n_sequences=2, half_len=8)).batches
+    reducers = [*t.reducers(), engine.Reducer("spy", spy, hook="hook_z")]
+    stream_statistics(smollm2, batches, reducers, attention="blocks")
+    assert states == [True]
+    assert sorted(set(fired)) == list(range(smollm2.cfg.n_layers))
+
+
+def test_conformance_catches_a_reducer_that_ignores_its_rows(tiny_models):
+    """check_blocks_add_up fails a blockwise reducer that reads its prepared data as if
+    every block started at query 0."""
+    from headmech.engine import Reducer
+    from headmech.testing import check_blocks_add_up
+
+    base = headmech.get_head_type("previous_token")
+
+    class Broken(base):  # type: ignore[misc, valid-type]
+        def reducers(self):
+            (r,) = super().reducers()
+
+            def fn(pattern, batch, prepared, layer, rows):
+                return r.fn(pattern, batch, prepared, layer, slice(0, pattern.shape[-2]))
+
+            return [Reducer(r.name, fn, r.prepare, blockwise=True)]
+
+    check_blocks_add_up(base(), tiny_models["llama"])
+    with pytest.raises(AssertionError, match="summed over blocks differs"):
+        check_blocks_add_up(Broken(), tiny_models["llama"])
+
+
+def test_top1_equals_torch_max_with_ties_and_masks():
+    """Row maxima read from views (a run of keys, then key 0) equal ``torch.max`` on the
+    masked pattern, ties to the first index included."""
+    g = torch.Generator().manual_seed(3)
+    pattern = torch.rand(3, 2, 5, 9, generator=g).round(decimals=1)  # many ties
+    pattern[0, :, :, 0] = pattern[0].amax(-1)  # key 0 ties the row maximum
+    runs = torch.zeros(3, 9, dtype=torch.bool)
+    runs[0, 1:], runs[1, 1:6], runs[2, 2:9] = True, True, True
+    scattered = runs.clone()
+    scattered[2, 4] = False
+    for keys in (None, runs, scattered):
+        blockwise.forget()
+        values, indices = blockwise.top1(pattern, keys)
+        ref = pattern if keys is None else pattern.masked_fill(~keys[:, None, None], -1.0)
+        want = ref.max(-1)
+        assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
+        assert blockwise.top1(pattern, keys)[1] is indices  # computed once per block
+    blockwise.forget()
