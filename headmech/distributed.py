@@ -14,7 +14,7 @@ floating-point summation order) and the same intervals. Rank 0 alone writes file
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -145,3 +145,38 @@ def shard(items: Sequence[Any]) -> list[Any]:
     """This rank's share of ``items`` (item ``i`` goes to rank ``i mod world``)."""
     rank, size = world()
     return list(items[rank::size])
+
+
+def gather_rows(parts: dict[int, torch.Tensor], n_batches: int) -> torch.Tensor:
+    """Per-batch tensors ``[units_i, ...]`` (the same trailing shape on every rank),
+    concatenated along the units in batch order on every rank."""
+    first = next(iter(parts.values()))
+    tail = tuple(first.shape[1:])
+    flat = {i: t.double().cpu().reshape(t.shape[0], -1).T for i, t in parts.items()}
+    return gather_units(flat, n_batches).T.reshape(-1, *tail)
+
+
+def _tokens(item: Any) -> int:
+    """Tokens of a batch, or of the first batch of a tuple (a base/source pair)."""
+    batch = item[0] if isinstance(item, tuple) else item
+    return int(batch.attention_mask.sum())
+
+
+def sharded_units(
+    batches: Sequence[Any],
+    per_batch: Callable[[Any], tuple[torch.Tensor, torch.Tensor]],
+    progress: bool | str = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``per_batch(batch) -> (num [units, ...], den [units, ...])`` on this rank's
+    batches and return every batch's rows in order, on every rank (one process: all);
+    ``progress`` names a bar (rank 0)."""
+    nums, dens = {}, {}
+    todo: Any = mine(len(batches))
+    if progress and is_main():
+        from headmech.progress import bar
+
+        desc = progress if isinstance(progress, str) else "batches"
+        todo = bar(todo, desc, len(todo), tokens=lambda i: _tokens(batches[i]))
+    for i in todo:
+        nums[i], dens[i] = per_batch(batches[i])
+    return gather_rows(nums, len(batches)), gather_rows(dens, len(batches))

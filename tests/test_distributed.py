@@ -54,16 +54,25 @@ def test_two_gloo_processes_equal_one(catalogs):
     assert one["provenance"] == two["provenance"]  # same probes, same weights
 
 
-def test_two_gloo_processes_zero_ablation_equals_one(tiny_dirs, tmp_path):
-    args = ["importance", str(tiny_dirs["llama"]), "--method", "zero", "--task", "induction"]
-    args += ["--n-sequences", "8", "--half-len", "8", "--batch-size", "4"]
+# exact (the batched runner) and gradient methods: each rank runs its share of the batches
+METHODS = ["zero", "mask_gradient", "attribution_patching", "dla", "lrp"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_two_gloo_processes_importance_equals_one(tiny_dirs, tmp_path, method):
+    args = ["importance", str(tiny_dirs["llama"]), "--method", method, "--task", "induction"]
+    args += ["--n-sequences", "8", "--half-len", "8", "--batch-size", "2"]
     for name, nproc in (("one", None), ("two", 2)):
         _run([*args, "--out", str(tmp_path / name)], nproc)
     one, two = (json.loads((tmp_path / d / "importance.json").read_text()) for d in ("one", "two"))
-    for key in ("score",):
-        a, b = (torch.tensor(x[key], dtype=torch.float64) for x in (one, two))
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
-    assert two["metric_clean"] == pytest.approx(one["metric_clean"], abs=1e-6)
+    a, b = (torch.tensor(x["score"], dtype=torch.float64) for x in (one, two))
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    if "interval" in one:  # per-sequence parts gathered in batch order: same bootstrap
+        for k in ("low", "high"):
+            x, y = (torch.tensor(d["interval"][k], dtype=torch.float64) for d in (one, two))
+            torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-5)
+    if one.get("metric_clean") is not None:
+        assert two["metric_clean"] == pytest.approx(one["metric_clean"], abs=1e-6)
 
 
 def test_a_single_process_merges_nothing():

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech import distributed
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.interventions import Cost, capture, recording
@@ -158,25 +159,21 @@ def direct_logit_attribution(
             f"direct logit attribution needs target tokens (lm, induction, retrieval); "
             f"task '{task.name}' has none"
         )
-    nums: list[Tensor] = []
-    dens: list[Tensor] = []
-    it: Any = batches
-    if progress:
-        from tqdm.auto import tqdm
+    if not batches:
+        raise HeadmechError("no batches to attribute")
 
-        it = tqdm(batches, desc=progress if isinstance(progress, str) else "DLA", leave=False)
-    for batch in it:
+    def one(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
         if is_encoder:
             assert isinstance(task, EmbeddingTask)
             s, k = _encoder_batch(model, task, batch)
         else:
             assert isinstance(task, TokenLossTask)
             s, k = _causal_batch(model, task, batch, baseline)
-        nums.append(s.double().cpu())
-        dens.append(k.double().cpu())
         if cost is not None:
             cost.add(int(batch.input_ids.shape[0]))
-    if not nums:
-        raise HeadmechError("no batches to attribute")
-    units = UnitValues(torch.cat(nums), torch.cat(dens))
+        return s.double().cpu(), k.double().cpu()
+
+    # under torchrun: this rank's share of the batches, every batch's rows gathered
+    num, den = distributed.sharded_units(batches, one, "DLA" if progress else False)
+    units = UnitValues(num, den)
     return units.point(), units

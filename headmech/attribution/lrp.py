@@ -62,6 +62,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headmech import distributed
 from headmech.attribution.lrp_explain import (
     Taps,
     explain_logit,
@@ -250,24 +251,28 @@ def _accumulated(
     """Head relevance per unit (sequence, or prediction with ``per_prediction``) over
     ``batches`` in float64, with how many terms each unit counts for (None: no unit)."""
     device = model_device(model)
-    nums: list[Tensor] = []
-    dens: list[Tensor] = []
-    iterator: Iterable[ProbeBatch] = batches
-    if progress:
-        from tqdm.auto import tqdm
+    batches = list(batches)
+    if not batches:
+        return None
 
-        iterator = tqdm(batches, desc="LRP", leave=False)
-    with torch.enable_grad(), installed_rules(model, _QKV_SCALE) as rules:
-        for batch in iterator:
-            parts = _batch_relevance(
+    def one(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+        parts = list(
+            _batch_relevance(
                 model, rules, batch.to(device), normalise=normalise, per_prediction=per_prediction
             )
-            for num, den in parts:
-                nums.append(num)
-                dens.append(den)
-    if not nums or sum(d.numel() for d in dens) == 0:
+        )
+        if not parts:  # nothing to explain in this batch
+            shape = (0, int(model.cfg.n_layers), int(model.cfg.n_heads))
+            return torch.zeros(shape, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
+        n, d = [p[0] for p in parts], [p[1] for p in parts]
+        return torch.cat(n).double().cpu(), torch.cat(d).double().cpu()
+
+    # under torchrun: this rank's share of the batches, every batch's rows gathered
+    with torch.enable_grad(), installed_rules(model, _QKV_SCALE) as rules:
+        num, den = distributed.sharded_units(batches, one, "LRP" if progress else False)
+    if den.numel() == 0:
         return None
-    return UnitValues(torch.cat(nums), torch.cat(dens))
+    return UnitValues(num, den)
 
 
 def lrp_head_relevance(

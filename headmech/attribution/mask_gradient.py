@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech import distributed
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.interventions import Cost, gradients
@@ -92,29 +93,33 @@ def _run(
     cost: Cost | None,
     progress: bool | str,
 ) -> tuple[Tensor, UnitValues, float]:
+    """Every batch's mask gradient; under ``torchrun`` each rank runs its share of the
+    batches and the per-sequence parts are gathered in batch order on every rank."""
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    signed = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    units: UnitValues | None = None
-    metric, n_units = 0.0, 0.0
-    it: Any = batches
-    if progress:
+    nums: dict[int, Tensor] = {}
+    dens: dict[int, Tensor] = {}
+    totals: dict[int, Tensor] = {}  # per batch, one row: signed gradient, metric sum, count
+    mine: Any = distributed.mine(len(batches))
+    if progress and distributed.is_main():
         from tqdm.auto import tqdm
 
-        it = tqdm(
-            batches, desc=progress if isinstance(progress, str) else "mask gradient", leave=False
-        )
+        desc = progress if isinstance(progress, str) else "mask gradient"
+        mine = tqdm(mine, desc=desc, leave=False)
     ones = torch.ones(n_layers, n_heads)
-    for batch in it:
+    for i in mine:
+        batch = batches[i]
         ref = task.reference(model, batch)
         g, a, s, c = masked_importance(model, task, batch, ones, reference=ref, per=per)
-        signed += g
-        units = a if units is None else units + a
-        metric += s
-        n_units += c
+        nums[i], dens[i] = a.num, a.den
+        totals[i] = torch.cat([g.flatten(), torch.tensor([s, c], dtype=torch.float64)])[None]
         if cost is not None:
             cost.add(int(batch.input_ids.shape[0]), backward=True)
-    if units is None:
+    if not totals:
         raise HeadmechError("no batches to score")
+    n = len(batches)
+    units = UnitValues(distributed.gather_rows(nums, n), distributed.gather_rows(dens, n))
+    total = distributed.gather_rows(totals, n).sum(0)
+    signed, metric, n_units = total[:-2].view(n_layers, n_heads), float(total[-2]), float(total[-1])
     return signed / max(n_units, 1.0), units, metric / max(n_units, 1.0)
 
 

@@ -29,12 +29,13 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from headmech import distributed
 from headmech.attribution.ablation import paired_units
 from headmech.engine import ProbeBatch
 from headmech.errors import InputError
@@ -223,14 +224,8 @@ def _approximate(
     cost: Cost | None,
     progress: bool | str,
 ) -> tuple[Tensor, float, UnitValues]:
-    parts: list[UnitValues] = []
-    base_sum, base_count = 0.0, 0.0
-    it: Any = pairs
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(pairs, desc=progress if isinstance(progress, str) else "batches", leave=False)
-    for base, source in it:
+    def one(pair: tuple[ProbeBatch, ProbeBatch]) -> tuple[Tensor, Tensor]:
+        base, source = pair
         n_seq = int(base.input_ids.shape[0])
         z_src = capture_z(model, source)  # [n_layers, batch, pos, n_heads, d_head]
         ref = task.reference(model, base)
@@ -239,16 +234,17 @@ def _approximate(
             cost.add(n_seq)  # the source run
             cost.add(n_seq, backward=True)  # forward + backward on the base run
         contrib = ((z_src - z) * grad).sum((-1, 2)).double().cpu()  # [n_layers, batch, heads]
-        if c.numel() == n_seq:  # per sequence
-            parts.append(UnitValues(contrib.permute(1, 0, 2), c.double().cpu()))
-        else:  # a whole-batch metric: one unit
-            parts.append(UnitValues(contrib.sum(1)[None], c.double().cpu().reshape(1)))
-        base_sum += float(s.sum())
-        base_count += float(c.sum())
-    units = parts[0]
-    for p in parts[1:]:
-        units = units + p
-    return units.point().flatten(), base_sum / max(base_count, 1.0), units
+        s, c = s.double().cpu().reshape(-1), c.double().cpu().reshape(-1)
+        if c.numel() == n_seq:  # per sequence; den rows: (count, clean metric sum)
+            return contrib.permute(1, 0, 2), torch.stack([c, s], 1)
+        # a whole-batch metric: one unit
+        return contrib.sum(1)[None], torch.stack([c.sum(), s.sum()])[None]
+
+    # under torchrun: this rank's share of the pairs, every pair's rows gathered
+    desc = progress if isinstance(progress, str) else "batches"
+    num, den = distributed.sharded_units(pairs, one, desc if progress else False)
+    units = UnitValues(num, den[:, 0])
+    return units.point().flatten(), float(den[:, 1].sum() / den[:, 0].sum().clamp(min=1)), units
 
 
 def exact_patching(
