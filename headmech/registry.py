@@ -314,7 +314,12 @@ HEAD_TYPES: Registry[Any] = Registry(
 )
 PROBES: Registry[Any] = Registry(
     "probes",
-    builtins=("headmech.probes", "headmech.probes.prose", "headmech.probes.needle"),
+    builtins=(
+        "headmech.probes",
+        "headmech.probes.prose",
+        "headmech.probes.needle",
+        "headmech.probes.ordinal",
+    ),
     error=InputError,
 )
 TASKS: Registry[Any] = Registry(

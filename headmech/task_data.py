@@ -5,9 +5,12 @@
 * ``induction`` — the repeated half of random-token sequences (every repeated token but
   the first); corrupted by fresh random tokens in the first half (no repeat left);
 * ``retrieval`` — the teacher-forced needle answer; corrupted by random tokens in place of
-  the needle's code (the answer keeps the real one).
+  the needle's code (the answer keeps the real one);
+* ``succession`` — the next item of ordinal sequences (" Monday, Tuesday, ..."), every
+  item but the first (predicted at the comma before it); corrupted by shuffling each
+  sequence's items (no order left).
 
-Importing this module registers the three in :data:`headmech.registry.TASKS`.
+Importing this module registers the four in :data:`headmech.registry.TASKS`.
 """
 
 from __future__ import annotations
@@ -90,6 +93,34 @@ def _corrupt_retrieval(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
     return replace(batch, input_ids=ids)
 
 
+def _select_succession(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    query, target = _select_lm(batch)
+    return query & batch.extras["next_item"], target
+
+
+def _corrupt_succession(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """Each sequence's items in a random order (the same tokens, no succession)."""
+    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    items = batch.extras["item"]
+    for row in range(ids.shape[0]):
+        pos = items[row].nonzero()[:, 0]
+        ids[row, pos] = ids[row, pos[torch.randperm(len(pos), generator=g)]]
+    return replace(batch, input_ids=ids)
+
+
+def _succession(model: Any) -> Task:
+    import headmech.probes.ordinal  # noqa: F401  (registers the ordinal probe)
+
+    return TokenLossTask(
+        "succession",
+        "ordinal",
+        _select_succession,
+        "mean loss of the next item in ordinal sequences (days, months, letters, ...)",
+        _corrupt_succession,
+    )
+
+
 def _lm(model: Any) -> Task:
     if is_causal(model):
         return TokenLossTask(
@@ -131,3 +162,4 @@ TASKS.register(
 TASKS.register(
     "retrieval", _retrieval, summary="NLL of the needle's answer in a haystack (decoders)"
 )
+TASKS.register("succession", _succession, summary="next-item loss on ordinal sequences (decoders)")

@@ -23,7 +23,7 @@ SMALL = ProbeOptions(
 def _types(model):
     causal = model.cfg.attention_dir == "causal"
     out = [headmech.get_head_type(t)() for t in headmech.head_types()]
-    out = [t for t in out if causal or not t.causal_only]
+    out = [t for t in out if (causal or not t.causal_only) and t.reducers()]  # attention types
     # the needle probe needs a few hundred tokens of context (tiny models have 64)
     return [t for t in out if t.probe != "needle" or model.cfg.n_ctx >= 256]
 
