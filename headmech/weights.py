@@ -19,7 +19,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["HeadWeights", "head_weights", "ov_copying_scores"]
+__all__ = ["HeadWeights", "effective_embeddings", "head_weights", "ov_copying_scores"]
 
 
 @dataclass
@@ -111,3 +111,19 @@ def ov_copying_scores(
     )  # [n_layers, n_heads, d_head, d_head]
     eig = torch.linalg.eigvals(small.double())
     return (eig.sum(-1).real / eig.abs().sum(-1).clamp(min=1e-12)).float()
+
+
+@torch.no_grad()
+def effective_embeddings(model: TransformerBridge, ids: Tensor) -> Float[Tensor, "n d_model"]:
+    """Each token alone through block 0 (attention to itself, then MLP 0), normalised as
+    the next block's input norm does, without its elementwise weight (folded elsewhere)."""
+    from headmech.forward import run_blocks
+
+    device = next(model.parameters()).device
+    resid = run_blocks(model, ids[:, None].to(device), torch.ones(len(ids), 1, device=device), 1)
+    x = resid[:, 0].float()
+    eps = float(getattr(model.cfg, "eps", 1e-5) or 1e-5)
+    if str(getattr(model.cfg, "normalization_type", "RMS")).startswith("RMS"):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    x = x - x.mean(-1, keepdim=True)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)

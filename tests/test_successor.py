@@ -84,3 +84,33 @@ def test_successor_is_listed_and_reports_no_head_on_a_random_model(tiny_models):
     cat = headmech.classify(tiny_models["llama"], types=["successor"])
     result = cat.types["successor"]
     assert result.heads == [] and 0.0 <= result.details["best_score"] < 0.4
+
+
+# --- copy suppression (McDougall et al. 2023): the same effective-OV machinery ---------
+
+
+def test_suppression_scores_equal_a_hand_computation(tiny_models):
+    """The share of tokens whose own logit is among the 10 most negative of the whole
+    vocabulary, against run_with_cache, the real input norm and unfolded weights."""
+    from headmech.catalog.copy_suppression import TOP_K, suppression_scores, word_tokens
+
+    model = tiny_models["llama"]
+    ids = word_tokens(model.tokenizer, n=40)
+    assert len(ids) == 40 and all(model.tokenizer.decode([int(i)])[1:].isalpha() for i in ids)
+    got = suppression_scores(model, ids)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    group = n_heads // int(model.W_V.shape[1])
+    gamma = model.ln_final.weight.detach().float()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids[:, None], attention_mask=torch.ones(len(ids), 1))
+        e = cache["blocks.0.hook_resid_post"][:, 0].float()
+        want = torch.zeros(n_layers, n_heads)
+        for layer in range(n_layers):
+            x = model.blocks[layer].ln1(e).float()
+            for h in range(n_heads):
+                out = (x @ model.W_V[layer, h // group].float()) @ model.W_O[layer, h].float()
+                logits = (out * gamma) @ model.W_U.float()  # [n, d_vocab]
+                ranks = [int((row < row[t]).sum()) for row, t in zip(logits, ids, strict=True)]
+                want[layer, h] = sum(r < TOP_K for r in ranks) / len(ranks)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert float(got.max()) < 0.5  # random weights: near chance (10 / 49152)

@@ -8,7 +8,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import HeadStats, ProbeBatch, Reducer, run_blocks
+from headmech.engine import HeadStats, ProbeBatch, Reducer
 from headmech.heads import HeadIndex, HeadType
 
 
@@ -101,27 +101,13 @@ class SuccessorHead(HeadType):
 
 
 @torch.no_grad()
-def effective_embeddings(model: Any, ids: Tensor) -> Float[Tensor, "n d_model"]:
-    """Each token alone through block 0 (attention to itself, then MLP 0), normalised as
-    the next block's input norm does, without its elementwise weight (folded elsewhere)."""
-    device = next(model.parameters()).device
-    resid = run_blocks(model, ids[:, None].to(device), torch.ones(len(ids), 1, device=device), 1)
-    x = resid[:, 0].float()
-    eps = float(getattr(model.cfg, "eps", 1e-5) or 1e-5)
-    if str(getattr(model.cfg, "normalization_type", "RMS")).startswith("RMS"):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    x = x - x.mean(-1, keepdim=True)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-@torch.no_grad()
 def succession_counts(model: Any) -> tuple[Tensor, Tensor]:
     """Per ordinal task, how many of its pairs each head's OV circuit gets right
     ``[n_tasks, n_layers, n_heads]``, and how many pairs it has ``[n_tasks]`` (tasks in
     :data:`headmech.probes.ordinal.ORDINAL_TASKS` order; a task with no single-token run
     has 0 pairs)."""
     from headmech.probes.ordinal import ORDINAL_TASKS, ordinal_runs
-    from headmech.weights import head_weights
+    from headmech.weights import effective_embeddings, head_weights
 
     w = head_weights(model)  # norms folded: W_V reads the normalised residual
     runs = ordinal_runs(model.tokenizer)
