@@ -191,15 +191,13 @@ def collect_statistics(
 ) -> HeadStats:
     """Stream every type's reducers over the batches in one set of passes, then add
     their weight statistics."""
-    from headmech.engine import stream_statistics
+    from headmech.engine import HeadStats, stream_statistics
 
-    stats = stream_statistics(
-        model,
-        batches,
-        [r for t in types for r in t.reducers()],
-        progress=progress,
-        total=len(batches),
-    )
+    reducers = [r for t in types for r in t.reducers()]
+    if reducers:
+        stats = stream_statistics(model, batches, reducers, progress=progress, total=len(batches))
+    else:  # weight-based types only: no forward pass to run
+        stats = HeadStats(int(model.cfg.n_layers), int(model.cfg.n_heads))
     for t in types:
         for key, value in t.weight_statistics(model).items():
             stats.set(f"{t.name}.{key}", value)
