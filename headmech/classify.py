@@ -91,7 +91,8 @@ def validate_heads(
     Returns:
         ``{"metric", "mode", "control", "control_note", "clean", "ablated", "effect",
         "effect_interval", "control_sets", "random_effects", "random_mean",
-        "random_median", "random_range", "n_heads"}``; ``effect`` is ablated minus clean;
+        "random_median", "random_range", "n_heads", "expected"}``; ``effect`` is ablated
+        minus clean; ``expected``: ``raise`` (the type serves the task) or ``lower``;
         ``control`` is ``same_layers``, ``any_layer`` (fallback) or ``none``.
     """
     from headmech.ablation import ablation_variants
@@ -128,6 +129,7 @@ def validate_heads(
         "random_median": float(torch.tensor(rand).median()) if rand else None,
         "random_range": [rand[0], rand[-1]] if rand else None,
         "n_heads": len(heads),
+        "expected": "raise" if head_type.helps_task else "lower",
     }
 
 

@@ -108,6 +108,9 @@ class HeadType:
     # the task whose metric (higher is worse) ablating heads of this type should hurt
     task: ClassVar[str] = "lm"
     ablation: ClassVar[str] = "zero"  # how validation removes heads (zero, mean, uniform)
+    # True: ablating the heads should raise the task's metric (they serve the task);
+    # False: lower it (they work against it, as negative name movers do)
+    helps_task: ClassVar[bool] = True
 
     def __init__(self, threshold: float | None = None, *, probe: str | None = None) -> None:
         self.threshold = self.default_threshold if threshold is None else float(threshold)
@@ -133,7 +136,14 @@ class HeadType:
         return {}
 
     def ideal_weight_statistics(self) -> dict[str, float]:
-        """Values of :meth:`weight_statistics` for a perfect head (positive controls)."""
+        """Values of :meth:`weight_statistics` and :meth:`model_statistics` for a perfect
+        head (positive controls)."""
+        return {}
+
+    def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
+        """Per-head statistics the type measures by running the model itself on its
+        probe's batches — interventions such as patching, which no attention hook can
+        stream (``[n_layers, n_heads]`` each, stored as ``name.key``). Default: none."""
         return {}
 
     # --- decision -----------------------------------------------------------------
@@ -190,7 +200,7 @@ def collect_statistics(
     progress: bool | str = False,
 ) -> HeadStats:
     """Stream every type's reducers over the batches in one set of passes, then add
-    their weight statistics."""
+    their weight statistics and the statistics they measure with their own passes."""
     from headmech.engine import HeadStats, stream_statistics
 
     reducers = [r for t in types for r in t.reducers()]
@@ -200,6 +210,8 @@ def collect_statistics(
         stats = HeadStats(int(model.cfg.n_layers), int(model.cfg.n_heads))
     for t in types:
         for key, value in t.weight_statistics(model).items():
+            stats.set(f"{t.name}.{key}", value)
+        for key, value in t.model_statistics(model, batches).items():
             stats.set(f"{t.name}.{key}", value)
     return stats
 

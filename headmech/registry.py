@@ -319,6 +319,8 @@ PROBES: Registry[Any] = Registry(
         "headmech.probes.prose",
         "headmech.probes.needle",
         "headmech.probes.ordinal",
+        "headmech.probes.ioi",
+        "headmech.probes.icl",
     ),
     error=InputError,
 )

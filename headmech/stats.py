@@ -38,6 +38,21 @@ class ProbeBatch:
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def head(self, n: int) -> ProbeBatch:
+        """The batch's first ``n`` sequences (tensors and per-sequence lists in extras)."""
+        rows = self.input_ids.shape[0]
+
+        def cut(v: Any) -> Any:
+            per_row = isinstance(v, Tensor | list) and len(v) == rows
+            return v[:n] if per_row else v
+
+        return ProbeBatch(
+            self.input_ids[:n],
+            self.attention_mask[:n],
+            self.special[:n],
+            {k: cut(v) for k, v in self.extras.items()},
+        )
+
     def to(self, device: torch.device | str) -> ProbeBatch:
         """The batch with every tensor on ``device``."""
         return ProbeBatch(

@@ -8,9 +8,13 @@
   the needle's code (the answer keeps the real one);
 * ``succession`` — the next item of ordinal sequences (" Monday, Tuesday, ..."), every
   item but the first (predicted at the comma before it); corrupted by shuffling each
-  sequence's items (no order left).
+  sequence's items (no order left);
+* ``ioi`` — minus the logit difference IO − S at the end of IOI prompts (Wang et al.
+  2022); corrupted into their ABC prompts (three other names, none repeated);
+* ``icl`` — the answer's loss after 8 in-context examples (antonyms, country capitals,
+  capitalisation; Todd et al. 2023); corrupted by shuffling the examples' answers.
 
-Importing this module registers the four in :data:`headmech.registry.TASKS`.
+Importing this module registers the six in :data:`headmech.registry.TASKS`.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from headmech.engine import ProbeBatch
 from headmech.probes import random_token_ids
 from headmech.probes.needle import needle_spans
 from headmech.registry import TASKS
-from headmech.tasks import EmbeddingTask, Task, TokenLossTask, is_causal
+from headmech.tasks import EmbeddingTask, LogitDiffTask, Task, TokenLossTask, is_causal
 
-__all__ = ["corrupt_prose"]
+__all__ = ["corrupt_prose", "icl_task"]
 
 # offset so corruptions never replay the probe's own draws (probes seed from 0, 1, ...)
 _CORRUPT_SEED = 0x5EED_C0DE
@@ -121,6 +125,63 @@ def _succession(model: Any) -> Task:
     )
 
 
+def _select_ioi(batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """The prompt's last token; there the indirect object against the subject."""
+    e = batch.extras
+    rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
+    end = e["end_pos"].to(rows.device)
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    query[rows, end] = True
+    good = torch.zeros_like(batch.input_ids)
+    bad = torch.zeros_like(batch.input_ids)
+    good[rows, end] = e["io"].to(rows.device)
+    bad[rows, end] = e["s"].to(rows.device)
+    return query, good, bad
+
+
+def _ioi(model: Any) -> Task:
+    from headmech.probes.ioi import corrupt_ioi
+
+    return LogitDiffTask(
+        "ioi",
+        "ioi",
+        _select_ioi,
+        "logit(S) - logit(IO) at the end of IOI prompts (minus the IOI logit difference)",
+        corrupt_ioi,
+    )
+
+
+def _select_icl(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    """The query's last token (the colon); there the answer."""
+    lengths = batch.attention_mask.sum(1)
+    rows = torch.arange(lengths.shape[0], device=lengths.device)
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    query[rows, lengths - 1] = True
+    target = torch.zeros_like(batch.input_ids)
+    target[rows, lengths - 1] = batch.extras["answer"].to(target.device)
+    return query, target
+
+
+def icl_task(probability: bool = False) -> TokenLossTask:
+    """The ``icl`` task; with ``probability``, its metric is minus the answer's probability
+    (function-vector heads' indirect effect) instead of its loss."""
+    from headmech.probes.icl import shuffle_labels
+
+    what = "minus the probability" if probability else "loss"
+    return TokenLossTask(
+        "icl",
+        "icl",
+        _select_icl,
+        f"{what} of the answer to an in-context query (antonyms, capitals, capitalisation)",
+        shuffle_labels,
+        probability=probability,
+    )
+
+
+def _icl(model: Any) -> Task:
+    return icl_task()
+
+
 def _lm(model: Any) -> Task:
     if is_causal(model):
         return TokenLossTask(
@@ -161,5 +222,9 @@ TASKS.register(
 )
 TASKS.register(
     "retrieval", _retrieval, summary="NLL of the needle's answer in a haystack (decoders)"
+)
+TASKS.register("ioi", _ioi, summary="minus the logit difference IO - S on IOI prompts (decoders)")
+TASKS.register(
+    "icl", _icl, summary="answer loss of in-context prompts: antonyms, capitals, ... (decoders)"
 )
 TASKS.register("succession", _succession, summary="next-item loss on ordinal sequences (decoders)")

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CallableTask",
     "EmbeddingTask",
+    "LogitDiffTask",
     "Task",
     "TokenLossTask",
     "UnknownTaskError",
@@ -185,7 +186,9 @@ class TokenLossTask(Task):
 
     ``select(batch)`` returns the query positions (``Bool[batch, pos]``) and the token each
     should predict there (``Int[batch, pos]``): the same selection serves the loss and
-    direct logit attribution.
+    direct logit attribution. With ``probability=True`` the metric is minus the target's
+    probability instead of its cross-entropy (Todd et al. 2023 measure indirect effects
+    in probability).
     """
 
     causal_only = True
@@ -197,6 +200,8 @@ class TokenLossTask(Task):
         select: Callable[[ProbeBatch], tuple[Tensor, Tensor]],
         description: str,
         corrupt: Callable[[ProbeBatch, Any, int], ProbeBatch] | None = None,
+        *,
+        probability: bool = False,
     ) -> None:
         self.name = name
         self.probe = probe
@@ -204,6 +209,7 @@ class TokenLossTask(Task):
         self.description = description
         self.gradient_description = description
         self._corrupt = corrupt
+        self.probability = probability
 
     def metric(self, model, batch, *, copies=1, reference=None, linear=False):
         dev = _device(model)
@@ -213,11 +219,63 @@ class TokenLossTask(Task):
         resid = resid.view(copies, *query.shape, -1)  # [copies, batch, pos, d_model]
         sel = query[None].expand(copies, -1, -1)
         loss = token_losses(model, resid[sel], target[None].expand(copies, -1, -1)[sel])
+        if self.probability:
+            loss = -torch.exp(-loss)  # minus the target's probability
         n_seq = query.shape[0]
         unit = torch.arange(copies * n_seq, device=dev).view(copies, n_seq, 1).expand_as(sel)
         sums = torch.zeros(copies * n_seq, device=dev, dtype=loss.dtype)
         sums = sums.index_add(0, unit[sel], loss).view(copies, n_seq)  # per copy and sequence
         counts = query.sum(1).to(loss.dtype)[None].expand(copies, -1)
+        return sums, counts
+
+    def corrupt(self, batch, model, seed):
+        if self._corrupt is None:
+            return super().corrupt(batch, model, seed)
+        return self._corrupt(batch, model, seed)
+
+
+class LogitDiffTask(Task):
+    """Logit difference between a correct and a contrasting token at chosen positions
+    (causal models), as a loss: ``logit[bad] - logit[good]``, higher is worse.
+
+    ``contrast(batch)`` returns the query positions (``Bool[batch, pos]``) and, there, the
+    correct and the contrasting token (``Int[batch, pos]`` each): for IOI (Wang et al.
+    2022) the indirect object and the subject at the prompt's last token. Direct logit
+    attribution reads the same contrast (its direction is ``W_U[:, good] - W_U[:, bad]``).
+    """
+
+    causal_only = True
+
+    def __init__(
+        self,
+        name: str,
+        probe: str,
+        contrast: Callable[[ProbeBatch], tuple[Tensor, Tensor, Tensor]],
+        description: str,
+        corrupt: Callable[[ProbeBatch, Any, int], ProbeBatch] | None = None,
+    ) -> None:
+        self.name = name
+        self.probe = probe
+        self.contrast = contrast
+        self.description = description
+        self.gradient_description = description
+        self._corrupt = corrupt
+
+    def metric(self, model, batch, *, copies=1, reference=None, linear=False):
+        dev = _device(model)
+        ids, mask = _stack(batch, copies, dev)
+        query, good, bad = self.contrast(batch.to(dev))  # [batch, pos] each
+        resid = run_blocks(model, ids, mask).view(copies, *query.shape, -1)
+        sel = query[None].expand(copies, -1, -1)
+        logits = unembed(model, resid[sel]).float()  # [n, d_vocab]: the selected rows only
+        pick = torch.stack([good[query], bad[query]], -1).repeat(copies, 1)  # [n, 2]
+        two = logits.gather(1, pick)
+        diff = two[:, 1] - two[:, 0]  # bad - good
+        n_seq = query.shape[0]
+        unit = torch.arange(copies * n_seq, device=dev).view(copies, n_seq, 1).expand_as(sel)
+        sums = torch.zeros(copies * n_seq, device=dev, dtype=diff.dtype)
+        sums = sums.index_add(0, unit[sel], diff).view(copies, n_seq)
+        counts = query.sum(1).to(diff.dtype)[None].expand(copies, -1)
         return sums, counts
 
     def corrupt(self, batch, model, seed):

@@ -17,7 +17,8 @@ The checks:
   ``ideal_pattern`` is found, and ranked first;
 * ``check_negative_control`` — no head of a randomly initialised model is labelled;
 * ``check_causal`` — on a real model, ablating the labelled heads hurts the type's task
-  metric more than ablating as many random heads (mean over draws).
+  metric more than ablating as many random heads (mean over draws; helps it more for a
+  type with ``helps_task = False``).
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def _stats(
             s = stream_statistics(model, [batch], head_type.reducers())
         total = s if total is None else total + s
     assert total is not None
-    for key, value in head_type.weight_statistics(model).items():
+    measured = {**head_type.weight_statistics(model)}
+    measured.update(head_type.model_statistics(model, probe.batches))
+    for key, value in measured.items():
         value = value.clone()
         if key in head_type.ideal_weight_statistics():
             value[PLANTED] = head_type.ideal_weight_statistics()[key]
@@ -285,9 +288,10 @@ def check_causal(
     assert v["n_heads"] > 0, (
         f"no {head_type.name} heads labelled on this model: nothing to validate"
     )
-    assert v["effect"] > v["random_mean"], (
+    sign = 1.0 if head_type.helps_task else -1.0  # heads against the task should lower it
+    assert sign * v["effect"] > sign * v["random_mean"], (
         f"ablating the {v['n_heads']} {head_type.name} heads changes {v['metric']} by {v['effect']:.4f}, "
-        f"random heads by {v['random_mean']:.4f} on average"
+        f"random heads by {v['random_mean']:.4f} on average (expected: {v['expected']} it more)"
     )
     return v
 

@@ -9,17 +9,24 @@ elementwise weight into the matrices that read the normalised residual.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["HeadWeights", "effective_embeddings", "head_weights", "ov_copying_scores"]
+__all__ = [
+    "HeadWeights",
+    "effective_embeddings",
+    "head_weights",
+    "ov_copying_scores",
+    "own_token_ranks",
+]
 
 
 @dataclass
@@ -127,3 +134,47 @@ def effective_embeddings(model: TransformerBridge, ids: Tensor) -> Float[Tensor,
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     x = x - x.mean(-1, keepdim=True)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@torch.no_grad()
+def own_token_ranks(
+    model: TransformerBridge, ids: Tensor, weights: HeadWeights | None = None
+) -> tuple[Int[Tensor, "n_layers n_heads n"], Int[Tensor, "n_layers n_heads n"]]:
+    """Where each token's own logit ranks under each head's effective OV circuit.
+
+    Each token's effective embedding (:func:`effective_embeddings`) goes through the
+    head's values and output and is unembedded over the whole vocabulary (norm weights
+    folded). Returns how many tokens get a higher logit than the token itself (0: the
+    head writes it first: copying) and how many a lower one (0: the head suppresses it
+    most: negative copying), ``[n_layers, n_heads, n]`` each.
+
+    References:
+        Wang et al. 2022, "Interpretability in the Wild" (the copy score: the name among
+        the top 5 logits of the OV circuit after MLP 0); McDougall et al. 2023, "Copy
+        Suppression" (the negative diagonal of the effective OV circuit).
+    """
+    key = (tuple(int(i) for i in ids), tuple(p._version for p in model.parameters()))
+    cached = _RANKS.get(model, {}).get(key) if weights is None else None
+    if cached is not None:  # the same tokens of the same, unmodified weights
+        return cached
+    w = weights or head_weights(model)
+    e = effective_embeddings(model, ids).cpu()  # [n, d_model]
+    n_layers, n_heads = w.W_V.shape[:2]
+    above = torch.zeros(n_layers, n_heads, len(ids), dtype=torch.long)
+    below = torch.zeros_like(above)
+    rows = torch.arange(len(ids))
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            logits = (e @ w.W_V[layer, head]) @ w.W_O[layer, head] @ w.W_U  # [n, d_vocab]
+            own = logits[rows, ids.cpu()]
+            above[layer, head] = (logits > own[:, None]).sum(-1)
+            below[layer, head] = (logits < own[:, None]).sum(-1)
+    if weights is None:
+        _RANKS.setdefault(model, {})[key] = (above, below)
+    return above, below
+
+
+# own_token_ranks per model (two types read the same names' ranks); dropped with the model
+_RANKS: weakref.WeakKeyDictionary[Any, dict[Any, tuple[Tensor, Tensor]]] = (
+    weakref.WeakKeyDictionary()
+)

@@ -7,7 +7,8 @@ head's component is ``z_h @ W_O[h]``, so each head gets a share of the logit: it
 *direct* effect, ignoring what later layers make of its output. We score the correct next
 token against the mean over the vocabulary (``W_U[:, y] - mean_v W_U[:, v]``: the part of
 the logit that survives the softmax's shift invariance; ``baseline=`` a token id compares
-with that token instead), averaged over the task's target tokens. Per-head DLAs plus the
+with that token instead; a logit-difference task such as ``ioi`` compares each target with
+its own contrasting token), averaged over the task's target tokens. Per-head DLAs plus the
 other components (embeddings, MLPs, attention biases, the norm's bias and ``b_U``) add up
 to ``logit_y - baseline`` exactly (tested).
 
@@ -29,20 +30,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headmech import distributed
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.interventions import Cost, capture, recording
-from headmech.tasks import EmbeddingTask, Task, TokenLossTask
+from headmech.tasks import EmbeddingTask, LogitDiffTask, Task, TokenLossTask
 from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["direct_logit_attribution", "frozen_norm"]
+__all__ = ["direct_effects", "direct_logit_attribution", "frozen_norm"]
 
 
 def frozen_norm(
@@ -55,10 +56,36 @@ def frozen_norm(
 
 
 def _causal_batch(
-    model: TransformerBridge, task: TokenLossTask, batch: ProbeBatch, baseline: int | None
+    model: TransformerBridge,
+    task: TokenLossTask | LogitDiffTask,
+    batch: ProbeBatch,
+    baseline: int | None,
 ) -> tuple[Tensor, Tensor]:
     """Per sequence: DLA summed over its targets ``[batch, n_layers, n_heads]``, and how
-    many targets it has ``[batch]``."""
+    many targets it has ``[batch]`` (a logit-difference task: its contrasting token is the
+    baseline of each target)."""
+    dev = next(model.parameters()).device
+    if isinstance(task, LogitDiffTask):
+        query, target, bad = task.contrast(batch.to(dev))
+        return direct_effects(model, batch, query, target, bad[query])
+    query, target = task.select(batch.to(dev))  # [batch, pos] each
+    return direct_effects(model, batch, query, target, baseline)
+
+
+def direct_effects(
+    model: TransformerBridge,
+    batch: ProbeBatch,
+    query: Bool[Tensor, "batch pos"],
+    target: Int[Tensor, "batch pos"],
+    baseline: int | Int[Tensor, " n"] | None = None,
+) -> tuple[Float[Tensor, "batch n_layers n_heads"], Float[Tensor, " batch"]]:
+    """Every head's direct effect on ``logit[target] - logit[baseline]`` at the ``query``
+    positions, summed per sequence, and how many queries each sequence has.
+
+    ``baseline``: None (the mean over the vocabulary), one token id, or one token id per
+    selected query (``target[query]``'s order). The final norm's scale is frozen at its
+    clean value (module docstring).
+    """
     n_layers = int(model.cfg.n_layers)
     kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
     # the final norm's scale is recorded by a hook inside ln_final, which
@@ -67,11 +94,16 @@ def _causal_batch(
     names.append(f"blocks.{n_layers - 1}.hook_out")
     st = capture(model, batch, names)
     dev = next(model.parameters()).device
-    query, target = task.select(batch.to(dev))  # [batch, pos] each
+    query, target = query.to(dev), target.to(dev)
     resid = st[f"blocks.{n_layers - 1}.hook_out"][query]  # [n, d_model]
     scale = _norm_scale(model, resid, kind)  # [n, 1]
     W_U = model.W_U.float()  # [d_model, d_vocab]
-    base = W_U.mean(1) if baseline is None else W_U[:, baseline]  # [d_model]
+    if baseline is None:
+        base = W_U.mean(1)  # [d_model]
+    elif isinstance(baseline, Tensor):
+        base = W_U[:, baseline.to(dev)].T  # [n, d_model]: one per query
+    else:
+        base = W_U[:, baseline]
     direction = (W_U[:, target[query]].T - base) * model.ln_final.weight.float()  # [n, d_model]
     seq = torch.arange(query.shape[0], device=dev)[:, None].expand_as(query)[query]  # [n]
     out = torch.zeros(query.shape[0], n_layers, int(model.cfg.n_heads), device=dev)
@@ -140,8 +172,9 @@ def direct_logit_attribution(
 
     Args:
         model: a ``TransformerBridge``.
-        task: a causal token task (``lm``, ``induction``, ``retrieval``) or the encoder
-            ``lm`` task (projection on the clean embedding).
+        task: a causal token task (``lm``, ``induction``, ``retrieval``), a
+            logit-difference task (``ioi``: the direct effect on logit(IO) - logit(S)) or
+            the encoder ``lm`` task (projection on the clean embedding).
         batches: the task's probe batches.
         baseline: a token id to compare the correct token with (default: the mean over
             the vocabulary).
@@ -154,7 +187,7 @@ def direct_logit_attribution(
         correct token (or the clean embedding direction) directly.
     """
     is_encoder = isinstance(task, EmbeddingTask)
-    if not is_encoder and not isinstance(task, TokenLossTask):
+    if not is_encoder and not isinstance(task, TokenLossTask | LogitDiffTask):
         raise HeadmechError(
             f"direct logit attribution needs target tokens (lm, induction, retrieval); "
             f"task '{task.name}' has none"
@@ -167,7 +200,7 @@ def direct_logit_attribution(
             assert isinstance(task, EmbeddingTask)
             s, k = _encoder_batch(model, task, batch)
         else:
-            assert isinstance(task, TokenLossTask)
+            assert isinstance(task, TokenLossTask | LogitDiffTask)
             s, k = _causal_batch(model, task, batch, baseline)
         if cost is not None:
             cost.add(int(batch.input_ids.shape[0]))

@@ -105,23 +105,12 @@ def word_tokens(tokenizer: Any, n: int = N_TOKENS, seed: int = 0) -> Tensor:
     return torch.tensor(words, dtype=torch.long)[pick].sort().values
 
 
-@torch.no_grad()
 def suppression_scores(model: Any, ids: Tensor | None = None) -> Float[Tensor, "n_layers n_heads"]:
     """Per head, the share of tokens ``ids`` (default :func:`word_tokens`) whose own logit
     under the head's effective OV circuit is among the ``TOP_K`` most negative of the
     whole vocabulary."""
-    from headmech.weights import effective_embeddings, head_weights
+    from headmech.weights import own_token_ranks
 
-    w = head_weights(model)  # norms folded: W_V reads the normalised residual
     ids = word_tokens(model.tokenizer) if ids is None else ids
-    e = effective_embeddings(model, ids).cpu()  # [n, d_model]
-    n_layers, n_heads = w.W_V.shape[:2]
-    out = torch.zeros(n_layers, n_heads)
-    rows = torch.arange(len(ids))
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            logits = (e @ w.W_V[layer, head]) @ w.W_O[layer, head] @ w.W_U  # [n, d_vocab]
-            own = logits[rows, ids]
-            lower = (logits < own[:, None]).sum(-1)  # tokens more suppressed than t itself
-            out[layer, head] = (lower < TOP_K).float().mean()
-    return out
+    _, below = own_token_ranks(model, ids)  # tokens more suppressed than t itself
+    return (below < TOP_K).float().mean(-1)

@@ -1,0 +1,130 @@
+"""Name mover heads: at the end of an IOI prompt, attend to the indirect object and copy it (Wang et al. 2022)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headmech.engine import HeadStats, ProbeBatch, Reducer, target_reducer
+from headmech.heads import HeadIndex, HeadType
+from headmech.probes.ioi import end_targets
+
+TOP_K = 5  # Wang et al.'s copy score: the name among the 5 highest logits
+
+
+def name_copying(model: Any) -> tuple[Tensor, Tensor]:
+    """Wang et al.'s copy score and its negative, per head ``[n_layers, n_heads]``: the
+    share of the probe's single-token names whose own logit is among the ``TOP_K``
+    highest (copy) or lowest (negative copy) of the vocabulary when the name's effective
+    embedding (after MLP 0) goes through the head's OV circuit."""
+    from headmech.probes.ioi import ioi_names
+    from headmech.weights import own_token_ranks
+
+    above, below = own_token_ranks(model, torch.tensor(ioi_names(model.tokenizer)))
+    return (above < TOP_K).float().mean(-1), (below < TOP_K).float().mean(-1)
+
+
+class NameMoverHead(HeadType):
+    """At the end of an IOI prompt, attend to the indirect object and write it to the logits.
+
+    Probe: ``ioi`` (:mod:`headmech.probes.ioi`), Wang et al.'s templates with
+    single-token names ("When Mary and John went to the store, John gave a drink to").
+
+    Score: the attention mass from the prompt's last token to the IO name (Wang et al.'s
+    characterisation of the heads they found by path patching to the logits). A head is
+    labelled when the mass reaches ``threshold``, exceeds its mass on the subject (S1 and
+    S2 together), and its OV circuit copies names: Wang et al.'s copy score (the share of
+    names whose own logit is among the top 5 of the vocabulary after the head's OV
+    circuit, from the name's embedding after MLP 0) reaches ``copy_threshold``. The sign
+    of the copy score is what separates name movers from negative name movers
+    (:mod:`headmech.catalog.negative_name_mover`), which attend the same way.
+
+    Threshold: 0.3 IO mass (none published; Wang et al.'s name movers put most of their
+    attention on the IO; 0.3 is about 5x uniform attention over a 16-token prompt);
+    copy score 0.5 (theirs are above 0.95: a majority of names, far above chance 5/vocab).
+
+    Behavioural metric: the IOI logit difference (the ``ioi`` task: logit(S) - logit(IO)
+    at the last token, higher is worse), which ablating name movers should lower.
+
+    References:
+        Wang, Variengien, Conmy, Shlegeris, Steinhardt 2022, "Interpretability in the
+        Wild: a Circuit for Indirect Object Identification in GPT-2 small",
+        arXiv:2211.00593 (code: redwoodresearch/Easy-Transformer).
+    """
+
+    name = "name_mover"
+    reference = "Wang et al. 2022"
+    citation = (
+        "Wang, Variengien, Conmy, Shlegeris, Steinhardt 2022, Interpretability in the Wild: "
+        "a Circuit for Indirect Object Identification in GPT-2 small, arXiv:2211.00593"
+    )
+    description = "at the end of an IOI prompt, attends to the indirect object and copies it"
+    probe = "ioi"
+    default_threshold = 0.3
+    causal_only = True
+    task = "ioi"
+    copy_key = "copy"  # which weight statistic must reach copy_threshold
+
+    def __init__(
+        self,
+        threshold: float | None = None,
+        copy_threshold: float = 0.5,
+        *,
+        probe: str | None = None,
+    ) -> None:
+        super().__init__(threshold, probe=probe)
+        self.copy_threshold = float(copy_threshold)
+
+    # --- what the engine computes -------------------------------------------------
+    def targets(self, batch: ProbeBatch) -> Tensor:
+        return end_targets(batch, "io_pos")
+
+    def reducers(self) -> list[Reducer]:
+        return [
+            target_reducer(self.name, self.targets),
+            target_reducer(f"{self.name}.s1", lambda b: end_targets(b, "s1_pos")),
+            target_reducer(f"{self.name}.s2", lambda b: end_targets(b, "s2_pos")),
+        ]
+
+    def weight_statistics(self, model: Any) -> dict[str, Tensor]:
+        copy, negative = name_copying(model)
+        return {"copy": copy, "negative_copy": negative}
+
+    def ideal_weight_statistics(self) -> dict[str, float]:
+        return {self.copy_key: 1.0}
+
+    # --- decision -----------------------------------------------------------------
+    def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
+        return stats.mean(f"{self.name}.mass")
+
+    def select(self, score: Tensor, stats: HeadStats | None = None) -> list[HeadIndex]:
+        heads = super().select(score, stats)
+        if stats is None:
+            return heads
+        s = stats.mean(f"{self.name}.s1.mass") + stats.mean(f"{self.name}.s2.mass")
+        copy = stats.mean(f"{self.name}.{self.copy_key}")
+        return [h for h in heads if score[h] > s[h] and copy[h] >= self.copy_threshold]
+
+    def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
+        attending = super().select(score, stats)  # the mass threshold alone
+        mean = {k: stats.mean(f"{self.name}.{k}") for k in ("s1.mass", "s2.mass", "copy")}
+        neg = stats.mean(f"{self.name}.negative_copy")
+        return {
+            "io_mass": {str(h): round(float(score[h]), 4) for h in attending},
+            "s1_mass": {str(h): round(float(mean["s1.mass"][h]), 4) for h in attending},
+            "s2_mass": {str(h): round(float(mean["s2.mass"][h]), 4) for h in attending},
+            "copy_score": {str(h): round(float(mean["copy"][h]), 4) for h in attending},
+            "negative_copy_score": {str(h): round(float(neg[h]), 4) for h in attending},
+            "copy_threshold": self.copy_threshold,
+        }
+
+    def report(self, details: dict[str, Any]) -> list[str]:
+        io, copy = details.get("io_mass", {}), details.get("copy_score", {})
+        neg = details.get("negative_copy_score", {})
+        return [
+            f"{h}: IO mass {m:.2f}, copy {copy.get(h, 0):.2f}, negative copy {neg.get(h, 0):.2f}"
+            for h, m in io.items()
+        ]
