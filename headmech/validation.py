@@ -39,7 +39,7 @@ MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed overflows above, numpy refus
 MAX_PROBE_TOKENS = 50_000_000  # repeated random tokens: n_sequences * (2 * half_len + 1)
 MAX_CORPUS_BYTES = 100_000_000  # spaCy splits the whole file; a probe samples a few hundred
 UNKNOWN_SHARE = 0.5  # above: the tokenizer does not read the prose (a word-level toy vocabulary)
-PROSE_PROBES = frozenset({"prose", "needle", "ordinal"})  # probes built from English words
+PROSE_PROBES = frozenset({"prose", "needle", "ordinal", "ioi", "icl"})  # built from English words
 TMP_PREFIX = ".headmech-tmp-"
 _PROSE = ("The cat sat on the mat because it was warm.", "She opened the window and smiled.")
 

@@ -12,6 +12,7 @@ import torch
 import headmech
 from headmech import blockwise, engine
 from headmech.engine import stream_statistics
+from headmech.errors import InputError
 from headmech.interventions import Intervention, Set, applied
 from headmech.probes import ProbeOptions, build_probe
 
@@ -25,7 +26,18 @@ def _types(model):
     out = [headmech.get_head_type(t)() for t in headmech.head_types()]
     out = [t for t in out if (causal or not t.causal_only) and t.reducers()]  # attention types
     # the needle probe needs a few hundred tokens of context (tiny models have 64)
-    return [t for t in out if t.probe != "needle" or model.cfg.n_ctx >= 256]
+    out = [t for t in out if t.probe != "needle" or model.cfg.n_ctx >= 256]
+    return [t for t in out if _fits(t.probe, model)]
+
+
+def _fits(probe: str, model) -> bool:
+    """Whether the probe can be built for the model's tokenizer (the toy's byte-level
+    vocabulary has no single-token names for IOI prompts, no words for in-context tasks)."""
+    try:
+        build_probe(probe, model, SMALL)
+    except InputError:
+        return False
+    return True
 
 
 def assert_paths_agree(model, options=SMALL, budget=2**14):
