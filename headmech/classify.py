@@ -82,11 +82,9 @@ def validate_heads(
     heads from the same layers (per-layer counts matched), and measure the type's task
     metric (higher is worse) each time.
 
-    All sets ride in the same batched forward passes
-    (:func:`headmech.interventions.run_variants`). The effect of the labelled heads is
-    reported against the median and the range of the control effects, with the drawn
-    control sets; a bootstrap interval over probe examples accompanies the labelled
-    effect.
+    All sets ride in the same batched forward passes (:func:`headmech.interventions.run_variants`);
+    the labelled effect, with a bootstrap interval over probe examples, is reported
+    against the median and range of the control effects, with the drawn control sets.
 
     Returns:
         ``{"metric", "mode", "control", "control_note", "clean", "ablated", "effect",
