@@ -14,7 +14,7 @@ STAMP := $(VENV)/.headmech-setup
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint docs format bench clean
+.PHONY: setup demo test lint docs format bench catalog clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,15 @@ format: setup
 
 test: setup lint docs
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The published catalogs (catalog/): every bundled model, every registered head type, with
+# validation (tests/test_published_catalog.py checks them). One model:
+#   make catalog CATALOG_MODELS=minilm-l6
+# Types from HEADMECH_CATALOG_PATH folders are left out: only the package's are published.
+CATALOG_MODELS ?=
+catalog: setup
+	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.publish --out catalog \
+		$(if $(CATALOG_MODELS),--models $(CATALOG_MODELS))
 
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
 BENCH_ARGS ?=

@@ -82,9 +82,11 @@ def validate_heads(
     heads from the same layers (per-layer counts matched), and measure the type's task
     metric (higher is worse) each time.
 
-    All sets ride in the same batched forward passes (:func:`headmech.interventions.run_variants`);
-    the labelled effect, with a bootstrap interval over probe examples, is reported
-    against the median and range of the control effects, with the drawn control sets.
+    All sets ride in the same batched forward passes
+    (:func:`headmech.interventions.run_variants`). The effect of the labelled heads is
+    reported against the median and the range of the control effects, with the drawn
+    control sets; a bootstrap interval over probe examples accompanies the labelled
+    effect.
 
     Returns:
         ``{"metric", "mode", "control", "control_note", "clean", "ablated", "effect",
@@ -126,6 +128,37 @@ def validate_heads(
         "random_mean": sum(rand) / len(rand) if rand else None,
         "random_median": float(torch.tensor(rand).median()) if rand else None,
         "random_range": [rand[0], rand[-1]] if rand else None,
+        "n_heads": len(heads),
+        "expected": "raise" if head_type.helps_task else "lower",
+    }
+
+
+def _validation(
+    model: TransformerBridge,
+    head_type: HeadType,
+    heads: Sequence[HeadIndex],
+    options: ProbeOptions,
+    n_random: int,
+) -> dict[str, Any]:
+    """:func:`validate_heads`, or, where the type's task cannot run on the model (the
+    induction task's next-token loss for ``duplicate_token`` on an encoder), a record that
+    says so: ``effect`` None and the reason in ``control_note``."""
+    from headmech.registry import TASKS
+    from headmech.tasks import is_causal
+
+    task = TASKS.get(str(head_type.task))(model)
+    if not (task.causal_only and not is_causal(model)):
+        return validate_heads(model, head_type, heads, options, n_random=n_random)
+    none = dict.fromkeys(("clean", "ablated", "effect", "effect_interval", "random_mean"))
+    none.update(dict.fromkeys(("random_median", "random_range")))
+    return {
+        **none,
+        "metric": task.description,
+        "mode": head_type.ablation,
+        "control": "none",
+        "control_note": f"not validated: task '{task.name}' needs a causal (decoder) model",
+        "control_sets": [],
+        "random_effects": [],
         "n_heads": len(heads),
         "expected": "raise" if head_type.helps_task else "lower",
     }
@@ -251,7 +284,7 @@ def classify(
         results.update(found)
     if validate:
         for t in runnable:
-            v = validate_heads(model, t, results[t.name].heads, options, n_random=n_random)
+            v = _validation(model, t, results[t.name].heads, options, n_random)
             results[t.name].details["validation"] = v
     settings: dict[str, Any] = {"types": {t.name: repr(t) for t in runnable}, "skipped": skipped}
     settings.update(validate=validate, n_random=n_random, n_boot=n_boot)

@@ -17,7 +17,9 @@ def evidence(catalog: Any) -> None:
     for name, r in catalog.types.items():
         lines = registry[name]().report(r.details) if name in registry else []
         v = r.details.get("validation")
-        if v and v.get("n_heads"):
+        if v and v.get("n_heads") and v.get("effect") is None:
+            lines.append(f"validation: {v['control_note']}")
+        elif v and v.get("n_heads"):
             lines.append(
                 f"validation ({v['mode']} ablation, {v['metric']}): labelled heads {v['effect']:+.4f}, "
                 f"{len(v['random_effects'])} random sets of {v['n_heads']} ({v['control']}) {v['random_mean']:+.4f} on average"

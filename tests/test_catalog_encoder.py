@@ -241,3 +241,18 @@ def test_minilm_has_no_rare_word_head(catalog):
     assert r.details["best_rate"] >= 2 * chance
     # the typical head is at chance level
     assert abs(float(r.score.median()) - chance) < 0.03
+
+
+def test_validation_on_an_encoder_says_why_a_decoder_task_cannot_run():
+    """``duplicate_token`` is measured on encoders, but its task (next-token loss on
+    repeated sequences) needs a decoder: validation records why instead of failing."""
+    from headmech.catalog.duplicate_token import DuplicateTokenHead
+    from headmech.testing import tiny_model
+
+    model = tiny_model("encoder")
+    every_head = DuplicateTokenHead(threshold=0.0)
+    cat = headmech.classify(model, [every_head], validate=True, n_sequences=4, half_len=8)
+    v = cat["duplicate_token"].details["validation"]
+    assert v["n_heads"] == len(cat.heads("duplicate_token")) > 0
+    assert v["effect"] is None and v["random_effects"] == []
+    assert v["control_note"] == "not validated: task 'induction' needs a causal (decoder) model"

@@ -1,0 +1,145 @@
+"""The published catalogs in ``catalog/`` match the code.
+
+Each model's ``check.json`` is regenerated at its small size and compared with the
+committed one (the CI diff: every label, count and string equal, every number within
+``TOL``, since another CPU's BLAS kernels may move the sixth decimal); each ``catalog.json`` must list exactly the registered head types that fit
+its model, name the bundled weights and have a heatmap per type. Any mismatch fails with
+one line asking for ``make catalog``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headmech.heads import head_types
+from headmech.publish import MODELS, check_json, expected_types
+
+ROOT = Path(__file__).resolve().parents[1] / "catalog"
+FIXTURES = {"smollm2-135m": "smollm2", "minilm-l6": "minilm", "toy-induction": "toy_induction"}
+MAX_PNG_BYTES = 200_000
+TOL = 1e-4
+
+
+def _stale(name: str, what: str) -> None:
+    pytest.fail(f"catalog/{name}: {what}; run `make catalog`", pytrace=False)
+
+
+def _read(name: str, file: str) -> Any:
+    path = ROOT / name / file
+    if not path.is_file():
+        _stale(name, f"{file} is missing")
+    return json.loads(path.read_text())
+
+
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    """The JSON path where ``a`` and ``b`` first differ (``""`` if equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}.{k} only in {'the committed file' if k in a else 'the code'}"
+            if (d := _first_difference(a[k], b[k], f"{path}.{k}")) != "":
+                return d
+        return ""
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if (d := _first_difference(x, y, f"{path}[{i}]")) != "":
+                return d
+        return ""
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+    if numbers and abs(a - b) <= TOL:
+        return ""
+    return "" if a == b else f"{path or 'the file'}: {str(a)[:60]} committed, {str(b)[:60]} now"
+
+
+def test_first_difference_names_the_path():
+    a = {"types": {"x": {"heads": [[1, 2]]}}, "v": 1}
+    assert _first_difference(a, json.loads(json.dumps(a))) == ""
+    b = {"types": {"x": {"heads": [[1, 3]]}}, "v": 1}
+    assert _first_difference(a, b).startswith(".types.x.heads[0][1]: 2 committed, 3 now")
+    assert "only in the code" in _first_difference(a, {**a, "w": 2})
+    assert _first_difference({"s": [0.5, True]}, {"s": [0.5 + TOL / 2, True]}) == ""
+    assert _first_difference({"s": [0.5]}, {"s": [0.5 + 3 * TOL]}).startswith(".s[0]: 0.5 ")
+    assert _first_difference({"s": [1, True]}, {"s": [1, False]}) != ""
+
+
+def _unpublished(name: str, registered: set[str]) -> str | None:
+    """Why ``catalog/<name>`` does not cover ``registered`` (None when it does): every type
+    is in catalog.json or recorded in run.json as not applicable, and nothing else is."""
+    types = set(_read(name, "catalog.json")["types"])
+    skipped = set(_read(name, "run.json")["skipped"])
+    if missing := sorted(registered - types - skipped):
+        return f"head type(s) {', '.join(missing)} not published"
+    if gone := sorted((types | skipped) - registered):
+        return f"head type(s) {', '.join(gone)} published but no longer registered"
+    return None
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_registered_type_is_published(name):
+    """Without loading a model, so that a new type fails the fast tests too."""
+    if (why := _unpublished(name, set(head_types()))) is not None:
+        _stale(name, why)
+
+
+def test_a_new_type_asks_for_make_catalog():
+    registered = set(head_types())
+    assert _unpublished("minilm-l6", registered | {"brand_new"}) == (
+        "head type(s) brand_new not published"
+    )
+    gone = _unpublished("minilm-l6", registered - {"positional"})
+    assert gone == "head type(s) positional published but no longer registered"
+
+
+def test_readme_has_every_model_and_type():
+    text = (ROOT / "README.md").read_text()
+    for name in MODELS:
+        if f"## {name} " not in text:
+            _stale(name, "missing from catalog/README.md")
+        for t in _read(name, "catalog.json")["types"]:
+            if f"[`{t}`]({name}/heatmaps/{t}.png)" not in text:
+                _stale(name, f"type {t} missing from catalog/README.md")
+
+
+@pytest.fixture(scope="module")
+def toy_induction():
+    import headmech
+
+    return headmech.load_model("toy-induction")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_check_json_regenerates(name, request):
+    """The CI diff: the committed small-size catalog equals what the code produces now."""
+    model = request.getfixturevalue(FIXTURES[name])
+    committed = (ROOT / name / "check.json").read_text()
+    now = check_json(model)
+    if (where := _first_difference(json.loads(committed), json.loads(now))) != "":
+        _stale(name, f"check.json differs from what the code produces now ({where})")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_published_catalog_is_current(name, request):
+    from headmech.provenance import weights_hash
+
+    model = request.getfixturevalue(FIXTURES[name])
+    data = _read(name, "catalog.json")
+    want = expected_types(model)
+    if sorted(data["types"]) != want:
+        _stale(name, f"catalog.json has types {sorted(data['types'])}, the registry {want}")
+    if data["provenance"]["model"]["weights_sha256"] != weights_hash(model):
+        _stale(name, "catalog.json was computed on other weights than the bundled model's")
+    pngs = {p.stem: p.stat().st_size for p in (ROOT / name / "heatmaps").glob("*.png")}
+    if sorted(pngs) != want:
+        _stale(name, f"heatmaps/ has {sorted(pngs)}, the catalog {want}")
+    assert max(pngs.values()) < MAX_PNG_BYTES
+    for t, r in data["types"].items():
+        v = r["details"].get("validation")
+        assert v is not None and v["n_heads"] == len(r["heads"]), f"{name}/{t} not validated"
+        if r["heads"] and v["control"] != "none":
+            assert len(v["random_effects"]) == 5 and v["effect_interval"] is not None
