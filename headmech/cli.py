@@ -183,6 +183,33 @@ def _add_circuit(sub: Any) -> None:
     p.set_defaults(func=commands.cmd_circuit)
 
 
+def _add_discover(sub: Any) -> None:
+    from headmech.discover_cmd import cmd_discover
+
+    p = sub.add_parser(
+        "discover",
+        help="cluster heads by behaviour and report what no catalog type explains",
+        description="Give every head of MODEL a feature vector (its score on every catalog type "
+        "and attention statistics), cluster the heads (Ward) and report the clusters no "
+        "catalog type explains, with example prompts; writes DIR/discovery.json, "
+        "DIR/discovery.png and DIR/cluster_<id>.png per unexplained cluster.",
+    )
+    _add_run_options(p, half_len=False)
+    p.add_argument("--types", help="comma-separated head types (default: all that fit the model)")
+    p.add_argument(
+        "--corpus",
+        help="a UTF-8 text file of prose to probe with (default: the CPython docs' prose)",
+    )
+    p.add_argument(
+        "--clusters",
+        type=int,
+        default=None,
+        metavar="K",
+        help="number of clusters, 2 .. number of heads (default: best silhouette in 2..12)",
+    )
+    p.set_defaults(func=cmd_discover)
+
+
 def _add_prune(sub: Any) -> None:
     from headmech.registry import PRUNING_METHODS
 
@@ -239,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_importance(sub)
     _add_circuit(sub)
     _add_prune(sub)
+    _add_discover(sub)
     return parser
 
 

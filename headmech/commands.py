@@ -26,6 +26,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
     "importance": ("importance.json", "importance.png", "run.json"),
     "prune": ("pruning.json", "pruning.png", "run.json"),
     "circuit": ("circuit.graphml", "circuit.json", "circuit.png", "run.json"),
+    "discover": ("discovery.json", "discovery.png", "run.json"),  # + cluster_<id>.png
 }
 
 
@@ -61,10 +62,11 @@ def _load(args: argparse.Namespace) -> Any:
     return model
 
 
-def _save(args: argparse.Namespace, command: str, result: Any) -> Path:
+def _save(args: argparse.Namespace, command: str, result: Any, files: tuple[str, ...] = ()) -> Path:
     """Run ``result.save(folder)`` on a temporary folder next to ``--out`` and write the
     run record (``run.json``: seconds, tokens/s, peak memory); move the files into ``--out``
-    only if it succeeds (see :func:`headmech.validation.staged_output`)."""
+    only if it succeeds (see :func:`headmech.validation.staged_output`); ``files``: more
+    files of an earlier result that ``--force`` removes."""
     import json
 
     from headmech import distributed
@@ -75,7 +77,7 @@ def _save(args: argparse.Namespace, command: str, result: Any) -> Path:
     now = time.perf_counter()
     record = run_record(command, result, args.loaded - args.started, now - args.started)
     try:
-        with V.staged_output(args.out, RESULT_FILES[command], args.force) as tmp:
+        with V.staged_output(args.out, RESULT_FILES[command] + files, args.force) as tmp:
             result.save(tmp)
             (tmp / "run.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     except OSError as e:  # a full disk, a folder made read-only meanwhile: one line

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
@@ -22,7 +23,14 @@ if TYPE_CHECKING:
     from headmech.classify import HeadCatalog
     from headmech.pruning.result import PruningResult
 
-__all__ = ["catalog_heatmap", "finish", "head_heatmap", "pruning_curve", "score_heatmap"]
+__all__ = [
+    "catalog_heatmap",
+    "finish",
+    "head_heatmap",
+    "pattern_heatmap",
+    "pruning_curve",
+    "score_heatmap",
+]
 
 
 def finish(fig: Figure, path: str | os.PathLike | None, *, layout: bool = True) -> Figure:
@@ -44,12 +52,33 @@ def head_heatmap(
     ax = ax if ax is not None else plt.gca()
     data = score.detach().float().cpu().numpy()
     kwargs.setdefault("cmap", "viridis")
-    sns.heatmap(data, ax=ax, square=False, cbar=True, xticklabels=True, yticklabels=True, **kwargs)
+    kwargs.setdefault("cbar", True)
+    sns.heatmap(data, ax=ax, square=False, xticklabels=True, yticklabels=True, **kwargs)
     for layer, head in heads:
         ax.add_patch(plt.Rectangle((head, layer), 1, 1, fill=False, edgecolor="red", lw=1.5))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
+    return ax
+
+
+def pattern_heatmap(
+    pattern: Tensor, tokens: Sequence[str], ax: Any = None, title: str = "", **kwargs: Any
+) -> Any:
+    """One head's attention pattern ``[query_pos, key_pos]`` on ``ax`` (default: the current
+    axes), the tokens on both axes, weights from 0 to 1. Returns the axes."""
+    ax = ax if ax is not None else plt.gca()
+    kwargs.setdefault("cmap", "viridis")
+    kwargs.setdefault("cbar", False)
+    data = pattern.detach().float().cpu().numpy()
+    labels = list(tokens)
+    sns.heatmap(
+        data, ax=ax, vmin=0, vmax=1, square=True, xticklabels=labels, yticklabels=labels, **kwargs
+    )
+    ax.tick_params(labelsize=6)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    ax.set_title(title, fontsize=9)
     return ax
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # import name -> distribution name, where they differ
 DIST = {"transformer_lens": "transformer-lens", "sklearn": "scikit-learn"}
 # declared without being imported, each for a stated reason (see pyproject.toml)
-RUNTIME_ONLY = {"gguf", "numpy"}
+RUNTIME_ONLY = {"gguf"}
 STDLIB = set(sys.stdlib_module_names)
 
 
