@@ -221,12 +221,7 @@ class TokenLossTask(Task):
         loss = token_losses(model, resid[sel], target[None].expand(copies, -1, -1)[sel])
         if self.probability:
             loss = -torch.exp(-loss)  # minus the target's probability
-        n_seq = query.shape[0]
-        unit = torch.arange(copies * n_seq, device=dev).view(copies, n_seq, 1).expand_as(sel)
-        sums = torch.zeros(copies * n_seq, device=dev, dtype=loss.dtype)
-        sums = sums.index_add(0, unit[sel], loss).view(copies, n_seq)  # per copy and sequence
-        counts = query.sum(1).to(loss.dtype)[None].expand(copies, -1)
-        return sums, counts
+        return _per_sequence(loss, query, copies)
 
     def corrupt(self, batch, model, seed):
         if self._corrupt is None:
@@ -271,12 +266,7 @@ class LogitDiffTask(Task):
         pick = torch.stack([good[query], bad[query]], -1).repeat(copies, 1)  # [n, 2]
         two = logits.gather(1, pick)
         diff = two[:, 1] - two[:, 0]  # bad - good
-        n_seq = query.shape[0]
-        unit = torch.arange(copies * n_seq, device=dev).view(copies, n_seq, 1).expand_as(sel)
-        sums = torch.zeros(copies * n_seq, device=dev, dtype=diff.dtype)
-        sums = sums.index_add(0, unit[sel], diff).view(copies, n_seq)
-        counts = query.sum(1).to(diff.dtype)[None].expand(copies, -1)
-        return sums, counts
+        return _per_sequence(diff, query, copies)
 
     def corrupt(self, batch, model, seed):
         if self._corrupt is None:
@@ -396,3 +386,14 @@ def get_task(task: str | Task, model: TransformerBridge) -> Task:
     out = task if isinstance(task, Task) else TASKS.get(str(task))(model)
     out.check(model)
     return out
+
+
+def _per_sequence(values: Tensor, query: Tensor, copies: int) -> tuple[Tensor, Tensor]:
+    """Per copy and sequence, the sum of ``values`` (one per selected position: ``query``
+    ``[batch, pos]`` repeated ``copies`` times, in that order) and the count summed."""
+    n_seq = query.shape[0]
+    sel = query[None].expand(copies, -1, -1)
+    unit = torch.arange(copies * n_seq, device=values.device).view(copies, n_seq, 1)
+    sums = values.new_zeros(copies * n_seq).index_add(0, unit.expand_as(sel)[sel], values)
+    counts = query.sum(1).to(values.dtype)[None].expand(copies, -1)
+    return sums.view(copies, n_seq), counts
