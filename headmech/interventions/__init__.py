@@ -10,11 +10,13 @@ A head intervention is ``(site, heads, effect)``:
 * **effect** — :class:`Zero`, :class:`Mean` (a per-head mean output), :class:`Patch`
   (the activation of another run: activation patching, resampling), :class:`Set` (a
   given value, e.g. a planted pattern), :class:`Uniform` (uniform attention over the
-  keys a query may see), :class:`Scale` (a differentiable multiplier: Michel's ξ, L0
-  gates, head masks), :class:`Gate` (an input-dependent multiplier computed from the
-  layer's input: mixture-of-heads gates), :class:`Tap` (adds a zero leaf whose
-  gradient is ∂metric/∂activation) and :class:`PathPatch` (a q/k/v input recomputed from
-  the layer's input plus another head's output difference: direct path patching).
+  keys a query may see), :class:`Window` (attention to sinks and a recent window only,
+  renormalised: a compressed KV cache, :mod:`headmech.kv`), :class:`Scale` (a
+  differentiable multiplier: Michel's ξ, L0 gates, head masks), :class:`Gate` (an
+  input-dependent multiplier computed from the layer's input: mixture-of-heads gates),
+  :class:`Tap` (adds a zero leaf whose gradient is ∂metric/∂activation) and
+  :class:`PathPatch` (a q/k/v input recomputed from the layer's input plus another head's
+  output difference: direct path patching).
 
 Every effect works in one layout, heads first — ``[batch, head_index, pos, d_head]`` for
 z/q/k/v, ``[batch, head_index, query_pos, key_pos]`` for the pattern — reached from the
@@ -49,6 +51,7 @@ from headmech.interventions.effects import (
     Set,
     Tap,
     Uniform,
+    Window,
     Zero,
 )
 from headmech.interventions.hooks import (
@@ -76,6 +79,7 @@ __all__ = [
     "Set",
     "Tap",
     "Uniform",
+    "Window",
     "Zero",
     "applied",
     "capture",

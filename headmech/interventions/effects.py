@@ -31,6 +31,7 @@ __all__ = [
     "Set",
     "Tap",
     "Uniform",
+    "Window",
     "Zero",
     "heads_first",
 ]
@@ -143,6 +144,27 @@ class Uniform(Effect):
             allowed = (x > 0).any(1, keepdim=True)
         u = allowed.to(x.dtype)
         return (u / u.sum(-1, keepdim=True).clamp(min=1)).expand_as(x)
+
+
+@dataclass(frozen=True)
+class Window(Effect):
+    """Attention restricted to the first ``sinks`` keys and the ``window`` keys before the
+    query (and the query's own), renormalised: exactly the softmax over those keys, the
+    pattern of a head whose KV cache keeps only them (StreamingLLM's sinks + recent window;
+    :mod:`headmech.kv`). Causal models only (keys up to the query)."""
+
+    sinks: int = 4
+    window: int = 256
+    sites = ("pattern",)
+
+    def apply(self, x, layer, idx, ctx):
+        """See :meth:`Effect.apply`."""
+        n_q, n_k = x.shape[-2:]
+        q = torch.arange(n_k - n_q, n_k, device=x.device)[:, None]  # offset for cached keys
+        k = torch.arange(n_k, device=x.device)[None, :]
+        keep = (k <= q) & ((k < self.sinks) | (q - k <= self.window))  # [query_pos, key_pos]
+        kept = x * keep.to(x.dtype)
+        return kept / kept.sum(-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,400 @@
+"""KV plans: which KV heads keep the whole cache, and which keep sinks plus a window.
+
+DuoAttention (Xiao et al. 2024) and RazorAttention (Tang et al. 2024) keep the full KV
+cache only for retrieval heads and give every other head a small cache: the first
+``sinks`` tokens (attention sinks, Xiao et al. 2023) and the ``window`` most recent ones.
+A :class:`KVPlan` says which, per layer and **KV head**: under grouped-query attention the
+query heads of a group share one cache, so a KV head is full if any of its query heads
+needs it (query head ``h`` reads KV head ``h // (n_heads / n_kv_heads)``).
+
+Plans come from a catalog (:meth:`KVPlan.from_catalog`: labelled heads of the named
+types, or the best-scoring KV heads that fit a memory budget), any head set
+(:meth:`KVPlan.from_heads`), or at random, as many full KV heads per layer as another
+plan (:meth:`KVPlan.random_matched`, the control); ``plan.json`` keeps the provenance.
+
+References:
+    Xiao et al. 2024, "DuoAttention: Efficient Long-Context LLM Inference with Retrieval
+    and Streaming Heads", arXiv:2410.10819; Tang et al. 2024, "RazorAttention: Efficient
+    KV Cache Compression Through Retrieval Heads", arXiv:2407.15891; Xiao et al. 2023,
+    "Efficient Streaming Language Models with Attention Sinks", arXiv:2309.17453.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from headmech.errors import InputError
+from headmech.heads import HeadIndex
+from headmech.provenance import check_weights, dumps
+
+if TYPE_CHECKING:
+    from headmech.results import HeadCatalog
+
+__all__ = ["PLAN_SCHEMA", "KVPlan", "kv_ranking", "split_budget"]
+
+PLAN_SCHEMA = "1"
+
+
+def _positive(value: int, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _shape(model: Any) -> tuple[str, int, int, int]:
+    """``(name, n_layers, n_heads, n_kv_heads)`` of a bridge or a Hugging Face model."""
+    if hasattr(model, "cfg"):
+        from headmech.models import model_info
+
+        i = model_info(model)
+        return i.name, i.n_layers, i.n_heads, i.n_kv_heads
+    cfg = model.config
+    n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
+    n_layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
+    return str(getattr(cfg, "name_or_path", "") or "model"), n_layers, n_heads, n_kv
+
+
+@dataclass(frozen=True, eq=False)
+class KVPlan:
+    """Per layer and KV head: the whole cache (True) or ``sinks`` + ``window`` tokens.
+
+    A windowed head's query at position ``t`` sees the keys at positions ``< sinks`` and
+    ``t - window .. t``; its cache holds ``sinks + window`` entries between steps.
+
+    Attributes:
+        full: ``[n_layers, n_kv_heads]``, True where the KV head keeps the whole cache.
+        n_heads: query heads per layer.
+        sinks: first tokens every windowed head keeps.
+        window: most recent tokens every windowed head keeps.
+        model: the model's name.
+        source: how the plan was chosen (kind, catalog, types, seed, budget, ...).
+        provenance: the model's weights and versions (:func:`headmech.provenance.provenance`).
+    """
+
+    full: Bool[Tensor, "n_layers n_kv_heads"]
+    n_heads: int
+    sinks: int = 4
+    window: int = 256
+    model: str = "model"
+    source: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _positive(self.sinks, "sinks", 0)
+        _positive(self.window, "window", 1)
+        full = torch.as_tensor(self.full, dtype=torch.bool).cpu()
+        if full.dim() != 2 or min(full.shape) < 1 or self.n_heads % full.shape[1]:
+            raise InputError(f"a KV plan needs [n_layers, n_kv_heads] dividing {self.n_heads}")
+        object.__setattr__(self, "full", full)
+
+    # --- shape ---------------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        """Layers."""
+        return int(self.full.shape[0])
+
+    @property
+    def n_kv_heads(self) -> int:
+        """KV heads per layer."""
+        return int(self.full.shape[1])
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def n_full(self) -> int:
+        """KV heads (all layers) that keep the whole cache."""
+        return int(self.full.sum())
+
+    def query_full(self) -> Bool[Tensor, "n_layers n_heads"]:
+        """Per query head: whether its KV head keeps the whole cache."""
+        return self.full.repeat_interleave(self.group, dim=1)
+
+    def full_heads(self) -> list[tuple[int, int]]:
+        """The full ``(layer, kv_head)`` pairs."""
+        return [(int(a), int(b)) for a, b in self.full.nonzero().tolist()]
+
+    def per_layer(self) -> list[int]:
+        """Full KV heads in each layer."""
+        return [int(n) for n in self.full.sum(1)]
+
+    def cache_entries(self, seen: int) -> int:
+        """Cached positions over all layers and KV heads after ``seen`` tokens."""
+        kept = min(seen, self.sinks + self.window)
+        return self.n_full * seen + (self.full.numel() - self.n_full) * kept
+
+    def kv_fraction(self, seen: int) -> float:
+        """The cache's size after ``seen`` tokens as a fraction of the whole cache's."""
+        return self.cache_entries(seen) / (self.full.numel() * max(seen, 1))
+
+    def check_model(self, model: Any, *, force: bool = False) -> None:
+        """Refuse a model of another shape or (unless ``force``) other weights."""
+        name, n_layers, n_heads, n_kv = _shape(model)
+        if (n_layers, n_heads, n_kv) != (self.n_layers, self.n_heads, self.n_kv_heads):
+            raise InputError(
+                f"the KV plan is for {self.n_layers} layers x {self.n_heads} heads "
+                f"({self.n_kv_heads} KV heads), {name} has {n_layers} x {n_heads} ({n_kv})"
+            )
+        if not force and hasattr(model, "cfg"):
+            check_weights(self.provenance, model, f"the KV plan of {self.model}")
+
+    # --- constructors --------------------------------------------------------------
+    @classmethod
+    def from_heads(
+        cls,
+        model: Any,
+        heads: Iterable[HeadIndex | Sequence[int]],
+        *,
+        sinks: int = 4,
+        window: int = 256,
+        source: dict[str, Any] | None = None,
+    ) -> KVPlan:
+        """Full cache for the KV heads of the given **query** heads, sinks + window elsewhere."""
+        name, n_layers, n_heads, n_kv = _shape(model)
+        full = torch.zeros(n_layers, n_kv, dtype=torch.bool)
+        for layer, head in heads:
+            if not (0 <= int(layer) < n_layers and 0 <= int(head) < n_heads):
+                raise InputError(f"head L{layer}H{head} is not in a {n_layers}x{n_heads} model")
+            full[int(layer), int(head) // (n_heads // n_kv)] = True
+        src = {"kind": "heads"} if source is None else dict(source)
+        return cls(full, n_heads, sinks, window, name, src, _provenance(model))
+
+    @classmethod
+    def windowed(cls, model: Any, *, sinks: int = 4, window: int = 256) -> KVPlan:
+        """Every head windowed (StreamingLLM)."""
+        return cls.from_heads(model, [], sinks=sinks, window=window, source={"kind": "windowed"})
+
+    @classmethod
+    def full_cache(cls, model: Any) -> KVPlan:
+        """Every head full: the uncompressed model."""
+        _, n_layers, n_heads, _ = _shape(model)
+        heads = [(la, h) for la in range(n_layers) for h in range(n_heads)]
+        return cls.from_heads(model, heads, source={"kind": "full"})
+
+    @classmethod
+    def from_catalog(
+        cls,
+        catalog: HeadCatalog | str | os.PathLike,
+        model: Any,
+        types: Sequence[str] = ("retrieval",),
+        *,
+        sinks: int = 4,
+        window: int = 256,
+        budget: float | None = None,
+        context: int | None = None,
+        fill: str = "heads",
+        force: bool = False,
+    ) -> KVPlan:
+        """Full cache for catalogued heads.
+
+        Args:
+            catalog: a :class:`~headmech.results.HeadCatalog` or its ``catalog.json``/folder.
+            model: the model the plan is for (the catalog must describe it).
+            types: head types whose heads keep the whole cache.
+            sinks, window: what every other head keeps (at least, with a budget).
+            budget: a fraction of the whole cache at ``context`` tokens to spend
+                (:func:`split_budget`). ``fill="heads"``: ignore the labels, keep as many
+                KV heads full, best :func:`kv_ranking` first, as leave the others
+                ``window``, then widen their window; ``fill="window"``: keep the labelled
+                heads' KV heads full and widen every other window to spend the rest.
+            force: apply a catalog computed on other weights.
+        """
+        from headmech.results import HeadCatalog
+
+        cat = catalog if isinstance(catalog, HeadCatalog) else HeadCatalog.load(catalog)
+        _check_catalog(cat, model, types, force)
+        src: dict[str, Any] = {"kind": "catalog", "types": list(types)}
+        if not isinstance(catalog, HeadCatalog):
+            src["catalog"] = str(catalog)
+        if budget is None:
+            heads = [h for t in types for h in cat.heads(t)]
+            return cls.from_heads(model, heads, sinks=sinks, window=window, source=src)
+        if context is None:
+            raise InputError("a budget needs the context length it is measured at")
+        _, n_layers, n_heads, n_kv = _shape(model)
+        group = n_heads // n_kv
+        src.update(budget=budget, context=context, fill=fill)
+        if fill == "window":
+            heads = [h for t in types for h in cat.heads(t)]
+            n = cls.from_heads(model, heads).n_full
+            _, w = split_budget(budget, context, n_layers * n_kv, sinks, window, n_full=n)
+            return cls.from_heads(model, heads, sinks=sinks, window=w, source=src)
+        if fill != "heads":
+            raise InputError(f"fill is 'heads' or 'window', got {fill!r}")
+        k, w = split_budget(budget, context, n_layers * n_kv, sinks, window)
+        heads = [HeadIndex(la, kv * group) for la, kv in kv_ranking(cat, types, group)[:k]]
+        return cls.from_heads(model, heads, sinks=sinks, window=w, source=src)
+
+    def random_matched(self, generator: torch.Generator, draw: int | None = None) -> KVPlan:
+        """As many full KV heads in each layer as this plan, drawn uniformly in the layer."""
+        full = torch.zeros_like(self.full)
+        for layer, n in enumerate(self.per_layer()):
+            full[layer, torch.randperm(self.n_kv_heads, generator=generator)[:n]] = True
+        src = {"kind": "random_matched", "matched": dict(self.source), "draw": draw}
+        return KVPlan(full, self.n_heads, self.sinks, self.window, self.model, src, self.provenance)
+
+    # --- JSON ----------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The ``plan.json`` contents (deterministic: sorted keys, rounded floats)."""
+        from headmech._version import __version__
+
+        contexts = (2048, 4096, 8192, 32768)
+        data = {
+            "schema_version": PLAN_SCHEMA,
+            "headmech_version": __version__,
+            "model": {
+                "name": self.model,
+                "n_layers": self.n_layers,
+                "n_heads": self.n_heads,
+                "n_kv_heads": self.n_kv_heads,
+            },
+            "sinks": self.sinks,
+            "window": self.window,
+            "full": [list(p) for p in self.full_heads()],
+            "summary": {
+                "n_full": self.n_full,
+                "n_kv_heads_total": self.full.numel(),
+                "kv_fraction": {str(c): self.kv_fraction(c) for c in contexts},
+            },
+            "source": self.source,
+            "provenance": self.provenance,
+        }
+        return json.loads(dumps(data))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``plan.json`` (a folder gets ``plan.json`` inside); returns its path."""
+        p = Path(path)
+        if p.suffix != ".json":
+            p.mkdir(parents=True, exist_ok=True)
+            p = p / "plan.json"
+        p.write_text(dumps(self.to_json()))
+        return p
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> KVPlan:
+        """Read a ``plan.json`` (or a folder holding one); one-line errors if corrupt."""
+        p = Path(path)
+        p = p / "plan.json" if p.is_dir() else p
+        try:
+            data = json.loads(p.read_text())
+            m = data["model"]
+            n_layers, n_heads, n_kv = (int(m[k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
+            full = torch.zeros(n_layers, n_kv, dtype=torch.bool)
+            for layer, kv in data["full"]:
+                full[int(layer), int(kv)] = True
+            return cls(
+                full, n_heads, int(data["sinks"]), int(data["window"]), str(m["name"]),
+                dict(data.get("source", {})), dict(data.get("provenance", {})),
+            )  # fmt: skip
+        except FileNotFoundError:
+            raise InputError(f"no KV plan at {p}") from None
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            raise InputError(f"{p} is not a headmech KV plan: {e!s}") from None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KVPlan) and self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"KVPlan({self.model}: {self.n_full} of {self.full.numel()} KV heads full, "
+            f"sinks {self.sinks}, window {self.window})"
+        )
+
+
+def split_budget(
+    budget: float,
+    context: int,
+    n_kv_total: int,
+    sinks: int,
+    window: int,
+    n_full: int | None = None,
+) -> tuple[int, int]:
+    """How a KV budget is spent: ``(full KV heads, window)``.
+
+    As many KV heads keep the whole cache as leave every other head at least ``sinks +
+    window`` entries within ``budget`` (a fraction of the whole cache at ``context``
+    tokens), or ``n_full`` if given; the window of the others then widens to spend what
+    is left. Below ``(sinks + window) / context`` no head is full and the window shrinks.
+
+    Raises:
+        InputError: a budget outside (0, 1] or too small for one token beyond the sinks.
+    """
+    if not 0 < budget <= 1:
+        raise InputError(f"a KV budget is a fraction in (0, 1], got {budget}")
+    _positive(context, "context", 1)
+    total = budget * context * n_kv_total  # cached positions the budget allows
+    small = min(context, sinks + window)
+    if n_full is not None:
+        k = n_full
+    elif small >= context:
+        return n_kv_total, window
+    else:
+        k = min(n_kv_total, max(0, math.floor((total - n_kv_total * small) / (context - small))))
+    if k == n_kv_total:
+        return k, window
+    w = math.floor((total - k * context) / (n_kv_total - k) + 1e-9) - sinks
+    if w < 1:
+        raise InputError(f"a budget of {budget} at {context} tokens leaves no window")
+    return k, min(w, context)
+
+
+def kv_ranking(catalog: HeadCatalog, types: Sequence[str], group: int) -> list[tuple[int, int]]:
+    """Every ``(layer, kv_head)``, best first: a KV head's score is its best query head's
+    best score over ``types``, each score divided by its type's threshold (labelled heads
+    first, then the rest by how close they come); ties by position."""
+    scores = []
+    for t in types:
+        r = catalog[t]
+        s = torch.nan_to_num(r.score.float(), nan=float("-inf"))
+        scores.append(s / r.threshold if r.threshold > 0 else s)
+    best = torch.stack(scores).amax(0)  # [n_layers, n_heads]
+    kv = best.view(best.shape[0], -1, group).amax(-1)  # [n_layers, n_kv_heads]
+    order = sorted(
+        ((float(kv[la, k]), la, k) for la in range(kv.shape[0]) for k in range(kv.shape[1])),
+        key=lambda x: (-x[0], x[1], x[2]),
+    )
+    return [(la, k) for _, la, k in order]
+
+
+def _check_catalog(cat: HeadCatalog, model: Any, types: Sequence[str], force: bool) -> None:
+    name, n_layers, n_heads, _ = _shape(model)
+    if (cat.model.n_layers, cat.model.n_heads) != (n_layers, n_heads):
+        raise InputError(
+            f"the catalog describes {cat.model.name}, a model of {cat.model.n_layers}x"
+            f"{cat.model.n_heads} heads; {name} has {n_layers}x{n_heads}"
+        )
+    if not types:
+        raise InputError("name at least one head type for the plan")
+    missing = [t for t in types if t not in cat.types]
+    if missing:
+        have = ", ".join(cat.types) or "none"
+        raise InputError(f"the catalog has no type {', '.join(missing)} (it has: {have})")
+    if not force and hasattr(model, "cfg"):
+        check_weights(cat.provenance, model, f"the catalog of {cat.model.name}")
+
+
+def _provenance(model: Any) -> dict[str, Any]:
+    """The model part of the provenance record (bridges only: their weights are hashed)."""
+    if not hasattr(model, "cfg"):
+        return {}
+    from headmech.provenance import provenance
+
+    rec = provenance(model)
+    rec.pop("probes", None)
+    rec.pop("probe_options", None)
+    return rec
