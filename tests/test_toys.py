@@ -40,6 +40,23 @@ def test_training_is_deterministic_under_the_seed():
     assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
 
 
+def test_training_does_not_depend_on_the_callers_threads():
+    """The cached toy is the same on machines with other core counts (with 2 threads
+    instead of 1, the whole recipe trains other weights), and the caller's count stays."""
+    cfg = ToyInductionConfig(steps=30, batch_size=32, d_model=128)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a, _, _ = train_toy_induction(cfg)
+        torch.set_num_threads(2)
+        b, _, _ = train_toy_induction(cfg)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+
+
 def test_checkpoints_are_taken_on_schedule_and_do_not_change_training():
     cfg = ToyInductionConfig(steps=5, batch_size=4)
     seen: dict[int, dict[str, torch.Tensor]] = {}
