@@ -6,7 +6,9 @@ head's output zeroed, for every head (or the heads of ``--layers``). The peers:
 
 * ``headmech`` — ``importance(model, "zero", "induction")``: the clean pass records each
   block's input, each chunk of ablations runs only the blocks from its layer on, as copies
-  along the batch axis, attention as fused SDPA (no pattern is read);
+  along the batch axis (on the CPU as many as keep each activation small: one copy of
+  16 x 65 tokens), attention as fused SDPA (no pattern is read), the last block's MLP and
+  the loss (in vocabulary tiles) only at the scored positions;
 * ``headmech-full`` — the same runner with the prefix reuse and SDPA switched off (what
   headmech did before: every ablation a whole forward, eager attention);
 * ``loop`` — a hand-written loop over plain Hugging Face forwards (SDPA attention), a
@@ -18,6 +20,11 @@ head's output zeroed, for every head (or the heads of ``--layers``). The peers:
 
 Agreement with headmech: max |difference| of the 270 ablated losses and the overlap of the
 top 10 heads. Time ratios are to the fastest nnsight idiom and to the plain loop.
+
+The floor (:func:`floor_seconds`): what exact single-head ablation must still run — one
+clean pass, and per head in layer ``l`` the blocks ``l..L-1`` plus the loss at the scored
+positions — timed from one clean pass's blocks and loss. ``headmech / floor`` says what
+the runner adds to it; ``floor / peer`` is the best ratio any exact method can reach.
 
 nnsight is an optional benchmark dependency: ``pip install -e ".[bench]"``.
 
@@ -147,6 +154,34 @@ def run_tl(model: Any, task: Any, batches: list, heads: list) -> torch.Tensor:
     return (total / n).float()
 
 
+def floor_seconds(model: Any, task: Any, batches: list, heads: list, device: Any) -> dict:
+    """The cost floor of exact single-head ablation, from two timings per batch: the
+    blocks of one clean pass and the loss at the scored positions. The floor is the clean
+    pass plus, per head in layer ``l``, the last ``L - l`` blocks and the loss (what prefix
+    reuse must still run); its ratio to a peer is the best any exact method can do."""
+    from common import fastest
+
+    from headmech.forward import fast_attention, run_blocks
+    from headmech.tasks import token_losses
+
+    n_layers = int(model.cfg.n_layers)
+    suffix = sum((n_layers - layer) / n_layers for layer, _ in heads)
+    blocks = loss = 0.0
+    for batch in batches:
+        query, target = task.select(batch)
+        with fast_attention(model):
+            blocks += fastest(lambda b=batch: run_blocks(model, b.input_ids, b.attention_mask), 3, device)  # fmt: skip
+            with torch.inference_mode():
+                resid = run_blocks(model, batch.input_ids, batch.attention_mask)[query]
+        loss += fastest(lambda r=resid, t=target[query]: token_losses(model, r, t), 3, device)
+    return {
+        "blocks_s": blocks,
+        "loss_s": loss,
+        "floor_s": (blocks + loss) * 1 + blocks * suffix + loss * len(heads),
+        "suffix_fraction": suffix / len(heads),
+    }
+
+
 def _agreement(a: torch.Tensor, b: torch.Tensor, k: int = 10) -> tuple[float, int]:
     top_a = set(a.topk(min(k, a.numel())).indices.tolist())
     top_b = set(b.topk(min(k, b.numel())).indices.tolist())
@@ -203,16 +238,28 @@ def main() -> None:
         "tl": lambda: run_tl(model, task, batches, heads),
     }
     seconds, values = {}, {}
+    floor = floor_seconds(model, task, batches, heads, args.device)
+    print(
+        f"floor: {floor['floor_s']:.1f}s (blocks {floor['blocks_s']:.2f}s + loss "
+        f"{floor['loss_s']:.2f}s per probe pass; suffixes {floor['suffix_fraction']:.3f} of "
+        "the blocks on average)",
+        flush=True,
+    )
     for peer in args.peers.split(","):
         t0 = clock(args.device)
         values[peer] = runs[peer]()
         seconds[peer] = clock(args.device) - t0
         print(f"{peer}: {seconds[peer]:.1f}s", flush=True)
-    report(args, seconds, values, len(heads), [b.input_ids.shape for b in batches])
+    report(args, seconds, values, len(heads), [b.input_ids.shape for b in batches], floor)
 
 
 def report(
-    args: argparse.Namespace, seconds: dict, values: dict, n_heads: int, shapes: list
+    args: argparse.Namespace,
+    seconds: dict,
+    values: dict,
+    n_heads: int,
+    shapes: list,
+    floor: dict,
 ) -> None:
     ref = values.get("headmech")
     nn_best = min(
@@ -259,6 +306,17 @@ def report(
                 f"headmech / {peer}: {ratio:.2f}x time"
                 + (f" (target {tgt}: {'met' if met else 'NOT met'})" if target else "")
             )
+    f = floor["floor_s"]
+    floor_row = {"figure": "peers: the floor (clean pass + suffix passes)", "what": what,
+                 "result": f"{f:.1f} s", "target": "", "met": None, "values": dict(floor)}  # fmt: skip
+    if "headmech" in seconds:
+        floor_row["result"] = f"headmech {seconds['headmech'] / f:.2f}x its floor ({f:.1f} s)"
+        print(floor_row["result"])
+    for peer in ("loop", "tl", "nnsight", "nnsight-invokes"):
+        if peer in seconds:
+            print(f"floor / {peer}: {f / seconds[peer]:.2f}x (the best an exact method can do)")
+            floor_row["values"][f"floor_over_{peer}"] = f / seconds[peer]
+    out.append(floor_row)
     figure(seconds, args)
     record(
         "bench_peers",

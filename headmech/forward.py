@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 if TYPE_CHECKING:
@@ -204,13 +204,48 @@ def _replay(
     return hidden
 
 
+def _hooked(module: torch.nn.Module) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
+
+
+@contextlib.contextmanager
+def _mlp_rows(model: TransformerBridge, layer: int, rows: Tensor | None) -> Iterator[None]:
+    """Inside the block, block ``layer``'s MLP runs only at ``rows`` (``Bool[batch, pos]``)
+    and adds nothing elsewhere: the MLP acts on each position alone, so the rows run are
+    exact and the others are left out (unless a hook watches the MLP)."""
+    mlp = model.blocks[layer].mlp
+    if rows is None or bool(rows.all()) or _hooked(mlp):
+        yield
+        return
+    run = type(mlp).forward
+
+    def forward(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if x.shape[:2] != rows.shape:  # not the pass the rows were given for
+            return run(mlp, x, *args, **kwargs)
+        out = x.new_zeros(x.shape)  # [batch, pos, d_model]
+        out[rows] = run(mlp, x[rows][None], *args, **kwargs)[0]  # [1, rows, d_model] in
+        return out
+
+    mlp.__dict__["forward"] = forward
+    try:
+        yield
+    finally:
+        mlp.__dict__.pop("forward", None)
+
+
 def run_blocks(
     model: TransformerBridge,
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     n_blocks: int | None = None,
+    rows: Bool[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch pos d_model"]:
     """Run the first ``n_blocks`` blocks (default all) and stop: no final norm, no unembedding.
+
+    ``rows``: the positions whose output the caller reads. The last block's MLP then runs
+    only there (it acts on each position alone); the output at the other positions is not
+    the model's and must not be read. A causal metric that reads a few positions saves the
+    last MLP's work at the rest.
 
     Not ``TransformerBridge``'s ``stop_at_layer=k``: it stops *before* block ``k``, so with
     ``k = n_layers`` nothing stops and the whole model runs, ``[batch, pos, d_vocab]``
@@ -227,17 +262,18 @@ def run_blocks(
 
     n = int(model.cfg.n_layers) if n_blocks is None else int(n_blocks)
     start = _START.get()
-    if start is not None and start[1] < n:
-        return _replay(model, start[0], start[1], n, int(input_ids.shape[0]))
+    with _mlp_rows(model, n - 1, rows):
+        if start is not None and start[1] < n:
+            return _replay(model, start[0], start[1], n, int(input_ids.shape[0]))
 
-    def stop(module: Any, args: Any, output: Tensor) -> None:
-        raise StopAtLayerException(output)
+        def stop(module: Any, args: Any, output: Tensor) -> None:
+            raise StopAtLayerException(output)
 
-    handle = model.blocks[n - 1].hook_out.register_forward_hook(stop)
-    try:
-        return model(input_ids, attention_mask=attention_mask, return_type=None)
-    finally:
-        handle.remove()
+        handle = model.blocks[n - 1].hook_out.register_forward_hook(stop)
+        try:
+            return model(input_ids, attention_mask=attention_mask, return_type=None)
+        finally:
+            handle.remove()
 
 
 def bare_forward(model: TransformerBridge, batches: Any) -> None:

@@ -81,35 +81,56 @@ def _device(model: TransformerBridge) -> torch.device:
 
 
 def unembed(
-    model: TransformerBridge, resid: Float[Tensor, "n d_model"]
-) -> Float[Tensor, "n d_vocab"]:
-    """Final norm and unembedding of selected residual vectors (avoids full logits)."""
+    model: TransformerBridge,
+    resid: Float[Tensor, "n d_model"],
+    columns: Int[Tensor, " k"] | slice | None = None,
+) -> Float[Tensor, "n k"]:
+    """Final norm and unembedding of selected residual vectors (avoids full logits); with
+    ``columns``, only those tokens' logits (a slice of the vocabulary, or token ids)."""
+    return _unembed_normed(model, model.ln_final(resid), columns)
+
+
+def _unembed_normed(model: TransformerBridge, normed: Tensor, columns: Any = None) -> Tensor:
     from headmech.placement import materialised
 
-    normed = model.ln_final(resid)
-    # W_U is [d_model, d_vocab], a view of the [d_vocab, d_model] weight: one fused addmm
     with materialised(model.unembed):  # an offloaded (device_map) unembedding is loaded
-        return F.linear(normed, model.W_U.T, getattr(model, "b_U", None))
+        weight = model.W_U.T  # [d_vocab, d_model], a view of the weight: one fused addmm
+        bias = getattr(model, "b_U", None)
+        if columns is not None:
+            weight, bias = weight[columns], None if bias is None else bias[columns]
+        return F.linear(normed, weight, bias)
 
 
-LOSS_ROWS = 512  # rows of logits alive at once: [512, d_vocab] instead of every selected row
+# Cross-entropy in tiles of at most LOSS_ROWS rows x VOCAB_TILE tokens (8 MiB in fp32): the
+# full [rows, d_vocab] logits (100 MB for 512 rows of a 49k vocabulary) would be allocated,
+# page-faulted in and freed on every call; tiles stay in the allocator's reused memory and
+# the CPU's cache (measured on smollm2-135m: 0.79x the time of one cross_entropy per 512
+# rows). The log-sum-exp is combined across tiles; the target's logit is read from its tile.
+LOSS_ROWS = 1024
+VOCAB_TILE = 2048
 
 
 def token_losses(
     model: TransformerBridge, resid: Float[Tensor, "n d_model"], target: Int[Tensor, " n"]
 ) -> Float[Tensor, " n"]:
     """Cross-entropy of ``target`` under the logits of ``resid`` (final norm + unembedding),
-    computed ``LOSS_ROWS`` rows at a time: the logits of thousands of positions over a
-    50k-token vocabulary would otherwise be gigabytes allocated, filled and freed per call.
-    """
-    out = [
-        F.cross_entropy(
-            unembed(model, resid[i : i + LOSS_ROWS]).float(),
-            target[i : i + LOSS_ROWS],
-            reduction="none",
-        )
-        for i in range(0, resid.shape[0], LOSS_ROWS)
-    ]
+    computed in tiles that never hold a whole row of logits (``LOSS_ROWS``,
+    ``VOCAB_TILE``); equal to ``F.cross_entropy`` of the full logits up to float rounding.
+    Differentiable."""
+    d_vocab = int(model.cfg.d_vocab)
+    out = []
+    for i in range(0, resid.shape[0], LOSS_ROWS):
+        normed = model.ln_final(resid[i : i + LOSS_ROWS])
+        tgt = target[i : i + LOSS_ROWS]
+        picked, lses = [], []
+        for s in range(0, d_vocab, VOCAB_TILE):
+            logits = _unembed_normed(model, normed, slice(s, s + VOCAB_TILE)).float()
+            lses.append(torch.logsumexp(logits, -1))  # [rows]
+            hit = (tgt >= s) & (tgt < s + logits.shape[1])
+            # the target's logit where it falls in this tile, 0 elsewhere (summed over tiles)
+            at = logits.gather(1, (tgt - s).clamp(0, logits.shape[1] - 1)[:, None])[:, 0]
+            picked.append(torch.where(hit, at, torch.zeros_like(at)))
+        out.append(torch.logsumexp(torch.stack(lses, -1), -1) - torch.stack(picked).sum(0))
     return torch.cat(out) if out else resid.new_zeros(0)
 
 
@@ -215,7 +236,8 @@ class TokenLossTask(Task):
         dev = _device(model)
         ids, mask = _stack(batch, copies, dev)
         query, target = self.select(batch.to(dev))  # [batch, pos] each
-        resid = run_blocks(model, ids, mask)  # [copies * batch, pos, d_model]
+        # [copies * batch, pos, d_model], exact at the query positions (the rows read)
+        resid = run_blocks(model, ids, mask, rows=query.repeat(copies, 1))
         resid = resid.view(copies, *query.shape, -1)  # [copies, batch, pos, d_model]
         sel = query[None].expand(copies, -1, -1)
         loss = token_losses(model, resid[sel], target[None].expand(copies, -1, -1)[sel])
@@ -260,11 +282,14 @@ class LogitDiffTask(Task):
         dev = _device(model)
         ids, mask = _stack(batch, copies, dev)
         query, good, bad = self.contrast(batch.to(dev))  # [batch, pos] each
-        resid = run_blocks(model, ids, mask).view(copies, *query.shape, -1)
+        rows = query.repeat(copies, 1)  # the rows read: exact there (run_blocks)
+        resid = run_blocks(model, ids, mask, rows=rows).view(copies, *query.shape, -1)
         sel = query[None].expand(copies, -1, -1)
-        logits = unembed(model, resid[sel]).float()  # [n, d_vocab]: the selected rows only
         pick = torch.stack([good[query], bad[query]], -1).repeat(copies, 1)  # [n, 2]
-        two = logits.gather(1, pick)
+        # only the tokens compared: logits of the (few) distinct ones, not the vocabulary
+        tokens, where = pick.unique(return_inverse=True)  # where: [n, 2] into tokens
+        logits = unembed(model, resid[sel], tokens).float()  # [n, distinct tokens]
+        two = logits.gather(1, where)
         diff = two[:, 1] - two[:, 0]  # bad - good
         return _per_sequence(diff, query, copies)
 

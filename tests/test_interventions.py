@@ -18,8 +18,9 @@ from headmech.interventions import (
     evaluate,
     run_variants,
 )
-from headmech.interventions.runner import MAX_CHUNK, chunk_size
+from headmech.interventions.runner import CPU_ACTIVATION_BYTES, MAX_CHUNK, chunk_size
 from headmech.probes import ProbeOptions
+from headmech.stats import ProbeBatch
 from headmech.tasks import get_task
 
 SMALL = ProbeOptions(n_sentences=8, n_sequences=4, half_len=8, batch_size=4)
@@ -168,6 +169,77 @@ def test_chunk_size_follows_the_memory_budget(tiny_models):
     sizes = [chunk_size(model, batch, budget) for budget in (1, 1 << 16, 1 << 20, 1 << 40)]
     assert sizes[0] == 1 and sizes[-1] == MAX_CHUNK
     assert sizes == sorted(sizes) and len(set(sizes)) > 2
+
+
+def test_cpu_chunks_keep_each_activation_small(tiny_models):
+    """On the CPU no budget stacks copies past CPU_ACTIVATION_BYTES for the largest
+    activation (the MLP's hidden layer or the scores): big batches run one copy at a time."""
+    model = tiny_models["llama"]
+    d_mlp = int(model.cfg.d_mlp)
+
+    def batch(n_seq, n_pos):
+        ids = torch.ones(n_seq, n_pos, dtype=torch.long)
+        return ProbeBatch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool))
+
+    for n_seq, n_pos in ((16, 65), (64, 512), (2, 4096)):
+        k = chunk_size(model, batch(n_seq, n_pos), budget=1 << 50)
+        largest = n_seq * n_pos * max(d_mlp, int(model.cfg.n_heads) * n_pos) * 4
+        assert k == max(1, min(MAX_CHUNK, CPU_ACTIVATION_BYTES // largest))
+    assert chunk_size(model, batch(64, 512), budget=1 << 50) == 1
+
+
+def test_tiled_token_losses_equal_cross_entropy_of_the_full_logits(tiny_models, monkeypatch):
+    """Loss tiles (rows x vocabulary slices, targets in every tile and at tile edges) give
+    F.cross_entropy of the whole logits, and the same gradient."""
+    import headmech.tasks as tasks
+
+    model = tiny_models["llama"]
+    monkeypatch.setattr(tasks, "LOSS_ROWS", 7)  # several row chunks, one ragged
+    monkeypatch.setattr(tasks, "VOCAB_TILE", 5000)
+    d_vocab, tile = int(model.cfg.d_vocab), tasks.VOCAB_TILE
+    assert d_vocab > 3 * tile and d_vocab % tile  # several vocabulary tiles, a ragged last
+    edges = torch.tensor([0, tile - 1, tile, 2 * tile + 5, d_vocab - 1])
+    target = torch.cat([edges, torch.randint(0, d_vocab, (13,))])  # [18]
+    resid = (3 * torch.randn(len(target), int(model.cfg.d_model))).requires_grad_()
+    tiled = tasks.token_losses(model, resid, target)
+    (g_tiled,) = torch.autograd.grad(tiled.sum(), resid)
+    full = torch.nn.functional.cross_entropy(
+        tasks.unembed(model, resid).float(), target, reduction="none"
+    )
+    (g_full,) = torch.autograd.grad(full.sum(), resid)
+    torch.testing.assert_close(tiled, full, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(g_tiled, g_full, atol=1e-6, rtol=1e-5)
+
+
+def test_rows_run_the_last_mlp_only_where_read(tiny_models):
+    """run_blocks(rows=...): the last block's MLP sees only those rows, the output there is
+    the whole model's (values and gradients), and a hook on that MLP turns it off."""
+    model = tiny_models["llama"]
+    ids = torch.randint(5, 300, (3, 9))
+    mask = torch.ones_like(ids)
+    rows = torch.zeros_like(ids, dtype=torch.bool)
+    rows[:, 4:7] = True
+    hf_mlp = model.blocks[-1].mlp.original_component
+    seen = []
+    run = type(hf_mlp).forward
+    hf_mlp.__dict__["forward"] = lambda x: (seen.append(x.shape[:-1].numel()), run(hf_mlp, x))[1]
+    try:
+        whole = run_blocks(model, ids, mask)
+        assert seen == [27]
+        seen.clear()
+        part = run_blocks(model, ids, mask, rows=rows)
+        assert seen == [9]
+        torch.testing.assert_close(part[rows], whole[rows], atol=1e-6, rtol=0)
+        (g_part,) = torch.autograd.grad(part[rows].square().sum(), model.W_E)
+        (g_whole,) = torch.autograd.grad(whole[rows].square().sum(), model.W_E)
+        torch.testing.assert_close(g_part, g_whole, atol=1e-6, rtol=1e-5)
+        seen.clear()
+        watch = [(f"blocks.{int(model.cfg.n_layers) - 1}.mlp.hook_out", lambda x, hook: None)]
+        with model.hooks(fwd_hooks=watch):
+            run_blocks(model, ids, mask, rows=rows)
+        assert seen == [27]  # a hook on the MLP sees every row
+    finally:
+        hf_mlp.__dict__.pop("forward")
 
 
 def test_position_patch_touches_one_position_only(tiny_models):
