@@ -317,7 +317,7 @@ def report(
             print(f"floor / {peer}: {f / seconds[peer]:.2f}x (the best an exact method can do)")
             floor_row["values"][f"floor_over_{peer}"] = f / seconds[peer]
     out.append(floor_row)
-    figure(seconds, args)
+    figure(seconds, args, f)
     record(
         "bench_peers",
         args.device,
@@ -335,7 +335,7 @@ def report(
     )
 
 
-def figure(seconds: dict, args: argparse.Namespace) -> None:
+def figure(seconds: dict, args: argparse.Namespace, floor: float | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -347,6 +347,9 @@ def figure(seconds: dict, args: argparse.Namespace) -> None:
     fig, ax = plt.subplots(figsize=(6, 3))
     names = list(seconds)
     sns.barplot(x=[seconds[n] for n in names], y=names, ax=ax, orient="h", color="tab:blue")
+    if floor is not None:
+        ax.axvline(floor, color="k", ls="--", lw=1, label="floor: clean + suffix passes")
+        ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("seconds (all-head zero ablation, lower is better)")
     ax.set_title(f"{args.model}: exact interventions, {time.strftime('%Y-%m-%d')}")
     fig.tight_layout()

@@ -56,9 +56,13 @@ def main() -> None:
     ]
     rows = [(s, row) for s, r in runs.items() for row in r["rows"]]
     for script, row in sorted(rows, key=lambda sr: order(sr[1])):
+        if row["result"] == "":  # rows that only carry data (a table's values) for the JSON
+            continue
         met = {True: "yes", False: "**no**", None: ""}[row["met"]]
-        fig = row["figure"] if str(row["figure"]).isdigit() else ""
-        cells = [fig, f"{row['what']} (`{script}`)", row["result"], row["target"], met]
+        numbered = str(row["figure"]).isdigit()
+        fig = row["figure"] if numbered else ""
+        what = row["what"] if numbered or not row["figure"] else f"{row['figure']}: {row['what']}"
+        cells = [fig, f"{what} (`{script}`)", row["result"], row["target"], met]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     (HERE / "RESULTS.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {HERE / 'RESULTS.md'} ({len(rows)} rows)")
