@@ -113,8 +113,13 @@ def grid(args: argparse.Namespace) -> list[tuple]:
     return cells
 
 
-def cell_name(key: tuple) -> str:
-    return f"{key[0]}/{key[1]:g}/{key[2]}/{key[3]}"
+def cell_name(key: tuple, seeds: str = "0") -> str:
+    """The store key of a cell; needle trials from other seeds than 0 are other cells."""
+    return f"{key[0]}/{key[1]:g}/{key[2]}/{key[3]}" + (f"/seeds={seeds}" if seeds != "0" else "")
+
+
+def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
+    return tuple(int(s) for s in args.seeds.split(","))
 
 
 def run_grid(args: argparse.Namespace, model: Any, catalog: Any, data: dict) -> bool:
@@ -125,7 +130,7 @@ def run_grid(args: argparse.Namespace, model: Any, catalog: Any, data: dict) -> 
     batches: dict[int, tuple] = {}
     depths = tuple(float(d) for d in args.depths.split(","))
     for key in grid(args):
-        name = cell_name(key)
+        name = cell_name(key, args.seeds)
         if name in data["evals"] and not args.redo:
             continue
         if time.perf_counter() - t_start > args.max_seconds:
@@ -134,7 +139,7 @@ def run_grid(args: argparse.Namespace, model: Any, catalog: Any, data: dict) -> 
         context = key[0]
         if context not in batches:
             batches[context] = (
-                needle_batches(model, context, depths),
+                needle_batches(model, context, depths, seeds=_seeds(args)),
                 prose_batches(model, context, n=args.prose),
             )
         result = evaluate(model, make_plan(model, catalog, args, key), *batches[context])
@@ -182,7 +187,9 @@ def summarise(args: argparse.Namespace, data: dict) -> dict[int, dict]:
     """Per context: per plan and budget the metrics (random: median over draws)."""
     out: dict[int, dict] = {}
     for name, ev in data["evals"].items():
-        c, b, kind, _ = name.split("/")
+        c, b, kind, _, *rest = name.split("/")
+        if (rest[0] if rest else "seeds=0") != f"seeds={args.seeds}":
+            continue  # another set of needle trials
         cell = out.setdefault(int(c), {}).setdefault(kind, {}).setdefault(float(b), [])
         cell.append(ev)
     table: dict[int, dict] = {}
@@ -239,11 +246,12 @@ def _markdown(kinds: dict, full: dict) -> None:
 def report(args: argparse.Namespace, data: dict) -> list[dict]:
     table = summarise(args, data)
     rows = []
+    trials = len(args.depths.split(",")) * len(_seeds(args))
     for context, kinds in sorted(table.items()):
         full = kinds.get("full", {}).get(1.0)
         if full is None:
             continue
-        print(f"\n{context} tokens")
+        print(f"\n{context} tokens, {trials} needle trials per plan (seeds {args.seeds})")
         _markdown(kinds, full)
         for kind in PLANS:
             if kind not in kinds:
@@ -256,7 +264,8 @@ def report(args: argparse.Namespace, data: dict) -> list[dict]:
             )
             rows.append({
                 "figure": "kv", "what": f"smallest KV budget within 95% recall / 1% perplexity, "
-                f"{kind} plan, {context} tokens", "result": text, "target": "", "met": None,
+                f"{kind} plan, {context} tokens, {trials} needle trials", "result": text,
+                "target": "", "met": None,
                 "values": {"context": context, "plan": kind, "budget": best},
             })  # fmt: skip
     for name, g in sorted(data.get("generation", {}).items()):
@@ -265,11 +274,11 @@ def report(args: argparse.Namespace, data: dict) -> list[dict]:
         rows.append({"figure": "kv", "what": f"compressed cache {name}", "met": None,
                      "result": f"{g['nbytes'] / 2**20:.2f} MiB, {g['tokens_per_s']:.2f} tok/s",
                      "target": "", "values": g})  # fmt: skip
-    figure(table)
+    figure(table, "kv.png" if args.seeds == "0" else f"kv_seeds{args.seeds.replace(',', '')}.png")
     return rows
 
 
-def figure(table: dict[int, dict]) -> None:
+def figure(table: dict[int, dict], name: str = "kv.png") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -299,13 +308,13 @@ def figure(table: dict[int, dict]) -> None:
         for ax, key, ref in zip(row, names,
                                 (full["recall"], full["logprob"], 1.0), strict=True):  # fmt: skip
             ax.axhline(ref, color="k", lw=1, ls="--")
-            ax.set_xlim(0.15, 0.95)
+            ax.set_xlim(0.05, 0.95)
             ax.set_xlabel("KV budget (fraction of the full cache)")
             ax.set_ylabel(key)
             ax.set_title(f"{context} tokens (dashed: full cache)")
         row[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(HERE / "kv.png", dpi=110)
+    fig.savefig(HERE / name, dpi=110)
     plt.close(fig)
 
 
@@ -319,6 +328,12 @@ def main() -> None:
     ap.add_argument("--plans", default="catalog,random,windowed")
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--depths", default="0.1,0.5,0.9")
+    ap.add_argument(
+        "--seeds",
+        default="0",
+        help="needle seeds: each gives every depth another needle and haystack (0,1,2: 9 "
+        "trials); cells of other seeds are stored and reported apart",
+    )
     ap.add_argument("--prose", type=int, default=1, help="prose sequences per context")
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=256)
@@ -331,8 +346,9 @@ def main() -> None:
     start(args)
     data = _load_store()
     data["machine"] = machine(args.device)
+    script = "bench_kv" if args.seeds == "0" else f"bench_kv --seeds {args.seeds}"
     if args.report:
-        record("bench_kv", args.device, report(args, data))
+        record(script, args.device, report(args, data))
         return
     import headmech
 
@@ -341,7 +357,7 @@ def main() -> None:
     if args.generate:
         run_generation(args, model, catalog, data)
     elif run_grid(args, model, catalog, data):
-        record("bench_kv", args.device, report(args, data))
+        record(script, args.device, report(args, data))
 
 
 if __name__ == "__main__":
