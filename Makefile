@@ -13,6 +13,9 @@ QUIET := 2>&1 | { grep -v "is ignored" || true; }; test $${PIPESTATUS[0]} -eq 0
 STAMP := $(VENV)/.headmech-setup
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
+# pytest-xdist workers (each test file stays in one worker, so its fixtures load once);
+# every worker gets an equal share of the CPU's threads (tests/conftest.py)
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test lint docs format bench catalog clean
 
@@ -47,7 +50,7 @@ format: setup
 	$(VENV)/bin/ruff check --fix headmech tests benchmarks
 
 test: setup lint docs
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The published catalogs (catalog/): every bundled model, every registered head type, with
 # validation (tests/test_published_catalog.py checks them). One model:

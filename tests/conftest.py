@@ -4,6 +4,7 @@ the bundled real models, each loaded once per session."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 from pathlib import Path
 
@@ -12,6 +13,13 @@ import pytest
 import torch
 
 import headmech
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist workers share the CPU: each takes its share of the threads, also in the
+    # processes it starts (notebook kernels, torchrun), so none waits on another's threads
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 
 @pytest.fixture(autouse=True)

@@ -182,10 +182,14 @@ N_SENTENCES = 256  # poss needs this many to reach 20 cases
 
 @pytest.fixture(scope="module")
 def catalog(minilm):
-    torch.set_num_threads(1)
-    return headmech.classify(
-        minilm, ["positional", "syntactic", "rare_word"], n_sentences=N_SENTENCES
-    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as when the thresholds below were measured; restored after
+    try:
+        return headmech.classify(
+            minilm, ["positional", "syntactic", "rare_word"], n_sentences=N_SENTENCES
+        )
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow

@@ -89,6 +89,28 @@ def test_successor_is_listed_and_reports_no_head_on_a_random_model(tiny_models):
 # --- copy suppression (McDougall et al. 2023): the same effective-OV machinery ---------
 
 
+def test_own_token_ranks_count_the_vocabulary_in_either_order(tiny_models):
+    """Many tokens go through (e W_V)(W_O W_U) in tiles of rows, few through
+    ((e W_V) W_O) W_U: both count the tokens above and below each token's own logit as
+    a float64 computation does (up to a tie within float32 rounding)."""
+    from headmech.catalog.copy_suppression import word_tokens
+    from headmech.weights import effective_embeddings, head_weights, own_token_ranks
+
+    model = tiny_models["llama"]
+    ids = word_tokens(model.tokenizer, n=40)  # 40 tokens: the tiled order; 2: the other
+    w = head_weights(model)
+    e = effective_embeddings(model, ids).double()
+    logits = torch.einsum("nd,lhde,lhem,mv->lhnv", e, w.W_V.double(), w.W_O.double(),
+                          w.W_U.double())  # fmt: skip
+    own = logits.gather(-1, ids.expand(*logits.shape[:2], -1)[..., None])
+    want_above, want_below = (logits > own).sum(-1), (logits < own).sum(-1)
+    for n in (40, 2):
+        above, below = own_token_ranks(model, ids[:n])
+        for got, want in ((above, want_above[..., :n]), (below, want_below[..., :n])):
+            assert (got - want).abs().max() <= 1 and (got != want).float().mean() < 0.01
+        assert (above + below <= logits.shape[-1] - 1).all()
+
+
 def test_suppression_scores_equal_a_hand_computation(tiny_models):
     """The share of tokens whose own logit is among the 10 most negative of the whole
     vocabulary, against run_with_cache, the real input norm and unfolded weights."""
