@@ -13,8 +13,9 @@ QUIET := 2>&1 | { grep -v "is ignored" || true; }; test $${PIPESTATUS[0]} -eq 0
 STAMP := $(VENV)/.headmech-setup
 DEMO_OUT ?= demo-out
 PYTEST_ARGS ?=
-# pytest-xdist workers (each test file stays in one worker, so its fixtures load once);
-# every worker gets an equal share of the CPU's threads (tests/conftest.py)
+# pytest-xdist workers: each test file stays in one worker, so its fixtures load once, the
+# tutorials spread over them; every worker gets an equal share of the CPU's threads
+# (tests/conftest.py). PYTEST_WORKERS=0 runs the suite in one process.
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup demo test lint docs format bench catalog clean

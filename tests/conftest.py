@@ -22,6 +22,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(_threads)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (make test), except that every tutorial is a unit of its own:
+    a test file runs whole on one worker, so its module fixtures load once, while the ten
+    notebooks (each in its own kernel, 8 of the suite's 12 minutes) spread over the
+    workers."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class TutorialsApart(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/test_tutorials.py::test_tutorial_runs["):
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    return TutorialsApart(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)
