@@ -191,20 +191,20 @@ def test_cpu_chunks_keep_each_activation_small(tiny_models):
 def test_tiled_token_losses_equal_cross_entropy_of_the_full_logits(tiny_models, monkeypatch):
     """Loss tiles (rows x vocabulary slices, targets in every tile and at tile edges) give
     F.cross_entropy of the whole logits, and the same gradient."""
-    import headmech.tasks as tasks
+    import headmech.unembedding as unembedding
 
     model = tiny_models["llama"]
-    monkeypatch.setattr(tasks, "LOSS_ROWS", 7)  # several row chunks, one ragged
-    monkeypatch.setattr(tasks, "VOCAB_TILE", 5000)
-    d_vocab, tile = int(model.cfg.d_vocab), tasks.VOCAB_TILE
+    monkeypatch.setattr(unembedding, "LOSS_ROWS", 7)  # several row chunks, one ragged
+    monkeypatch.setattr(unembedding, "VOCAB_TILE", 5000)
+    d_vocab, tile = int(model.cfg.d_vocab), unembedding.VOCAB_TILE
     assert d_vocab > 3 * tile and d_vocab % tile  # several vocabulary tiles, a ragged last
     edges = torch.tensor([0, tile - 1, tile, 2 * tile + 5, d_vocab - 1])
     target = torch.cat([edges, torch.randint(0, d_vocab, (13,))])  # [18]
     resid = (3 * torch.randn(len(target), int(model.cfg.d_model))).requires_grad_()
-    tiled = tasks.token_losses(model, resid, target)
+    tiled = unembedding.token_losses(model, resid, target)
     (g_tiled,) = torch.autograd.grad(tiled.sum(), resid)
     full = torch.nn.functional.cross_entropy(
-        tasks.unembed(model, resid).float(), target, reduction="none"
+        unembedding.unembed(model, resid).float(), target, reduction="none"
     )
     (g_full,) = torch.autograd.grad(full.sum(), resid)
     torch.testing.assert_close(tiled, full, atol=1e-5, rtol=1e-6)

@@ -15,7 +15,7 @@ per variant. Variants are grouped by that layer, so a chunk never pays for block
 cannot change, and the chunk size comes from a memory budget (on the CPU also from the
 size of the largest activation: :data:`CPU_ACTIVATION_BYTES`). Token-loss tasks run the
 last block's MLP and the unembedding only at the positions they score
-(:func:`headmech.forward.run_blocks` ``rows``, :func:`headmech.tasks.token_losses`).
+(:func:`headmech.forward.run_blocks` ``rows``, :func:`headmech.unembedding.token_losses`).
 """
 
 from __future__ import annotations

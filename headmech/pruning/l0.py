@@ -60,7 +60,8 @@ from headmech.pruning.concrete import (
     prob_nonzero,
 )
 from headmech.pruning.result import PruningResult
-from headmech.tasks import Task, get_task, is_causal, unembed
+from headmech.tasks import Task, get_task, is_causal
+from headmech.unembedding import unembed
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
