@@ -136,6 +136,9 @@ def effective_embeddings(model: TransformerBridge, ids: Tensor) -> Float[Tensor,
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+RANK_ROWS = 32  # tokens per tile of own_token_ranks' logits (32 x 49,152 floats: 6 MiB)
+
+
 @torch.no_grad()
 def own_token_ranks(
     model: TransformerBridge, ids: Tensor, weights: HeadWeights | None = None
@@ -184,8 +187,6 @@ def own_token_ranks(
         _RANKS.setdefault(model, {})[key] = (above, below)
     return above, below
 
-
-RANK_ROWS = 32  # tokens per tile of own_token_ranks' logits (32 x 49,152 floats: 6 MiB)
 
 # own_token_ranks per model (two types read the same names' ranks); dropped with the model
 _RANKS: weakref.WeakKeyDictionary[Any, dict[Any, tuple[Tensor, Tensor]]] = (
