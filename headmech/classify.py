@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.errors import HeadmechError
-from headmech.heads import HeadIndex, HeadType, collect_statistics, resolve_types
+from headmech.errors import ArgumentError, HeadmechError, IncompleteRunError, InputError
+from headmech.heads import HeadIndex, HeadType, checked_score, collect_statistics, resolve_types
 from headmech.models import ModelInfo, model_info
-from headmech.probes import ProbeOptions, build_probe
+from headmech.probes import Probe, ProbeOptions, build_probe
+from headmech.probes.corpus import CorpusError
 from headmech.results import HeadCatalog, TypeResult
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
+
+    from headmech.resume import Units
 
 __all__ = ["HeadCatalog", "TypeResult", "classify", "validate_heads"]
 
@@ -97,6 +101,7 @@ def validate_heads(
     """
     from headmech.ablation import ablation_variants
     from headmech.interventions import run_variants
+    from headmech.progress import active
     from headmech.tasks import get_task
     from headmech.uncertainty import UnitValues
 
@@ -107,7 +112,10 @@ def validate_heads(
     controls, kind, note = _controls(info, heads, n_random, options.seed)
     sets = [list(heads), *controls] if heads else []
     variants = ablation_variants(model, batches, sets, mode)
-    values, clean, sums, counts = run_variants(model, task, batches, variants, per_unit=True)
+    desc = f"validate {head_type.name} (labelled + {len(controls)} control sets)"
+    values, clean, sums, counts = run_variants(
+        model, task, batches, variants, per_unit=True, progress=desc if active() else False
+    )
     ablated = float(values[0]) if heads else clean
     rand = sorted(float(v) - clean for v in values[1:])
     interval = None
@@ -187,12 +195,35 @@ def _runnable(
     return runnable, skipped
 
 
+def _check_arguments(validate: bool, n_random: Any, n_boot: Any) -> None:
+    """:func:`classify`'s own arguments, as the command line checks its flags: ``n_random``
+    a positive integer (at most :data:`headmech.validation.MAX_N_RANDOM`) when validating,
+    ``n_boot`` an integer of at least 0."""
+    from headmech.validation import MAX_N_RANDOM
+
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not integer(n_boot) or n_boot < 0:
+        raise ArgumentError(
+            f"n_boot must be an integer of at least 0 (0: no interval), got {n_boot!r}"
+        )
+    if validate and (not integer(n_random) or n_random < 1):
+        raise ArgumentError(
+            f"n_random must be a positive integer with validate=True, got {n_random!r}"
+        )
+    if validate and n_random > MAX_N_RANDOM:
+        raise ArgumentError(
+            f"n_random must be at most {MAX_N_RANDOM} (each control set is one more ablated "
+            f"run of the task), got {n_random}"
+        )
+
+
 def _score(t: HeadType, stats: Any, n_boot: int, seed: int) -> TypeResult:
     """One type's score, labels, evidence and bootstrap interval from its statistics."""
     from headmech.uncertainty import stats_interval
 
-    score = t.score(stats)
-    heads = t.select(score, stats)
+    score, heads = checked_score(t, stats)  # a plug-in's wrong shape: one line naming it
     result = TypeResult(
         t.name, t.reference, t.threshold, score, heads, t.details(stats, score, heads)
     )
@@ -207,29 +238,77 @@ def _score(t: HeadType, stats: Any, n_boot: int, seed: int) -> TypeResult:
     return result
 
 
-def _classify_probe(
+def build_or_skip(
     model: TransformerBridge,
     probe_name: str,
+    group: Sequence[HeadType],
+    options: ProbeOptions,
+    named: bool,
+    skipped: dict[str, str],
+) -> Probe | None:
+    """Build a probe; where the model's tokenizer cannot spell it (a small vocabulary with
+    no single-token names for IOI prompts, no ordinal items, ...), raise if the user named
+    the types, else record them in ``skipped`` with the probe's one-line reason and return
+    None."""
+    try:
+        return build_probe(probe_name, model, options)
+    except InputError as e:
+        if named or isinstance(e, CorpusError):  # the user's corpus is at fault, not the vocabulary
+            raise
+        for t in group:
+            skipped[t.name] = f"probe '{probe_name}' cannot be built: {e}"
+        return None
+
+
+def _classify_probe(
+    model: TransformerBridge,
+    probe: Probe,
     group: list[HeadType],
     options: ProbeOptions,
     progress: bool,
     n_boot: int,
+    build_seconds: float,
 ) -> tuple[dict[str, TypeResult], dict[str, Any], list[Any]]:
-    """Build one probe, stream its types' statistics in one set of passes, score and label.
+    """Stream one built probe's types' statistics in one set of passes, score and label.
     Returns the results, timings and the batches (for provenance)."""
-    t0 = time.perf_counter()
-    probe = build_probe(probe_name, model, options)
+    probe_name = probe.name
     t1 = time.perf_counter()
     desc = f"{probe_name} ({', '.join(t.name for t in group)})" if progress else False
     stats = collect_statistics(group, model, probe.batches, progress=desc)
     meta = {
         "n_sequences": probe.n_sequences,
         "n_tokens": probe.n_tokens,
-        "build_seconds": round(t1 - t0, 3),
+        "build_seconds": round(build_seconds, 3),
         "stream_seconds": round(time.perf_counter() - t1, 3),
         **probe.info,
     }
     return {t.name: _score(t, stats, n_boot, options.seed) for t in group}, meta, probe.batches
+
+
+def _scored(
+    model: TransformerBridge,
+    probe: Probe,
+    group: list[HeadType],
+    options: ProbeOptions,
+    progress: bool,
+    n_boot: int,
+    build_seconds: float,
+) -> tuple[dict[str, TypeResult], dict[str, Any]]:
+    """:func:`_classify_probe` as one unit of a resumable run (:mod:`headmech.resume`):
+    the types' results stored field by field, exactly."""
+    from dataclasses import fields
+
+    from headmech.resume import unit
+
+    def compute() -> dict[str, Any]:
+        found, meta, _ = _classify_probe(
+            model, probe, group, options, progress, n_boot, build_seconds
+        )
+        kept = {n: {f.name: getattr(r, f.name) for f in fields(r)} for n, r in found.items()}
+        return {"types": kept, "meta": meta}
+
+    done = unit(f"scores-{probe.name}", compute)
+    return {n: TypeResult(**r) for n, r in done["types"].items()}, done["meta"]
 
 
 def classify(
@@ -240,6 +319,7 @@ def classify(
     n_random: int = 5,
     n_boot: int = 200,
     progress: bool = False,
+    units: Units | None = None,
     **probe_options: Any,
 ) -> HeadCatalog:
     """Score and label every head of ``model`` for each head type.
@@ -247,13 +327,18 @@ def classify(
     Args:
         model: a bridge from :func:`headmech.load_model`.
         types: names, classes or instances (default: every registered type that can run
-            on this model; types needing a decoder are skipped on encoders).
+            on this model; types needing a decoder are skipped on encoders, and types
+            whose probe the tokenizer cannot spell, e.g. IOI prompts without single-token
+            names, are skipped with the probe's reason in ``meta["skipped"]``).
         validate: also ablate each type's labelled heads and ``n_random`` layer-matched
             control sets, recording ``details["validation"]`` (:func:`validate_heads`).
         n_random: control draws for validation.
         n_boot: bootstrap resamples of the probe's examples for each score's interval
             (0: no interval).
         progress: show progress bars.
+        units: a :class:`headmech.resume.Units` store: the types scored on each probe
+            and each type's validation are read from it where stored, else stored as
+            they finish (a stopped run continues; :mod:`headmech.resume`).
         **probe_options: fields of :class:`headmech.probes.ProbeOptions` (``corpus``,
             ``n_sentences``, ``n_sequences``, ``half_len``, ``batch_size``, ``seed``).
 
@@ -263,7 +348,25 @@ def classify(
     Examples:
         >>> headmech.classify(model, ["previous_token"], n_sentences=32)  # doctest: +SKIP
     """
-    from headmech.provenance import provenance
+    from headmech.progress import reporting
+    from headmech.resume import recording
+
+    _check_arguments(validate, n_random, n_boot)
+    with reporting(progress), recording(units):
+        return _classify(model, types, validate, n_random, n_boot, progress, probe_options)
+
+
+def _classify(
+    model: TransformerBridge,
+    types: Sequence[str | HeadType | type[HeadType]] | str | None,
+    validate: bool,
+    n_random: int,
+    n_boot: int,
+    progress: bool,
+    probe_options: dict[str, Any],
+) -> HeadCatalog:
+    from headmech.provenance import provenance, weights_hash
+    from headmech.resume import unit
 
     try:
         options = ProbeOptions(**probe_options)
@@ -271,22 +374,49 @@ def classify(
         raise HeadmechError(f"unknown probe option: {e}") from None
     info = model_info(model)
     runnable, skipped = _runnable(types, info)
+    weights_hash(model)  # fail fast (a tensor it cannot read), and cached for provenance
     by_probe: dict[str, list[HeadType]] = {}
     for t in runnable:
         by_probe.setdefault(t.probe, []).append(t)
     results: dict[str, TypeResult] = {}
     meta: dict[str, Any] = {"skipped": skipped, "probes": {}}
     used: dict[str, Any] = {}
-    for name, group in by_probe.items():
-        found, meta["probes"][name], used[name] = _classify_probe(
-            model, name, group, options, progress, n_boot
-        )
-        results.update(found)
-    if validate:
-        for t in runnable:
-            v = _validation(model, t, results[t.name].heads, options, n_random)
+
+    def catalog(done: list[HeadType]) -> HeadCatalog:
+        settings: dict[str, Any] = {"types": {t.name: repr(t) for t in done}, "skipped": skipped}
+        settings.update(validate=validate, n_random=n_random, n_boot=n_boot)
+        prov = provenance(model, probes=used, options=options, settings=settings)
+        return HeadCatalog(info, {t.name: results[t.name] for t in done}, meta, prov)
+
+    try:
+        for name, group in by_probe.items():
+            t0 = time.perf_counter()
+            probe = build_or_skip(model, name, group, options, types is not None, skipped)
+            if probe is None:
+                continue
+            found, meta["probes"][name] = _scored(
+                model, probe, group, options, progress, n_boot, time.perf_counter() - t0
+            )
+            used[name] = probe.batches
+            results.update(found)
+        runnable = [t for t in runnable if t.name in results]
+        for t in runnable if validate else []:
+            heads = results[t.name].heads
+            v = unit(f"validate-{t.name}", partial(_validation, model, t, heads, options, n_random))
             results[t.name].details["validation"] = v
-    settings: dict[str, Any] = {"types": {t.name: repr(t) for t in runnable}, "skipped": skipped}
-    settings.update(validate=validate, n_random=n_random, n_boot=n_boot)
-    prov = provenance(model, probes=used, options=options, settings=settings)
-    return HeadCatalog(info, {t.name: results[t.name] for t in runnable}, meta, prov)
+    except (Exception, KeyboardInterrupt) as e:
+        # keep what is finished: the types scored (and validated, with validation)
+        done = [t for t in runnable if t.name in results]
+        done = [t for t in done if not validate or "validation" in results[t.name].details]
+        if not done:
+            raise
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else _first_line(e)
+        finished = catalog(done)
+        finished.meta["incomplete"] = why
+        msg = f"stopped after {len(done)} of {len(runnable)} type(s) ({why})"
+        raise IncompleteRunError(msg, finished) from e
+    return catalog(runnable)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]

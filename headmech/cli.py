@@ -8,7 +8,9 @@ work shows a progress bar on stderr. Method, task and pruning-method names and t
 come from the registries (:mod:`headmech.registry`), so a plug-in's additions appear here
 too. Each command's files are written by the result object's own ``save`` into a temporary
 folder next to ``--out`` and moved into ``--out`` only on success; an existing result there
-is overwritten only with ``--force``.
+is overwritten only with ``--force``. ``classify``, ``importance`` and ``prune`` keep their
+finished units in ``--out/.headmech-partial/`` as they go; a stopped run (Ctrl-C prints the
+command that continues it) continues with ``--resume`` (:mod:`headmech.resume`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from headmech import commands
-from headmech.errors import HeadmechError
+from headmech.errors import HeadmechError, IncompleteRunError
 from headmech.validation import HeadmechWarning
 
 EXIT_BAD_INPUT = 2
@@ -42,6 +44,18 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--force", action="store_true", help="overwrite an earlier result of this command in DIR"
+    )
+
+
+def _add_resume(p: argparse.ArgumentParser) -> None:
+    """``--resume`` (classify, importance, prune)."""
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a stopped run in DIR from its finished units (kept in "
+        "DIR/.headmech-partial/); it must have the same arguments and weights, and the "
+        "result is byte-identical to an uninterrupted run's. With --force: also overwrite an "
+        "earlier result; --force alone starts over",
     )
 
 
@@ -79,7 +93,7 @@ def _add_run_options(p: argparse.ArgumentParser, half_len: bool = True) -> None:
     p.add_argument(
         "model",
         metavar="MODEL",
-        help="minilm-l6, smollm2-135m, toy-induction, or a local Hugging Face model directory",
+        help="minilm-l6, smollm2-135m, gemma3-270m, toy-induction, or a local Hugging Face model directory",
     )
     _add_output(p)
     p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")
@@ -145,6 +159,7 @@ def _add_classify(sub: Any) -> None:
     p.add_argument(
         "--n-random", type=int, default=None, help="random head sets for --validate (default 5)"
     )
+    _add_resume(p)
     p.set_defaults(func=commands.cmd_classify)
 
 
@@ -158,6 +173,7 @@ def _add_importance(sub: Any) -> None:
     )
     _add_run_options(p)
     _add_method(p, METHODS, "attribution method")
+    _add_resume(p)
     p.set_defaults(func=commands.cmd_importance)
 
 
@@ -240,6 +256,7 @@ def _add_prune(sub: Any) -> None:
     p.add_argument(
         "--l0-steps", type=int, default=None, help="l0: gate training steps per λ (default 100)"
     )
+    _add_resume(p)
     p.set_defaults(func=commands.cmd_prune)
 
 
@@ -288,6 +305,14 @@ def _out_of_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "out of memory" in text or "can't allocate" in text
 
 
+def _close_bars() -> None:
+    """Close live progress bars, so that the one-line error starts a line of its own."""
+    from tqdm import tqdm
+
+    for b in list(getattr(tqdm, "_instances", ())):
+        b.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad input, 130: interrupted)."""
     import matplotlib
@@ -298,11 +323,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.simplefilter("always", HeadmechWarning)  # every run shows its own
         try:
             args = build_parser().parse_args(argv)
+            args.argv = list(sys.argv[1:] if argv is None else argv)  # for "continue with:"
             return int(args.func(args))
+        except IncompleteRunError as e:  # the finished part is written; say where, once
+            _close_bars()
+            print(f"headmech: error: {_one_line(str(e))}", file=sys.stderr)
+            return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
         except HeadmechError as e:
+            _close_bars()
             print(f"headmech: error: {_one_line(str(e))}", file=sys.stderr)
             return EXIT_BAD_INPUT
         except KeyboardInterrupt:
+            _close_bars()
             print("headmech: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
         except (MemoryError, RuntimeError) as e:

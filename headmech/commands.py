@@ -8,15 +8,17 @@ second, not after a minute of loading) and writes its files through the result o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from headmech import report
 from headmech import validation as V
-from headmech.errors import InputError
+from headmech.errors import IncompleteRunError, InputError
 
 __all__ = ["cmd_circuit", "cmd_classify", "cmd_importance", "cmd_models", "cmd_prune", "cmd_types"]
 
@@ -62,11 +64,18 @@ def _load(args: argparse.Namespace) -> Any:
     return model
 
 
-def _save(args: argparse.Namespace, command: str, result: Any, files: tuple[str, ...] = ()) -> Path:
+def _save(
+    args: argparse.Namespace,
+    command: str,
+    result: Any,
+    files: tuple[str, ...] = (),
+    units: Any = None,
+) -> Path:
     """Run ``result.save(folder)`` on a temporary folder next to ``--out`` and write the
     run record (``run.json``: seconds, tokens/s, peak memory); move the files into ``--out``
     only if it succeeds (see :func:`headmech.validation.staged_output`); ``files``: more
-    files of an earlier result that ``--force`` removes."""
+    files of an earlier result that ``--force`` removes; ``units``: the run's finished
+    units (:mod:`headmech.resume`), removed once the result is in place."""
     import json
 
     from headmech import distributed
@@ -82,7 +91,61 @@ def _save(args: argparse.Namespace, command: str, result: Any, files: tuple[str,
             (tmp / "run.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     except OSError as e:  # a full disk, a folder made read-only meanwhile: one line
         raise InputError(f"cannot write the results into {args.out}: {e.strerror or e}") from e
+    if units is not None:
+        units.clear()
     return Path(args.out)
+
+
+def _staging(args: argparse.Namespace, command: str) -> Any:
+    """The run's store of finished units in ``--out`` (:mod:`headmech.resume`), checked
+    before the model loads: ``--resume`` needs a stopped run of the same arguments; an
+    unfinished run is not started over without ``--force``."""
+    from headmech.resume import for_command
+
+    resume = bool(getattr(args, "resume", False))
+    return for_command(args.out, command, args, resume=resume, force=args.force)
+
+
+@contextlib.contextmanager
+def _resumable(args: argparse.Namespace, units: Any) -> Iterator[None]:
+    """A stopped run with finished units says, in its one line, how to continue it
+    (Ctrl-C: :class:`IncompleteRunError`, exit status 130)."""
+    from headmech.resume import resume_command
+
+    def hint() -> str:
+        argv = getattr(args, "argv", None)
+        how = resume_command(argv) if argv else "the same command with --resume"
+        return f"{units.count()} finished unit(s) kept in {units.folder}; continue with: {how}"
+
+    try:
+        yield
+    except IncompleteRunError as e:
+        if units is not None and units.count():
+            e.args = (f"{e.args[0]}; {hint()}",)
+        raise
+    except KeyboardInterrupt as e:
+        if units is None or not units.count():
+            raise
+        raise IncompleteRunError(f"interrupted; {hint()}", None) from e
+
+
+def _save_partial(args: argparse.Namespace, e: IncompleteRunError, stem: str) -> None:
+    """Write a stopped run's finished part as ``--out/<stem>.partial.json`` (the result's
+    JSON, ``meta.incomplete`` saying why it stopped) and name the file in the error."""
+    from headmech import distributed
+    from headmech.provenance import dumps
+
+    if not distributed.is_main():
+        return
+    out = Path(args.out)
+    path = out / f"{stem}.partial.json"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(dumps(e.partial.to_json()))  # type: ignore[attr-defined]
+    except OSError as err:
+        e.args = (f"{e.args[0]}; could not write the finished part to {path}: {err}",)
+        return
+    e.args = (f"{e.args[0]}; the finished part is in {path}",)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -147,6 +210,11 @@ def _check_classify(
     names = V.head_type_names(args.types) if args.types is not None else None
     if getattr(args, "n_random", None) is not None:
         V.count(args.n_random, "--n-random")
+        if args.n_random > V.MAX_N_RANDOM:
+            raise InputError(
+                f"--n-random must be at most {V.MAX_N_RANDOM} (each control set is one more "
+                f"ablated run of the task), got {args.n_random}"
+            )
         if not args.validate:
             V.warn("--n-random is ignored without --validate")
     corpus = getattr(args, "corpus", None)
@@ -170,19 +238,29 @@ def cmd_classify(args: argparse.Namespace) -> int:
     """``headmech classify``."""
     from headmech.classify import classify
     from headmech.models import model_info
+    from headmech.resume import bind_weights
 
     names, sentences = _check_classify(args, "classify")  # fail fast, before loading
+    units = _staging(args, "classify")
     t0 = time.perf_counter()
     model = _load(args)
+    bind_weights(units, model)  # --resume: the same weights
     t1 = time.perf_counter()
     types, skipped = _fit_types(model.tokenizer, names, sentences, model_info(model).causal)
     options = dict(vars(_probe_options(args)), corpus=args.corpus)
     n_random = 5 if args.n_random is None else args.n_random
-    catalog = classify(
-        model, types, validate=args.validate, n_random=n_random, progress=True, **options
-    )
-    t2 = time.perf_counter()
-    out = _save(args, "classify", catalog)
+    with _resumable(args, units):
+        try:
+            catalog = classify(
+                model, types, validate=args.validate, n_random=n_random, progress=True,
+                units=units, **options,
+            )  # fmt: skip
+        except IncompleteRunError as e:  # keep the finished types, then fail in one line
+            _save_partial(args, e, "catalog")
+            raise
+        t2 = time.perf_counter()
+        out = _save(args, "classify", catalog, units=units)
+    (out / "catalog.partial.json").unlink(missing_ok=True)  # a stopped run's, now whole
     print(catalog.table())
     report.evidence(catalog)
     for name, reason in {**skipped, **catalog.meta.get("skipped", {})}.items():
@@ -242,17 +320,22 @@ def cmd_importance(args: argparse.Namespace) -> int:
     """``headmech importance``."""
     from headmech.attribution import importance
     from headmech.registry import METHODS
+    from headmech.resume import bind_weights
 
     options = _check_method(args, METHODS, "importance")  # fail fast, before loading
+    units = _staging(args, "importance")
     t0 = time.perf_counter()
     model = _load(args)
+    bind_weights(units, model)  # --resume: the same weights
     _task(model, args.task)
     if options.get("baseline") is not None and options["baseline"] >= int(model.cfg.d_vocab):
         raise InputError(f"option 'baseline' is a token id below {model.cfg.d_vocab}")
-    result = importance(
-        model, args.method, args.task, probe_options=_probe_options(args), progress=True, **options
-    )
-    out = _save(args, "importance", result)
+    with _resumable(args, units):
+        result = importance(
+            model, args.method, args.task, probe_options=_probe_options(args), progress=True,
+            units=units, **options,
+        )  # fmt: skip
+        out = _save(args, "importance", result, units=units)
     top = ", ".join(f"L{la}H{h}" for la, h in result.top(5))
     print(f"{result.method} / {result.task}: clean {result.metric_clean}  top heads: {top}")
     print(
@@ -331,18 +414,22 @@ def _check_catalog(catalog: Any, model: Any, force: bool) -> None:
 def cmd_prune(args: argparse.Namespace) -> int:
     """``headmech prune``."""
     from headmech.pruning import prune
+    from headmech.resume import bind_weights
 
     options = _prune_options(args)  # fail fast, before loading
     catalog = V.catalog_file(args.catalog, args.model) if args.catalog is not None else None
+    units = _staging(args, "prune")
     t0 = time.perf_counter()
     model = _load(args)
+    bind_weights(units, model)  # --resume: the same weights
     task = _task(model, args.task)
     _check_catalog(catalog, model, args.force)
-    result = prune(
-        model, args.method, task, catalog=catalog, probe_options=_probe_options(args),
-        progress=True, **options,
-    )  # fmt: skip
-    out = _save(args, "prune", result)
+    with _resumable(args, units):
+        result = prune(
+            model, args.method, task, catalog=catalog, probe_options=_probe_options(args),
+            progress=True, units=units, **options,
+        )  # fmt: skip
+        out = _save(args, "prune", result, units=units)
     report.pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
     return 0

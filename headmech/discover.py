@@ -130,7 +130,7 @@ def _measure(
 ) -> tuple[HeadCatalog, HeadStats, Probe]:
     """Every type's score and labels, and the attention statistics on ``attention_probe``,
     which ride in the same passes as that probe's types."""
-    from headmech.classify import _runnable, _score
+    from headmech.classify import _runnable, _score, build_or_skip
     from headmech.provenance import provenance
 
     info = model_info(model)
@@ -141,12 +141,16 @@ def _measure(
     results: dict[str, TypeResult] = {}
     used: dict[str, list[ProbeBatch]] = {}
     meta: dict[str, Any] = {"skipped": skipped, "probes": {}}
-    meta["types"] = {t.name: repr(t) for t in runnable}
     attention: HeadStats | None = None
     source: Probe | None = None
     for name, group in groups.items():
         t0 = time.perf_counter()
-        probe = build_probe(name, model, options)
+        if name == attention_probe:
+            probe = build_probe(name, model, options)
+        elif built := build_or_skip(model, name, group, options, types is not None, skipped):
+            probe = built
+        else:
+            continue
         riders = [_AttentionStatistics()] if name == attention_probe else []
         desc = f"{name} ({', '.join(t.name for t in [*group, *riders])})" if progress else False
         stats = collect_statistics([*group, *riders], model, probe.batches, progress=desc)
@@ -156,6 +160,8 @@ def _measure(
         if name == attention_probe:
             attention, source = stats, probe
     assert attention is not None and source is not None
+    runnable = [t for t in runnable if t.name in results]
+    meta["types"] = {t.name: repr(t) for t in runnable}
     prov = provenance(model, probes=used, options=options)
     catalog = HeadCatalog(info, {t.name: results[t.name] for t in runnable}, meta, prov)
     return catalog, attention, source

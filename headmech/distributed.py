@@ -177,6 +177,11 @@ def sharded_units(
 
         desc = progress if isinstance(progress, str) else "batches"
         todo = bar(todo, desc, len(todo), tokens=lambda i: _tokens(batches[i]))
-    for i in todo:
-        nums[i], dens[i] = per_batch(batches[i])
+    from functools import partial
+
+    from headmech import resume
+
+    with resume.scope("batches"):  # each batch a unit of a resumable run
+        for i in todo:
+            nums[i], dens[i] = resume.unit(f"batch{i}", partial(per_batch, batches[i]))
     return gather_rows(nums, len(batches)), gather_rows(dens, len(batches))

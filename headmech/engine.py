@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from headmech import blockwise, distributed
+from headmech.errors import ArgumentError, HeadIndexError
 from headmech.forward import bare_forward, fast_attention, pattern_hooked, run_blocks
 from headmech.reducers import Reducer, Sums, merge_sums, target_reducer
 from headmech.stats import HeadStats, ProbeBatch
@@ -308,7 +309,18 @@ def stream_statistics(
     """
     names = [r.name for r in reducers]
     if len(set(names)) != len(names):
-        raise ValueError(f"reducer names must be unique, got {names}")
+        raise ArgumentError(f"reducer names must be unique, got {names}")
+    n_layers = int(model.cfg.n_layers)
+    if layers is not None and (
+        not layers
+        or any(
+            isinstance(la, bool) or not isinstance(la, int) or not 0 <= la < n_layers
+            for la in layers
+        )
+    ):
+        raise HeadIndexError(
+            f"layers {list(layers)!r}: give layers of the model, 0 to {n_layers - 1} (None: all)"
+        )
     mode, geom = _choose(model, reducers, attention)
     iterator: Iterable[ProbeBatch] = batches
     if progress and distributed.world()[0] == 0:
@@ -316,5 +328,11 @@ def stream_statistics(
 
         desc = progress if isinstance(progress, str) else "batches"
         iterator = bar(batches, desc, total, tokens=lambda b: int(b.attention_mask.sum()))
-    stats, sizes = _stream(model, iterator, reducers, layers, mode, geom, block_memory)
+    try:
+        stats, sizes = _stream(model, iterator, reducers, layers, mode, geom, block_memory)
+    finally:  # an error mid-stream: take the bar off its line before the error is printed
+        if iterator is not batches and hasattr(iterator, "close"):
+            iterator.close()
+    if not sizes:  # every rank saw the same (empty) stream: all refuse alike
+        raise ArgumentError("stream_statistics got no batches: the probe is empty")
     return distributed.merge_stats(stats, sizes)

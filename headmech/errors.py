@@ -43,3 +43,27 @@ class UnknownTaskError(HeadmechError):
 
 class UnknownMethodError(HeadmechError):
     """An attribution or pruning method name that is not registered."""
+
+
+class ArgumentError(InputError, ValueError):
+    """A Python argument outside its domain: an empty list of head types, a NaN threshold,
+    ``n_random`` 0 with validation, a negative count."""
+
+
+class HeadIndexError(InputError, IndexError):
+    """A head ``(layer, head)`` outside the model (a mask, a head list, a catalog)."""
+
+
+class PluginError(HeadmechError, ValueError):
+    """A head type (or another plug-in) breaking its contract: a method returning the wrong
+    shape or kind of value, a name that a built-in already has."""
+
+
+class IncompleteRunError(HeadmechError):
+    """A long run stopped before its end (an error in a later step, Ctrl-C): ``partial``
+    holds the finished part (a result object with the units done), which the command line
+    writes before it exits, so no finished work is lost."""
+
+    def __init__(self, message: str, partial: object) -> None:
+        super().__init__(message)
+        self.partial = partial

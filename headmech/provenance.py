@@ -84,7 +84,8 @@ def weights_hash(model: torch.nn.Module) -> str:
         seen.add(id(t))
         with align_module_device(mod):  # materialises offloaded weights; else a no-op
             value = getattr(mod, name.rsplit(".", 1)[-1])
-            raw = value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+            # reshape(-1): a 0-dim tensor (Gemma 3's scalar buffer) has no byte view
+            raw = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         digests[name] = f"{value.dtype}:{tuple(value.shape)}:{hashlib.sha256(raw).hexdigest()}"
     h = hashlib.sha256()
     for name in sorted(digests):

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headmech.compare import BEGIN, readme_block, replace_block
+from headmech.errors import IncompleteRunError
 from headmech.provenance import dumps
 
 if TYPE_CHECKING:
@@ -41,7 +43,7 @@ __all__ = [
     "readme",
 ]
 
-MODELS = ("smollm2-135m", "minilm-l6", "toy-induction")
+MODELS = ("smollm2-135m", "gemma3-270m", "minilm-l6", "toy-induction")
 """The bundled models published in ``catalog/``."""
 
 
@@ -80,11 +82,15 @@ class Size:
 
 FULL: dict[str, Size] = {
     "smollm2-135m": Size(n_sentences=128, n_sequences=16),
+    # half SmolLM2's prose: Gemma 3's forward, with its 262k-token unembedding and four norms
+    # a block, costs 2-3x SmolLM2's per token on this CPU, and validation is most of the time
+    "gemma3-270m": Size(n_sentences=64, n_sequences=16),
     "minilm-l6": Size(),
     "toy-induction": Size(),
 }
 """The published sizes: the command line's defaults with validation; half the prose and
-sequences for SmolLM2-135M (its run with validation: about an hour on 2 CPU cores)."""
+sequences for SmolLM2-135M (its run with validation: about an hour on 2 CPU cores), a quarter
+of the prose and half the sequences for Gemma 3 270M."""
 
 CHECK = Size(
     n_sentences=16, n_sequences=4, context=(120,), validate=False, n_boot=20, extra={"half_len": 16}
@@ -209,7 +215,11 @@ def publish_model(name: str, root: Path, *, progress: bool = True) -> dict[str, 
     t0, c0 = time.perf_counter(), time.process_time()
     model = load_model(name)
     t1 = time.perf_counter()
-    catalog = build_catalog(model, FULL[name], progress=progress)
+    try:
+        catalog = build_catalog(model, FULL[name], progress=progress)
+    except IncompleteRunError as e:  # an hour of work: keep the finished types
+        (out / "catalog.partial.json").write_text(dumps(e.partial.to_json()))  # type: ignore[attr-defined]
+        raise
     t2 = time.perf_counter()
     check = check_json(model)
     t3, c3 = time.perf_counter(), time.process_time()
@@ -329,12 +339,32 @@ the code's results or a new head type fails CI until `make catalog` is run again
 """
 
 
+def _across(root: Path) -> list[str]:
+    """The cross-model section: the table of :mod:`headmech.compare` and the types the
+    published decoders share."""
+    from headmech.compare import cross_model_rows, cross_model_table, shared_types
+
+    decoders = [m for m in ("smollm2-135m", "gemma3-270m") if (root / m / "catalog.json").is_file()]
+    both = shared_types(cross_model_rows(root, list(MODELS)), decoders)
+    return [
+        "## Across models",
+        "",
+        "Per type and model: labelled heads (share of all heads), the median relative depth "
+        "of the labelled heads (0 first layer, 1 last), and the validation effect against "
+        "the controls' median (n/a: the type does not apply to the model).",
+        "",
+        cross_model_table(root, [m for m in MODELS if m != "toy-induction"]),
+        f"Types with labelled heads in both decoders ({', '.join(decoders)}): "
+        f"{', '.join(f'`{n}`' for n in both) or 'none'}.",
+    ]
+
+
 def readme(root: Path) -> str:
     """``catalog/README.md`` from the published folders under ``root``."""
     folders = [root / m for m in MODELS if (root / m / "catalog.json").is_file()]
     runs = [json.loads((f / "run.json").read_text())["seconds"] for f in folders]
     minutes = sum(sum(s.values()) for s in runs) / 60
-    lines = [_INTRO.format(minutes=max(minutes, 1))]
+    lines = [_INTRO.format(minutes=max(minutes, 1)), *_across(root), ""]
     for f in folders:
         lines += _model_section(f)
     return "\n".join(lines)
@@ -356,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {record['seconds']}", file=sys.stderr)
     (args.out / "README.md").write_text(readme(args.out))
     print(f"wrote {args.out}/README.md", file=sys.stderr)
+    front = args.out.resolve().parent / "README.md"  # the project's README, beside catalog/
+    if front.is_file() and BEGIN in (text := front.read_text()):
+        front.write_text(replace_block(text, readme_block(args.out)))
+        print(f"updated the cross-model table in {front}", file=sys.stderr)
     return 0
 
 

@@ -85,6 +85,36 @@ def _set_mass(pattern: Tensor, where: Tensor, rows: slice) -> Tensor:
     return mass.transpose(1, 2)
 
 
+def _checked_targets(
+    name: str, targets: Callable[[ProbeBatch], Tensor], batch: ProbeBatch
+) -> Tensor:
+    """``targets(batch)``, refused in one line naming the plug-in, the method and the shape
+    expected unless it is ``Int[batch, query_pos]`` or ``Bool[batch, query_pos, key_pos]``."""
+    from headmech.errors import PluginError
+
+    t = targets(batch)
+    b, n = (int(d) for d in batch.input_ids.shape)
+    ok = isinstance(t, Tensor) and (
+        (
+            t.dim() == 2
+            and tuple(t.shape) == (b, n)
+            and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+        )
+        or (t.dim() == 3 and tuple(t.shape) == (b, n, n) and t.dtype == torch.bool)
+    )
+    if not ok:
+        kind = str(t.dtype).removeprefix("torch.") if isinstance(t, Tensor) else type(t).__name__
+        got = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+        got += f" tensor of shape {tuple(t.shape)}" if isinstance(t, Tensor) else ""
+        who = getattr(targets, "__qualname__", None) or repr(targets)
+        raise PluginError(
+            f"'{name}' ({who}) returned {got} for a batch of {b} x {n} tokens; expected "
+            f"Int[batch, query_pos] of shape {(b, n)} (key index, -1 for none) or "
+            f"Bool[batch, query_pos, key_pos] of shape {(b, n, n)}"
+        )
+    return t
+
+
 def target_reducer(
     name: str,
     targets: Callable[[ProbeBatch], Tensor],
@@ -105,7 +135,7 @@ def target_reducer(
     """
 
     def prepare(batch: ProbeBatch) -> tuple[Tensor, ...]:
-        t = targets(batch)
+        t = _checked_targets(name, targets, batch)
         real_query = batch.attention_mask.bool()
         if t.dtype == torch.bool:  # a set of keys per query: [batch, query_pos, key_pos]
             t = t & batch.attention_mask.bool()[:, None, :]

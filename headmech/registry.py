@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 from headmech.errors import (
     HeadmechError,
     InputError,
+    PluginError,
     UnknownHeadTypeError,
     UnknownMethodError,
     UnknownModelError,
@@ -109,7 +110,8 @@ class Registry(Generic[T]):
         """Register ``obj`` under ``name``; without ``obj``, a decorator that does.
 
         Registering a second, different object under a taken name is refused
-        (``ValueError``) unless ``replace``; registering the same definition again (a
+        (:class:`~headmech.errors.PluginError`, a ``ValueError``, naming both) unless
+        ``replace``; registering the same definition again (a
         re-imported module, a reloaded notebook cell) is allowed.
         """
         if obj is None:
@@ -120,9 +122,10 @@ class Registry(Generic[T]):
             raise TypeError(f"options of {self.kind} '{name}' must be a dataclass")
         old = self._entries.get(name)
         if old is not None and not replace and not _same_definition(old.obj, obj):
-            raise ValueError(
-                f"{self.kind} '{name}' is already registered by {_where(old.obj)}; "
-                f"refusing {_where(obj)}"
+            what = self.kind.rstrip("s").replace("_", " ")
+            raise PluginError(
+                f"{what} '{name}' is already registered by {_where(old.obj)}; "
+                f"refusing {_where(obj)} under the same name"
             )
         summary = summary or _first_line(obj)
         self._entries[name] = Entry(name, obj, summary, options)

@@ -1,29 +1,74 @@
 """What the command line prints beside the files it writes: each head type's evidence and
-validation, and a pruning run's survival table."""
+validation, and a pruning run's survival table.
+
+Every shape of validation record that :mod:`headmech.classify` writes gets its own line:
+labelled heads against same-layer controls, against controls from every layer (the
+fallback), with no control possible (most heads labelled, or ``n_random`` 0), with no
+labelled heads, and not applicable (the type's task cannot run on the model).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["evidence", "pruning"]
+__all__ = ["evidence", "pruning", "validation_line"]
+
+_CONTROL = {"same_layers": "from the same layers", "any_layer": "from any layer"}
+
+
+def _effect(v: dict[str, Any]) -> str:
+    """The labelled heads' effect and its bootstrap interval, where there is one."""
+    text = f"labelled heads {v['effect']:+.4f}"
+    if v.get("effect_interval"):
+        lo, hi = v["effect_interval"]
+        text += f" (95% interval {lo:+.4f} to {hi:+.4f})"
+    return text
+
+
+def validation_line(v: dict[str, Any] | None) -> str | None:
+    """One line on a type's validation record (``details["validation"]``), or None when
+    the type was not validated.
+
+    Examples:
+        >>> validation_line({"effect": None, "control_note": "not validated: why"})
+        'validation: not validated: why'
+    """
+    if not v:
+        return None
+    note = v.get("control_note") or ""
+    if v.get("effect") is None:  # the task cannot run on this model
+        return f"validation: {note or 'not validated'}"
+    head = f"validation ({v.get('mode', '?')} ablation, {v.get('metric', '?')}): "
+    if not v.get("n_heads"):
+        return head + "no labelled heads, nothing to ablate"
+    k = len(v.get("random_effects") or [])
+    if v.get("random_mean") is None or not k:  # every head labelled, or no draw asked for
+        why = note if note.startswith("no control possible") else f"no control possible ({note})"
+        return f"{head}{_effect(v)}; {why}"
+    where = _CONTROL.get(str(v.get("control")), str(v.get("control")))
+    text = (
+        f"{head}{_effect(v)}; {k} random set{'s' if k != 1 else ''} of {v['n_heads']} "
+        f"{where}: {v['random_mean']:+.4f} on average"
+    )
+    if v.get("random_median") is not None and v.get("random_range"):
+        lo, hi = v["random_range"]
+        text += f" (median {v['random_median']:+.4f}, range {lo:+.4f} to {hi:+.4f})"
+    if v.get("control") == "any_layer" and note:
+        text += f"; {note}"
+    return text
 
 
 def evidence(catalog: Any) -> None:
     """Each type's own evidence (e.g. syntactic: per relation, best head vs baseline) and
-    validation effects."""
+    its validation (:func:`validation_line`)."""
     from headmech.heads import head_types
 
     registry = head_types()
     for name, r in catalog.types.items():
         lines = registry[name]().report(r.details) if name in registry else []
-        v = r.details.get("validation")
-        if v and v.get("n_heads") and v.get("effect") is None:
-            lines.append(f"validation: {v['control_note']}")
-        elif v and v.get("n_heads"):
-            lines.append(
-                f"validation ({v['mode']} ablation, {v['metric']}): labelled heads {v['effect']:+.4f}, "
-                f"{len(v['random_effects'])} random sets of {v['n_heads']} ({v['control']}) {v['random_mean']:+.4f} on average"
-            )
+        line = validation_line(r.details.get("validation"))
+        if line is not None:
+            lines.append(line)
         if lines:
             print(f"\n{name}:")
             for line in lines:
@@ -36,12 +81,18 @@ def pruning(result: Any, catalog: Any) -> None:
         from headmech.pruning.survival import enrichment, removal_order
 
         n_kept = [st["n_kept"] for st in result.steps]
-        print("types by when pruning removed half their heads (heads kept then):")
-        for row in removal_order(result.survival, n_kept):
-            print(f"  {row['type']}: {row['half_removed_at_n_kept']}")
+        rows = removal_order(result.survival, n_kept)
+        if rows:
+            print("types by when pruning removed half their heads (heads kept then):")
+        else:
+            print("no catalogued type has labelled heads: no survival to report")
+        for row in rows:
+            at = row["half_removed_at_n_kept"]
+            print(f"  {row['type']}: {'kept at least half to the end' if at is None else at}")
         half = min(result.steps, key=lambda st: abs(st["n_kept"] - n_kept[0] / 2))
         e = enrichment(half["heads_kept"], catalog)
-        print(f"enrichment of catalogued heads among the {half['n_kept']} kept: {e}")
+        shown = "none (no catalogued or no kept heads)" if e is None else f"{e:g}"
+        print(f"enrichment of catalogued heads among the {half['n_kept']} kept: {shown}")
     for st in result.steps:
         lam = f"  (lambda {st['lambda']:g})" if "lambda" in st else ""
         print(f"  {st['n_kept']:4d} heads kept: {st['metric']:.4f}{lam}")

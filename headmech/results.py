@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,15 +21,48 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.errors import CatalogFileError
+from headmech._version import __version__
+from headmech.errors import CatalogFileError, InputError
 from headmech.heads import HeadIndex
-from headmech.models import ModelInfo
+from headmech.models import ModelInfo, model_info
 from headmech.provenance import SCHEMA_VERSION, check_weights, dumps
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
 __all__ = ["HeadCatalog", "TypeResult"]
+
+
+def _release(version: Any) -> tuple[int, ...]:
+    """The numeric release of a version string: ``"0.2.0.dev1"`` → ``(0, 2, 0)``."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(version))
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def check_written_by(data: dict[str, Any], path: str | os.PathLike, what: str = "catalog") -> None:
+    """Refuse a file of a newer schema than this headmech reads (one-line
+    :class:`CatalogFileError`); warn in one line when a newer headmech wrote it (what it
+    added is not read)."""
+    from headmech.validation import warn
+
+    by = data.get("headmech_version")
+    written = f" (written by headmech {by})" if by is not None else ""
+    schema = data.get("schema_version")
+    if schema is not None:
+        if not re.fullmatch(r"\d+", str(schema)):
+            raise CatalogFileError(
+                f"{path} has an unknown {what} schema version {schema!r}{written}"
+            )
+        if int(str(schema)) > int(SCHEMA_VERSION):
+            raise CatalogFileError(
+                f"{path} is a {what} of schema {schema}{written}; this headmech ({__version__}) "
+                f"reads schema {SCHEMA_VERSION} or older: upgrade headmech"
+            )
+    if by is not None and _release(by) > _release(__version__):
+        warn(
+            f"{path} was written by headmech {by}, newer than this one ({__version__}): "
+            "anything it added is ignored"
+        )
 
 
 def _grid(t: Tensor) -> list[list[float | None]]:
@@ -161,8 +195,21 @@ class HeadCatalog:
                 f"the catalog describes a model of {self.model.n_layers}x{self.model.n_heads} "
                 f"heads, this one has {shape[0]}x{shape[1]}"
             )
-        if not force:
-            check_weights(self.provenance, model, f"the catalog of {self.model.name}")
+        if force:
+            return
+        check_weights(self.provenance, model, f"the catalog of {self.model.name}")
+        name = model_info(model).name
+        if (
+            not (self.provenance.get("model") or {}).get("weights_sha256")
+            and name != self.model.name
+        ):
+            from headmech.validation import warn
+
+            warn(
+                f"the catalog was made for model '{self.model.name}', this is '{name}' (same "
+                f"{shape[0]}x{shape[1]} heads) and it records no weights hash to tell them "
+                "apart: applied all the same (--force / force=True: no warning)"
+            )
 
     # --- JSON -------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -181,6 +228,10 @@ class HeadCatalog:
                     },
                     "types": {name: r.to_json() for name, r in self.types.items()},
                     "provenance": self.provenance,
+                    # a stopped run's finished part: why it stopped (absent when whole)
+                    **(
+                        {"incomplete": self.meta["incomplete"]} if "incomplete" in self.meta else {}
+                    ),
                 }
             )
         )
@@ -190,6 +241,12 @@ class HeadCatalog:
         ``heatmap.png``; a path ending in ``.json`` gets the JSON alone. Returns the JSON
         path. The same catalog always gives the same bytes."""
         p = Path(path)
+        if p.exists() and not p.is_dir() and p.suffix != ".json":
+            raise InputError(f"cannot save the catalog in {p}: an existing file, not a folder")
+        if (
+            above := next((a for a in p.parents if a.exists()), None)
+        ) is not None and not above.is_dir():
+            raise InputError(f"cannot save the catalog in {p}: {above} is a file, not a folder")
         if p.suffix == ".json":
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(dumps(self.to_json()))
@@ -214,6 +271,8 @@ class HeadCatalog:
             raise CatalogFileError(f"{p} is a folder, not a catalog file") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CatalogFileError(f"{p} is not valid JSON: {e}") from None
+        if isinstance(data, dict):
+            check_written_by(data, p)
         try:
             if not isinstance(data, dict):
                 raise ValueError("the file holds no JSON object")

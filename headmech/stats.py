@@ -14,6 +14,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headmech.errors import PluginError
+
 __all__ = ["HeadStats", "ProbeBatch"]
 
 
@@ -88,6 +90,16 @@ class HeadStats:
         """Add one layer's sums ``total`` — per sequence ``[batch, n_heads]``, or
         ``[n_heads]`` — and their ``count`` (``[batch]``, ``[batch, n_heads]``, ``[n_heads]``
         or a scalar)."""
+        if (
+            not isinstance(total, Tensor)
+            or total.dim() not in (1, 2)
+            or total.shape[-1] != self.n_heads
+        ):
+            got = tuple(total.shape) if isinstance(total, Tensor) else type(total).__name__
+            raise PluginError(
+                f"statistic '{name}' of layer {layer}: its reducer returned sums of shape {got}; "
+                f"expected [batch, n_heads] or [n_heads] (n_heads = {self.n_heads})"
+            )
         if name not in self.sums:
             self.sums[name] = self._zeros()
             self.counts[name] = self._zeros()

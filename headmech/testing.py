@@ -288,6 +288,11 @@ def check_causal(
     assert v["n_heads"] > 0, (
         f"no {head_type.name} heads labelled on this model: nothing to validate"
     )
+    assert v["effect"] is not None, f"{head_type.name}: {v['control_note']}"
+    assert v["random_mean"] is not None, (
+        f"{head_type.name}: nothing to compare the {v['n_heads']} labelled heads with "
+        f"({v['control_note']})"
+    )
     sign = 1.0 if head_type.helps_task else -1.0  # heads against the task should lower it
     assert sign * v["effect"] > sign * v["random_mean"], (
         f"ablating the {v['n_heads']} {head_type.name} heads changes {v['metric']} by {v['effect']:.4f}, "

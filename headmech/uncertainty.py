@@ -117,7 +117,10 @@ def stats_interval(
     if n < 2:
         return None
     resamples = _Resamples(stats, bootstrap_weights(n, n_boot, seed))
-    samples = torch.stack([score(_view(resamples, b)).double() for b in range(n_boot)])
+    from headmech.progress import steps
+
+    boot = steps(range(n_boot), "bootstrap resamples", total=n_boot)
+    samples = torch.stack([score(_view(resamples, b)).double() for b in boot])
     lo, hi = _quantiles(samples, level)
     return lo.float(), hi.float()
 

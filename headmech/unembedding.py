@@ -37,7 +37,11 @@ def _unembed_normed(model: TransformerBridge, normed: Tensor, columns: Any = Non
         bias = getattr(model, "b_U", None)
         if columns is not None:
             weight, bias = weight[columns], None if bias is None else bias[columns]
-        return F.linear(normed, weight, bias)
+        logits = F.linear(normed, weight, bias)
+    cap = float(getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+    if cap > 0:  # Gemma 2's final soft-capping, elementwise: exact on any tile of columns
+        logits = cap * torch.tanh(logits / cap)
+    return logits
 
 
 # Cross-entropy in tiles of at most LOSS_ROWS rows x VOCAB_TILE tokens (8 MiB in fp32): the

@@ -26,15 +26,17 @@ from headmech.placement import DTYPES, device, dtype
 
 # fmt: off
 __all__ = [
-    "DTYPES", "HeadmechWarning", "catalog_file", "config_shape", "corpus_file", "count", "device",
+    "DTYPES", "MAX_N_RANDOM", "MIN_SENTENCES", "HeadmechWarning", "catalog_file", "config_shape", "corpus_file", "count", "device",
     "dtype",
     "fraction", "head_type_names", "kinds", "lams", "lookup", "method_options", "model_name",
     "number_list",
-    "out_dir", "probe_options", "prose_problem", "seed", "staged_output", "warn",
+    "out_dir", "probe_options", "prose_problem", "seed", "staged_output", "too_few_sentences",
+    "warn",
 ]
 # fmt: on
 
-MIN_SENTENCES = 8  # fewer sentences: per-relation statistics are meaningless (a warning)
+MIN_SENTENCES = 8  # a corpus of fewer sentences: per-relation statistics are meaningless
+MAX_N_RANDOM = 1000  # validation control sets: each is one more ablated run of the task
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed overflows above, numpy refuses below 0
 MAX_PROBE_TOKENS = 50_000_000  # repeated random tokens: n_sequences * (2 * half_len + 1)
 MAX_CORPUS_BYTES = 100_000_000  # spaCy splits the whole file; a probe samples a few hundred
@@ -206,9 +208,19 @@ def _regular_file(path: str, flag: str) -> Path:
     return p
 
 
+def too_few_sentences(n: int) -> str | None:
+    """Why a corpus of ``n`` sentences is refused (fewer than :data:`MIN_SENTENCES`), or None."""
+    if n >= MIN_SENTENCES:
+        return None
+    return (
+        f"has only {n} sentence(s): per-relation and per-position statistics of so few are "
+        f"meaningless (give at least {MIN_SENTENCES})"
+    )
+
+
 def corpus_file(path: str) -> list[str]:
-    """``--corpus``: a readable UTF-8 text file of prose; its sentences. Warns when there
-    are fewer than :data:`MIN_SENTENCES`."""
+    """``--corpus``: a readable UTF-8 text file of prose with at least
+    :data:`MIN_SENTENCES` sentences; its sentences."""
     from headmech.probes.corpus import read_corpus
 
     p = _regular_file(path, "--corpus")
@@ -218,11 +230,8 @@ def corpus_file(path: str) -> list[str]:
         if b"\x00" in f.read(65536):
             raise InputError(f"--corpus {path} looks like a binary file (NUL bytes), not text")
     sentences = read_corpus(p)
-    if len(sentences) < MIN_SENTENCES:
-        warn(
-            f"--corpus {path} has only {len(sentences)} sentence(s): per-relation and "
-            f"per-position statistics will be meaningless (give at least {MIN_SENTENCES})"
-        )
+    if (problem := too_few_sentences(len(sentences))) is not None:
+        raise InputError(f"--corpus {path} {problem}")
     return sentences
 
 

@@ -4,7 +4,8 @@ TransformerBridge exposes stacked weights: ``W_Q``/``W_O`` per query head and
 ``W_K``/``W_V`` per key-value head under grouped-query attention. :func:`head_weights`
 expands K and V to query heads (query head h reads KV head ``h // (n_heads / n_kv)``, as
 Hugging Face's ``repeat_kv`` does) and, for pre-norm models, folds the norm's
-elementwise weight into the matrices that read the normalised residual.
+elementwise weight into the matrices that read the normalised residual (and a norm after
+attention into W_O).
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ class HeadWeights:
     W_U: Float[Tensor, "d_model d_vocab"]
 
 
-def _norm_weight(module: object) -> Tensor | None:
-    """The elementwise weight of a (RMS/Layer)Norm bridge, or None."""
+def _raw_norm_weight(module: object) -> Tensor | None:
     for name in ("weight", "w"):
         w = getattr(module, name, None)
         if isinstance(w, Tensor) and w.dim() == 1:
@@ -50,6 +50,34 @@ def _norm_weight(module: object) -> Tensor | None:
     orig = getattr(module, "_original_component", None)
     w = getattr(orig, "weight", None)
     return w if isinstance(w, Tensor) and w.dim() == 1 else None
+
+
+@torch.no_grad()
+def _norm_weight(module: object) -> Tensor | None:
+    """The elementwise weight a (RMS/Layer)Norm bridge multiplies by, or None.
+
+    Read from what the norm does, not from its parameter: Gemma's RMSNorm multiplies by
+    ``1 + weight``. For ``x`` of alternating signs (mean 0, unit RMS, so both kinds of norm
+    leave it as is before the affine part) ``(norm(x) - norm(-x)) / 2x`` is the weight, the
+    bias cancelling.
+    """
+    w = _raw_norm_weight(module)
+    if w is None:
+        return None
+    run = getattr(module, "original_component", None) or module
+    if not callable(run):
+        return w
+    x = torch.ones(w.shape[0], dtype=w.dtype, device=w.device)
+    x[1::2] = -1.0
+    try:
+        eff = (run(1e3 * x[None]) - run(-1e3 * x[None]))[0] / (2 * x)
+    except (RuntimeError, TypeError):  # a norm that cannot run on its own: its parameter
+        return w
+    if w.shape[0] % 2 or not bool(torch.isfinite(eff).all()):
+        return w
+    # the parameter itself wherever it is the weight (bit-identical results); Gemma: 1 + w
+    rtol = max(1e-4, 8 * torch.finfo(w.dtype).eps)  # bf16 weights: a norm run in bf16
+    return w if torch.allclose(eff, w, rtol=rtol, atol=1e-6) else eff.to(w.dtype)
 
 
 @torch.no_grad()
@@ -69,7 +97,10 @@ def _head_weights(model: TransformerBridge, fold_norms: bool) -> HeadWeights:
         model: a bridge.
         fold_norms: for pre-norm models (not BERT's post-norm), multiply the rows of
             W_Q/W_K/W_V by the block's ``ln1`` weight and of W_U by ``ln_final``'s, so the
-            matrices act on the residual stream up to the per-position scale.
+            matrices act on the residual stream up to the per-position scale; where a norm
+            follows the attention (Gemma 2/3's ``ln1_post``, OLMo 2's post-norm), multiply
+            W_O's columns by its weight. The weights are those the norms multiply by
+            (Gemma: 1 + the parameter).
     """
     cfg = model.cfg
     n_heads = int(cfg.n_heads)
@@ -85,12 +116,20 @@ def _head_weights(model: TransformerBridge, fold_norms: bool) -> HeadWeights:
     pre_norm = getattr(cfg, "attention_dir", "causal") != "bidirectional"
     if fold_norms and pre_norm:
         for layer, block in enumerate(model.blocks):
-            w = _norm_weight(block.ln1)
+            ln1 = getattr(block, "ln1", None)  # OLMo 2 has none: attention reads the residual
+            w = None if ln1 is None else _norm_weight(ln1)
             if w is not None:
                 scale = w.detach().float()[None, :, None]  # [1, d_model, 1]
                 W_Q[layer] *= scale
                 W_K[layer] *= scale
                 W_V[layer] *= scale
+    if fold_norms:  # a norm after attention (Gemma 2/3, OLMo 2) scales what W_O writes
+        for layer, block in enumerate(model.blocks):
+            post = getattr(block, "ln1_post", None)
+            wp = None if post is None else _norm_weight(post)
+            if wp is not None:
+                W_O[layer] *= wp.detach().float()[None, None, :]
+    if fold_norms and pre_norm:
         wf = _norm_weight(model.ln_final)
         if wf is not None:
             W_U = W_U * wf.detach().float()[:, None]
@@ -136,7 +175,10 @@ def effective_embeddings(model: TransformerBridge, ids: Tensor) -> Float[Tensor,
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-RANK_ROWS = 32  # tokens per tile of own_token_ranks' logits (32 x 49,152 floats: 6 MiB)
+# vocabulary columns per tile of own_token_ranks (the circuit's and the logits' tiles stay
+# in cache while counted; whole-vocabulary rows were memory-bound: 262k-token Gemma 3 took
+# 46 s a layer)
+RANK_COLUMNS = 4096
 
 
 @torch.no_grad()
@@ -147,42 +189,53 @@ def own_token_ranks(
 
     Each token's effective embedding (:func:`effective_embeddings`) goes through the
     head's values and output and is unembedded over the whole vocabulary (norm weights
-    folded). Returns how many tokens get a higher logit than the token itself (0: the
-    head writes it first: copying) and how many a lower one (0: the head suppresses it
-    most: negative copying), ``[n_layers, n_heads, n]`` each.
+    folded). Returns how many other tokens get a higher logit than the token itself (0:
+    the head writes it first: copying) and how many a lower one (0: the head suppresses it
+    most: negative copying), ``[n_layers, n_heads, n]`` each. The vocabulary is visited in
+    tiles of ``RANK_COLUMNS`` tokens for all heads of a layer at once (progress per layer).
 
     References:
         Wang et al. 2022, "Interpretability in the Wild" (the copy score: the name among
         the top 5 logits of the OV circuit after MLP 0); McDougall et al. 2023, "Copy
         Suppression" (the negative diagonal of the effective OV circuit).
     """
+    from headmech.progress import steps
+
     key = (tuple(int(i) for i in ids), tuple(p._version for p in model.parameters()))
     cached = _RANKS.get(model, {}).get(key) if weights is None else None
     if cached is not None:  # the same tokens of the same, unmodified weights
         return cached
     w = weights or head_weights(model)
     e = effective_embeddings(model, ids).cpu()  # [n, d_model]
-    n_layers, n_heads = w.W_V.shape[:2]
-    above = torch.zeros(n_layers, n_heads, len(ids), dtype=torch.long)
+    ids = ids.cpu()
+    n_layers, n_heads, _, d_head = w.W_V.shape
+    n, d_model, d_vocab = len(ids), int(w.W_O.shape[-1]), int(w.W_U.shape[-1])
+    above = torch.zeros(n_layers, n_heads, n, dtype=torch.long)
     below = torch.zeros_like(above)
-    own_ids = ids.cpu()[:, None]
-    d_head, d_model = w.W_O.shape[-2:]
     # many tokens: (e W_V)(W_O W_U), products through d_head (4x fewer operations for 500
-    # tokens of SmolLM2), logits in tiles of rows that stay in cache while counted; few
-    # tokens: ((e W_V) W_O) W_U, cheaper than forming W_O W_U
-    narrow = d_head * (d_model + len(ids)) < len(ids) * d_model
-    for layer in range(n_layers):
-        for head in range(n_heads):
-            values = e @ w.W_V[layer, head]
-            if narrow:
-                circuit = w.W_O[layer, head] @ w.W_U
-            else:
-                values, circuit = values @ w.W_O[layer, head], w.W_U
-            for rows in torch.arange(len(ids)).split(RANK_ROWS if narrow else len(ids)):
-                logits = values[rows] @ circuit  # [rows, d_vocab]
-                own = logits.gather(1, own_ids[rows])
-                above[layer, head, rows] = (logits > own).sum(-1)
-                below[layer, head, rows] = (logits < own).sum(-1)
+    # tokens of SmolLM2); few tokens: ((e W_V) W_O) W_U, cheaper than forming W_O W_U
+    narrow = d_head * (d_model + n) < n * d_model
+    desc = f"OV ranks of {n} tokens over {d_vocab:,} (layers)"
+    for layer in steps(range(n_layers), desc, total=n_layers):
+        values = torch.einsum("nm,hmd->hnd", e, w.W_V[layer])  # [head, n, d_head]
+        if not narrow:
+            values = values @ w.W_O[layer]  # [head, n, d_model]
+
+        W_O = w.W_O[layer].reshape(-1, d_model)  # [head * d_head, d_model]
+
+        def logits(cols: Tensor | slice, values: Tensor = values, W_O: Tensor = W_O) -> Tensor:
+            if not narrow:  # [head, n, cols]
+                return values @ w.W_U[:, cols]
+            return values @ (W_O @ w.W_U[:, cols]).view(n_heads, d_head, -1)
+
+        own = logits(ids).diagonal(dim1=1, dim2=2)[..., None]  # [head, n, 1]
+        for start in range(0, d_vocab, RANK_COLUMNS):
+            tile = logits(slice(start, start + RANK_COLUMNS))  # [head, n, cols]
+            mine = ((ids >= start) & (ids < start + tile.shape[-1])).nonzero()[:, 0]
+            tile[:, mine, ids[mine] - start] = own[:, mine, 0]  # a token is not its own rival
+            # int32 sums: half the time of bool -> int64 (exact below 2**31 tokens)
+            above[layer] += (tile > own).sum(-1, dtype=torch.int32)
+            below[layer] += (tile < own).sum(-1, dtype=torch.int32)
     if weights is None:
         _RANKS.setdefault(model, {})[key] = (above, below)
     return above, below

@@ -147,3 +147,9 @@ def minilm():
 @pytest.fixture(scope="session")
 def smollm2():
     return headmech.load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """Gemma 3 270M (dequantised once into the cache: about a minute the first time)."""
+    return headmech.load_model("gemma3-270m")

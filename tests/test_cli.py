@@ -64,7 +64,7 @@ def test_bad_input_is_one_line_and_nonzero(capsys, tiny_dirs, tmp_path, argv, ne
     empty = tmp_path / "empty.txt"
     empty.write_text("   \n")
     long = tmp_path / "long.txt"
-    long.write_text("This sentence goes on " + " and on" * 60 + ".\n")
+    long.write_text(("This sentence goes on " + " and on" * 60 + ".\n") * 8)  # 8: not too few
     subst = {
         "TINY": str(tiny_dirs["gpt2"]),
         "MISSING": str(tmp_path / "nope.txt"),

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import headmech
+from headmech import report
 from headmech.attribution import importance
 from headmech.classify import HeadCatalog, validate_heads
 from headmech.heads import HeadIndex
@@ -63,7 +64,7 @@ def test_sink_threshold_is_gu_et_al(tiny_models):
 
 
 @pytest.mark.slow
-def test_smollm2_validates_every_type_without_crashing(smollm2):
+def test_smollm2_validates_every_type_without_crashing(smollm2, capsys):
     """`headmech classify smollm2-135m --validate` used to crash: attention_sink labels most
     heads, so no control could be drawn. Now it says so and the rest validates."""
     with warnings.catch_warnings():
@@ -83,6 +84,14 @@ def test_smollm2_validates_every_type_without_crashing(smollm2):
     assert sink.details["validation"]["control"] == "none"
     ind = cat["induction"].details["validation"]
     assert ind["control"] == "same_layers" and ind["effect"] > 5 * max(ind["random_effects"])
+    report.evidence(cat)  # what the command line prints next: it crashed here (issue 29)
+    out = capsys.readouterr().out
+    assert (
+        f"\nattention_sink:\n  validation (zero ablation, {sink.details['validation']['metric']}"
+        in out
+    )
+    assert "of 270 heads are labelled, and a random set of as many unlabelled heads" in out
+    assert f"; 2 random sets of {ind['n_heads']} from the same layers: " in out
 
 
 # --- 5: mask gradient, per example ------------------------------------------------------

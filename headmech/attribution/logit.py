@@ -39,6 +39,7 @@ from headmech.errors import HeadmechError
 from headmech.interventions import Cost, capture, recording
 from headmech.tasks import EmbeddingTask, LogitDiffTask, Task, TokenLossTask
 from headmech.uncertainty import UnitValues
+from headmech.weights import _norm_weight
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -52,7 +53,8 @@ def frozen_norm(
     """The linear part of a LayerNorm/RMSNorm with its scale frozen (bias left out)."""
     if kind == "LN":
         x = x - x.mean(-1, keepdim=True)
-    return x / scale * norm.weight.to(x.dtype)
+    w = _norm_weight(norm)
+    return x / scale if w is None else x / scale * w.to(x.dtype)
 
 
 def _causal_batch(
@@ -86,6 +88,7 @@ def direct_effects(
     selected query (``target[query]``'s order). The final norm's scale is frozen at its
     clean value (module docstring).
     """
+    _check_linear_readout(model)
     n_layers = int(model.cfg.n_layers)
     kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
     # the final norm's scale is recorded by a hook inside ln_final, which
@@ -104,7 +107,9 @@ def direct_effects(
         base = W_U[:, baseline.to(dev)].T  # [n, d_model]: one per query
     else:
         base = W_U[:, baseline]
-    direction = (W_U[:, target[query]].T - base) * model.ln_final.weight.float()  # [n, d_model]
+    w_final = _norm_weight(model.ln_final)  # Gemma: 1 + the parameter
+    direction = W_U[:, target[query]].T - base  # [n, d_model]
+    direction = direction if w_final is None else direction * w_final.float()
     seq = torch.arange(query.shape[0], device=dev)[:, None].expand_as(query)[query]  # [n]
     out = torch.zeros(query.shape[0], n_layers, int(model.cfg.n_heads), device=dev)
     for la in range(n_layers):
@@ -159,6 +164,21 @@ def _encoder_batch(
     return out, torch.ones(mask.shape[0], device=dev)
 
 
+def _check_linear_readout(model: TransformerBridge) -> None:
+    """Refuse models where a head's direct write does not reach the logits linearly once
+    the final norm's scale is frozen (one line naming the layer)."""
+    if any(getattr(b, "ln1_post", None) is not None for b in model.blocks):
+        raise HeadmechError(
+            "direct logit attribution is not supported here: a norm follows each attention "
+            "block (post_attention_layernorm), so a head's write to the residual is not z @ W_O"
+        )
+    if float(getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0:
+        raise HeadmechError(
+            "direct logit attribution is not supported here: the final logit soft-capping "
+            "(tanh) makes the logits nonlinear in the residual stream"
+        )
+
+
 def direct_logit_attribution(
     model: TransformerBridge,
     task: Task,
@@ -194,6 +214,7 @@ def direct_logit_attribution(
         )
     if not batches:
         raise HeadmechError("no batches to attribute")
+    _check_linear_readout(model)
 
     def one(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
         if is_encoder:

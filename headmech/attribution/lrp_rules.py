@@ -69,6 +69,7 @@ __all__ = [
     "keep_gradient",
     "lrp_rules",
     "norm_identity_rule",
+    "unsupported_layers",
 ]
 
 # Gradient factors of the uniform rule on softmax(q kᵀ) v (LXT, efficient mode).
@@ -202,6 +203,9 @@ class RuleHooks:
             UnsupportedModelError: a block's attention gets no attention rule, or a
                 projection a rule scales is missing.
         """
+        missing = unsupported_layers(model)
+        if missing:
+            raise UnsupportedModelError(f"LRP has no rule for {', '.join(missing)}")
         labels = _block_labels(model)
         applied: dict[int, Rule] = {}
         for name, module in _named_modules(model):
@@ -259,6 +263,27 @@ class RuleHooks:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+
+def unsupported_layers(model: TransformerBridge) -> list[str]:
+    """The layers of ``model`` that no row of :data:`RULES` covers and that break the
+    conservation law (each as a short description; empty when every layer has a rule):
+    soft-capping (``tanh`` of attention scores or logits, Gemma 2), attention sink logits
+    (gpt-oss: a per-head logit in every softmax), mixtures of experts (router weights
+    times expert outputs, gpt-oss)."""
+    cfg = model.cfg
+    out = []
+    if float(getattr(cfg, "attn_scores_soft_cap", -1.0) or -1.0) > 0:
+        out.append("attention soft-capping (tanh of the scores)")
+    if float(getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0:
+        out.append("final logit soft-capping (tanh of the logits)")
+    original = getattr(model, "original_model", model)
+    modules = list(original.modules())
+    if any(isinstance(getattr(m, "sinks", None), Tensor) for m in modules):
+        out.append("attention sink logits")
+    if any(getattr(m, "experts", None) is not None and hasattr(m, "router") for m in modules):
+        out.append("a mixture-of-experts MLP (router weights times expert outputs)")
+    return out
 
 
 def _row(module: nn.Module) -> LayerRule | None:

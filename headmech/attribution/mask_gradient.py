@@ -21,13 +21,14 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech import distributed
+from headmech import distributed, resume
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.interventions import Cost, gradients
@@ -106,14 +107,19 @@ def _run(
         desc = progress if isinstance(progress, str) else "mask gradient"
         mine = tqdm(mine, desc=desc, leave=False)
     ones = torch.ones(n_layers, n_heads)
-    for i in mine:
+
+    def one(i: int) -> tuple[Tensor, Tensor, Tensor]:
         batch = batches[i]
         ref = task.reference(model, batch)
         g, a, s, c = masked_importance(model, task, batch, ones, reference=ref, per=per)
-        nums[i], dens[i] = a.num, a.den
-        totals[i] = torch.cat([g.flatten(), torch.tensor([s, c], dtype=torch.float64)])[None]
         if cost is not None:
             cost.add(int(batch.input_ids.shape[0]), backward=True)
+        row = torch.cat([g.flatten(), torch.tensor([s, c], dtype=torch.float64)])[None]
+        return a.num, a.den, row
+
+    with resume.scope("mask_gradient"):  # each batch a unit of a resumable run
+        for i in mine:
+            nums[i], dens[i], totals[i] = resume.unit(f"batch{i}", partial(one, i))
     if not totals:
         raise HeadmechError("no batches to score")
     n = len(batches)

@@ -156,7 +156,10 @@ def indirect_effects(
             for la, h in heads
         ]
 
+    from headmech.progress import active
+
     task = icl_task(probability=True)
-    values, clean = run_variants(model, task, shuffled, variants)
+    desc = f"function-vector indirect effects ({len(heads)} heads)" if active() else False
+    values, clean = run_variants(model, task, shuffled, variants, progress=desc)
     # the metric is minus the answer's probability: patched minus shuffled probability
     return (clean - values).float().view(n_layers, n_heads).cpu()

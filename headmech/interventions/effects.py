@@ -269,9 +269,10 @@ class PathPatch(Effect):
         ``layer`` (``idx``: head indices at the site, KV heads for k/v under GQA)."""
         block = self.model.blocks[layer]
         h = resid
-        if _reads_normed_residual(self.model):
+        ln1 = getattr(block, "ln1", None)  # none in OLMo 2: attention reads the residual
+        if _reads_normed_residual(self.model) and ln1 is not None:
             # the wrapped module: same values as the bridge's ln1, and no hooks fire
-            norm = getattr(block.ln1, "original_component", None) or block.ln1
+            norm = getattr(ln1, "original_component", None) or ln1
             h = norm(resid)
         name = self.site.upper()
         W = getattr(block.attn, f"W_{name}")  # [n_heads (kv), d_model, d_head]

@@ -19,8 +19,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.engine import ProbeBatch, run_blocks
-from headmech.errors import HeadmechError
-from headmech.heads import HeadIndex
+from headmech.errors import HeadIndexError, HeadmechError
+from headmech.heads import HeadIndex, check_heads
 from headmech.interventions.effects import SITES, Context, Effect, Uniform, heads_first
 
 if TYPE_CHECKING:
@@ -57,7 +57,8 @@ class Intervention:
                 f"{type(self.effect).__name__} is not defined on site '{self.site}' "
                 f"(only {', '.join(self.effect.sites)})"
             )
-        object.__setattr__(self, "heads", tuple(HeadIndex(int(a), int(b)) for a, b in self.heads))
+        heads = check_heads(self.heads, None, None, what="Intervention")  # pairs, none negative
+        object.__setattr__(self, "heads", tuple(heads))
 
     @classmethod
     def on(
@@ -112,9 +113,16 @@ def hooks(
     as_variants = _as_variants(variants)
     groups: dict[tuple[str, int], list[tuple[int, Intervention, Tensor]]] = {}
     gated: set[int] = set()
+    shape = None if model is None else (int(model.cfg.n_layers), int(model.cfg.n_heads))
     for i, ivs in enumerate(as_variants):
         for iv in ivs:
             for layer, idx in iv.by_layer().items():
+                if shape is not None and (layer >= shape[0] or int(idx.max()) >= shape[1]):
+                    head = next(h for h in iv.heads if h.layer >= shape[0] or h.head >= shape[1])
+                    raise HeadIndexError(
+                        f"{type(iv.effect).__name__} intervention on head ({head.layer}, "
+                        f"{head.head}): outside the model ({shape[0]} layers x {shape[1]} heads)"
+                    )
                 groups.setdefault((iv.site, layer), []).append((i, iv, idx))
                 if iv.effect.reads_layer_input:
                     gated.add(layer)

@@ -23,13 +23,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
 from torch import Tensor
 
-from headmech import distributed
+from headmech import distributed, resume
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.forward import block_inputs, fast_attention, starting_at
@@ -223,14 +224,19 @@ def run_variants(
     if not batches:
         raise HeadmechError("no batches to run")
     parts: dict[int, tuple[Tensor, Tensor]] = {}
-    with torch.no_grad():
+
+    def one(bi: int) -> tuple[Tensor, Tensor]:
+        batch = batches[bi]
+        ref = references[bi] if references is not None else task.reference(model, batch)
+        todo = fixed if fixed is not None else variants(bi, batch)  # type: ignore[operator]
+        k = chunk or chunk_size(model, batch)
+        use_fast = fast and all(iv.site != "pattern" for v in todo for iv in v)
+        return _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
+
+    # each batch is a unit of a resumable run (headmech.resume): stored, or read back
+    with torch.no_grad(), resume.scope("variants"):
         for bi in _progress(distributed.mine(len(batches)), progress, batches):  # a rank's
-            batch = batches[bi]
-            ref = references[bi] if references is not None else task.reference(model, batch)
-            todo = fixed if fixed is not None else variants(bi, batch)  # type: ignore[operator]
-            k = chunk or chunk_size(model, batch)
-            use_fast = fast and all(iv.site != "pattern" for v in todo for iv in v)
-            parts[bi] = _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
+            parts[bi] = resume.unit(f"batch{bi}", partial(one, bi))
     sums = distributed.gather_units({i: s for i, (s, _) in parts.items()}, len(batches))
     counts = distributed.gather_units({i: c for i, (_, c) in parts.items()}, len(batches))
     mean = sums.sum(1) / counts.sum(1).clamp(min=1)

@@ -6,6 +6,9 @@ score row is exactly the attention over the kept keys, so a windowed head comput
 this mask over the whole cache equals the same head computed over a cache that stores
 only its sinks and window (:mod:`headmech.kv.cache`).
 
+Soft-capped scores (Gemma 2) and per-head sink logits (gpt-oss) are kept: where a model
+has them the softmax is written out (:class:`Extras`) instead of the fused kernel.
+
 The mask is applied in the Hugging Face model's own attention: :func:`planned` registers
 one attention function, ``"headmech_kv"``, in transformers' ``AttentionInterface`` (its
 padding/causal masks are built as for SDPA) and runs the model with it. Per layer it
@@ -33,7 +36,15 @@ from torch import Tensor
 from headmech.errors import UnsupportedModelError
 from headmech.kv.plan import KVPlan
 
-__all__ = ["IMPLEMENTATION", "LayerPlan", "Split", "allowed_keys", "hf_model", "planned"]
+__all__ = [
+    "IMPLEMENTATION",
+    "Extras",
+    "LayerPlan",
+    "Split",
+    "allowed_keys",
+    "hf_model",
+    "planned",
+]
 
 IMPLEMENTATION = "headmech_kv"
 _BLOCK = 256  # query rows per block of windowed attention over a whole sequence
@@ -96,22 +107,74 @@ def _as_bool(mask: Tensor | None) -> Tensor | None:
     return mask > torch.finfo(mask.dtype).min / 2
 
 
+@dataclass(frozen=True)
+class Extras:
+    """What some models' attention adds to ``softmax(q kᵀ) v``, as transformers passes it
+    to an attention function: Gemma 2's soft-capping of the scores (``softcap``: ``c ·
+    tanh(s / c)`` before the mask) and gpt-oss's per-head sink logits (``s_aux``: one more
+    column in every softmax, dropped after it)."""
+
+    softcap: float | None = None
+    sinks: Tensor | None = None  # [n_heads] for the query heads at hand
+
+    @classmethod
+    def of(cls, kwargs: dict[str, Any]) -> Extras:
+        """The extras among an attention function's keyword arguments."""
+        softcap = kwargs.get("softcap")
+        sinks = kwargs.get("s_aux")
+        return cls(float(softcap) if softcap else None, sinks)
+
+    def pick(self, idx: Tensor) -> Extras:
+        """The extras of the query heads ``idx``."""
+        if self.sinks is None:
+            return self
+        return Extras(self.softcap, self.sinks[idx.to(self.sinks.device)])
+
+    @property
+    def none(self) -> bool:
+        """Plain attention: fused SDPA computes it."""
+        return self.softcap is None and self.sinks is None
+
+
+_PLAIN = Extras()
+
+
 def _sdpa(
     q: Float[Tensor, "batch hq q d"],
     k: Float[Tensor, "batch hk k d"],
     v: Float[Tensor, "batch hk k d"],
     allowed: Bool[Tensor, "batch 1 q k"] | None,
     scaling: float,
+    extras: Extras = _PLAIN,
 ) -> Float[Tensor, "batch hq q d"]:
-    """SDPA of grouped heads; ``allowed`` None means plain causal with q == k."""
+    """SDPA of grouped heads; ``allowed`` None means plain causal with q == k. With
+    ``extras`` (soft-capping, sinks) the softmax is written out, as the model's eager
+    attention computes it."""
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    if allowed is None:
+    if allowed is None and extras.none:
         return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, scale=scaling)
+    if allowed is None:  # causal, the queries being the last positions
+        n_q, n_k = q.shape[2], k.shape[2]
+        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        allowed = allowed[None, None]
     # a row with nothing to see (a padding query) would give NaN; let it see everything
     allowed = allowed | ~allowed.any(-1, keepdim=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
+    if extras.none:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
+    scores = (q @ k.transpose(-1, -2)) * scaling  # [batch, hq, q, k]
+    if extras.softcap is not None:
+        scores = extras.softcap * torch.tanh(scores / extras.softcap)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    if extras.sinks is not None:
+        sink = extras.sinks.to(scores).reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        logits = torch.cat([scores, sink], -1)
+        logits = logits - logits.amax(-1, keepdim=True)
+        probs = logits.softmax(-1)[..., :-1]  # the sink's share is dropped
+    else:
+        probs = scores.softmax(-1)
+    return probs.to(v.dtype) @ v
 
 
 @functools.lru_cache(maxsize=16)
@@ -168,18 +231,22 @@ def planned_attention(
         raise TypeError("planned_attention: keys and values of one kind, and a plan for a cache")
     q_pos = torch.arange(length - n_q, length, device=query.device)
     pad = _as_bool(attention_mask)  # [batch | 1, 1, q, length] or None
+    extras = Extras.of(kwargs)
     out = query.new_empty(*query.shape[:3], value_dim(full_v, win_v))
     if lp.full_q.numel():
         sel = lp.full_q.to(query.device)
-        out[:, sel] = _sdpa(_pick(query, sel), full_k, full_v, _causal(q_pos, length, pad), scale)
+        causal = _causal(q_pos, length, pad)
+        out[:, sel] = _sdpa(_pick(query, sel), full_k, full_v, causal, scale, extras.pick(sel))
     if lp.win_q.numel():
         sel = lp.win_q.to(query.device)
         if win_pos.numel() == length and n_q > 2 * _BLOCK and lp.window < length // 4:
-            out[:, sel] = _local(query[:, sel], win_k, win_v, q_pos, lp, pad, scale)
+            out[:, sel] = _local(
+                query[:, sel], win_k, win_v, q_pos, lp, pad, scale, extras.pick(sel)
+            )
         else:
             band = allowed_keys(q_pos, win_pos, lp.sinks, lp.window)[None, None]
             band = band if pad is None else band & pad[..., win_pos]
-            out[:, sel] = _sdpa(query[:, sel], win_k, win_v, band, scale)
+            out[:, sel] = _sdpa(query[:, sel], win_k, win_v, band, scale, extras.pick(sel))
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -191,6 +258,7 @@ def _local(
     lp: LayerPlan,
     pad: Tensor | None,
     scale: float,
+    extras: Extras = _PLAIN,
 ) -> Float[Tensor, "batch hq q d"]:
     """Windowed heads over every position (``k`` holds position ``j`` at index ``j``), a
     block of queries at a time against the sinks and the keys their windows reach: the
@@ -205,7 +273,7 @@ def _local(
         if pad is not None:
             allowed = allowed & pad[..., start : start + _BLOCK, :][..., keys]
         block = q[:, :, start : start + _BLOCK]
-        out.append(_sdpa(block, k[:, :, keys], v[:, :, keys], allowed, scale))
+        out.append(_sdpa(block, k[:, :, keys], v[:, :, keys], allowed, scale, extras))
     return torch.cat(out, 2)
 
 

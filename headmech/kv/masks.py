@@ -156,16 +156,22 @@ def _hidden(hf: Any, batch: ProbeBatch) -> Tensor:
     return out.last_hidden_state  # [batch, pos, d_model]
 
 
+def _logits(hf: Any, hidden: Tensor) -> Tensor:
+    """The model's logits of final hidden states (Gemma 2's final soft-capping included)."""
+    logits = hf.get_output_embeddings()(hidden).float()
+    cap = getattr(hf.config, "final_logit_softcapping", None)
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
 def _needle_trial(hf: Any, batch: ProbeBatch) -> list[dict[str, float]]:
     from headmech.probes.needle import needle_spans
 
     hidden = _hidden(hf, batch)
     answer_pos, _, valid, _ = needle_spans(batch)
-    head = hf.get_output_embeddings()
     out = []
     for row in range(hidden.shape[0]):
         pos = answer_pos[row][valid[row]].to(hidden.device)
-        logits = head(hidden[row, pos - 1]).float()  # [answer, d_vocab]
+        logits = _logits(hf, hidden[row, pos - 1])  # [answer, d_vocab]
         target = batch.input_ids[row].to(hidden.device)[pos]
         nll = F.cross_entropy(logits, target, reduction="none")
         hit = (logits.argmax(-1) == target).float()
@@ -185,13 +191,12 @@ def _needle_trial(hf: Any, batch: ProbeBatch) -> list[dict[str, float]]:
 
 def _prose_nll(hf: Any, batch: ProbeBatch) -> tuple[float, int]:
     hidden = _hidden(hf, batch)
-    head = hf.get_output_embeddings()
     ids = batch.input_ids.to(hidden.device)
     mask = batch.attention_mask.to(hidden.device).bool()
     total, count = 0.0, 0
     for start in range(0, hidden.shape[1] - 1, _LOGIT_ROWS):
         stop = min(start + _LOGIT_ROWS, hidden.shape[1] - 1)
-        logits = head(hidden[:, start:stop]).float()  # [batch, rows, d_vocab]
+        logits = _logits(hf, hidden[:, start:stop])  # [batch, rows, d_vocab]
         target = ids[:, start + 1 : stop + 1]
         keep = mask[:, start + 1 : stop + 1]
         nll = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")

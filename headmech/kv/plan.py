@@ -384,8 +384,8 @@ def _check_catalog(cat: HeadCatalog, model: Any, types: Sequence[str], force: bo
     if missing:
         have = ", ".join(cat.types) or "none"
         raise InputError(f"the catalog has no type {', '.join(missing)} (it has: {have})")
-    if not force and hasattr(model, "cfg"):
-        check_weights(cat.provenance, model, f"the catalog of {cat.model.name}")
+    if hasattr(model, "cfg"):  # other weights refused, another name without a hash warned
+        cat.check_model(model, force=force)
 
 
 def _provenance(model: Any) -> dict[str, Any]:

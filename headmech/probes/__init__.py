@@ -171,16 +171,31 @@ def encode_sentences(model: TransformerBridge, sentences: Sequence[str]) -> list
 
 
 def load_sentences(corpus: str | os.PathLike | Sequence[str] | None) -> list[str]:
-    """The default prose corpus, a text file's sentences, or the given list."""
+    """The default prose corpus, a text file's sentences, or the given list.
+
+    Raises:
+        CorpusError: an unreadable file, an empty corpus, or one of fewer than
+            :data:`headmech.validation.MIN_SENTENCES` sentences (one line).
+    """
     from headmech.probes import text
+    from headmech.validation import too_few_sentences
 
     if corpus is None:
         return text.default_corpus()
     if isinstance(corpus, (str, os.PathLike)):
-        return text.read_corpus(corpus)
-    sentences = [s for s in corpus if s and s.strip()]
-    if not sentences:
-        raise InputError("the corpus is empty")
+        sentences, where = text.read_corpus(corpus), f"the corpus {os.fspath(corpus)}"
+    else:
+        given = list(corpus) if not isinstance(corpus, bytes) else [corpus]
+        if not all(isinstance(s, str) for s in given):
+            kinds = sorted({type(s).__name__ for s in given if not isinstance(s, str)})
+            raise text.CorpusError(
+                f"the corpus must be a file path or a list of sentences (str); it holds {', '.join(kinds)}"
+            )
+        sentences, where = [s for s in given if s.strip()], "the corpus"
+        if not sentences:
+            raise text.CorpusError("the corpus is empty")
+    if (problem := too_few_sentences(len(sentences))) is not None:
+        raise text.CorpusError(f"{where} {problem}")
     return sentences
 
 

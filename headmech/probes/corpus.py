@@ -281,6 +281,8 @@ def read_corpus(path: str | os.PathLike[str]) -> list[str]:
         ) from None
     except OSError as exc:
         raise CorpusError(f"cannot read corpus file {p}: {exc.strerror or exc}") from None
+    if "\x00" in text:
+        raise CorpusError(f"corpus file looks like a binary file (NUL bytes), not text: {p}")
     sentences = split_sentences(_BLANK_LINES.split(text))
     if not sentences:
         raise CorpusError(f"corpus file has no sentences (empty or whitespace only): {p}")

@@ -260,10 +260,16 @@ def answer_losses(
     dev = next(model.parameters()).device
     b = batch.to(dev)
     answer_pos, _, valid, _ = needle_spans(b)
+    from headmech.forward import run_blocks
+    from headmech.unembedding import unembed
+
     with torch.inference_mode(), model.hooks(fwd_hooks=list(fwd_hooks)):
-        logits = model(b.input_ids, attention_mask=b.attention_mask)  # [batch, pos, d_vocab]
-    query = (answer_pos - 1).clamp(min=0)  # the position that predicts each answer token
-    rows = logits.gather(1, query[..., None].expand(-1, -1, logits.shape[-1])).float()
+        resid = run_blocks(model, b.input_ids, b.attention_mask)  # [batch, pos, d_model]
+        query = (answer_pos - 1).clamp(min=0)  # the position that predicts each answer token
+        picked = resid.gather(1, query[..., None].expand(-1, -1, resid.shape[-1]))
+        # logits at the answer rows only: [batch, pos, d_vocab] would be 1.6 GB for one
+        # 1,500-token sequence of Gemma 3's 262k-token vocabulary
+        rows = unembed(model, picked).float()  # [batch, answer, d_vocab]
     target = b.input_ids.gather(1, answer_pos.clamp(min=0))  # [batch, answer]
     nll = F.cross_entropy(rows.transpose(1, 2), target, reduction="none")  # [batch, answer]
     correct = rows.argmax(-1) == target

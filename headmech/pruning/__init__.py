@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
     from headmech.classify import HeadCatalog
+    from headmech.resume import Units
 
 __all__ = [
     "HeadMask",
@@ -83,6 +84,7 @@ def prune(
     catalog: HeadCatalog | None = None,
     probe_options: ProbeOptions | None = None,
     progress: bool = False,
+    units: Units | None = None,
     **options: Any,
 ) -> PruningResult:
     """Prune ``model``'s heads for ``task`` with a registered method.
@@ -95,17 +97,24 @@ def prune(
         catalog: fills ``survival`` per head type.
         probe_options: probe sizes.
         progress: report progress.
+        units: a :class:`headmech.resume.Units` store: each step (michel), λ (l0) or run
+            (mae) is read from it where stored, else stored as it finishes
+            (:mod:`headmech.resume`).
         **options: the method's options (its dataclass: :class:`MichelOptions`,
             :class:`L0Options`, :class:`MAEOptions`).
 
     Returns:
         A :class:`PruningResult`; ``.save(dir)`` writes ``pruning.json``.
     """
+    from headmech.pruning.survival import check_catalog
+    from headmech.resume import recording
     from headmech.validation import method_options
 
     entry = PRUNING_METHODS.entry(method)
     opts = build_options(entry, method_options(dict(options)))
+    check_catalog(catalog, model)  # before any work: its heads must be the model's
     kwargs = vars(opts) if opts is not None else {}
-    return entry.obj(
-        model, task, probe_options=probe_options, catalog=catalog, progress=progress, **kwargs
-    )
+    with recording(units):
+        return entry.obj(
+            model, task, probe_options=probe_options, catalog=catalog, progress=progress, **kwargs
+        )

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -322,8 +323,20 @@ class L0Sweep:
 
 
 def l0_sweep(model: TransformerBridge, lams: Sequence[float], **kwargs: Any) -> L0Sweep:
-    """:func:`train_l0_gates` at each λ in ``lams`` (other arguments passed through)."""
-    return L0Sweep([train_l0_gates(model, lam, **kwargs) for lam in lams])
+    """:func:`train_l0_gates` at each λ in ``lams`` (other arguments passed through);
+    each λ is a unit of a resumable run (:mod:`headmech.resume`; its gate noise is seeded
+    afresh, so a λ read back changes none after it)."""
+    from dataclasses import fields
+
+    from headmech.resume import unit
+
+    def one(lam: float) -> dict[str, Any]:
+        r = train_l0_gates(model, lam, **kwargs)
+        return {f.name: getattr(r, f.name) for f in fields(r)}
+
+    return L0Sweep(
+        [GateResult(**unit(f"lambda{i}", partial(one, lam))) for i, lam in enumerate(lams)]
+    )
 
 
 @dataclass
@@ -362,7 +375,9 @@ def l0_prune(
         A :class:`~headmech.pruning.result.PruningResult` (``method="l0"``).
     """
     from headmech.pruning.michel import _result
+    from headmech.pruning.survival import check_catalog
 
+    check_catalog(catalog, model)
     t = get_task(task, model)
     sweep = l0_sweep(
         model, lams, steps=steps, lr=lr, task=t, probe_options=probe_options, seed=seed

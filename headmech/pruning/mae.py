@@ -37,6 +37,7 @@ from headmech.interventions import Gate, Intervention, applied, hooks
 from headmech.probes import ProbeOptions
 from headmech.pruning.l0 import frozen
 from headmech.pruning.result import PruningResult
+from headmech.resume import unit
 from headmech.tasks import Task, get_task
 
 if TYPE_CHECKING:
@@ -280,12 +281,25 @@ def compare_mae(
     gates = MAEGates(int(cfg.n_layers), int(cfg.n_heads), int(cfg.d_model), o.d_hidden, g)
     gates = gates.to(_device(model))
     base = _metric(model, t, held, held_refs, None)
+
+    # the MAE run and the fine-tuned baseline are units of a resumable run
+    # (headmech.resume); each starts from the saved weights
+    def run_mae() -> dict[str, Any]:
+        curve = train_mae(model, gates, t, train, train_refs, **kw)
+        metric = _metric(model, t, held, held_refs, gates)
+        return {"curve": curve, "metric": metric, "gates": gates.state_dict()}
+
+    def run_finetune() -> dict[str, Any]:
+        curve = train_mae(model, None, t, train, train_refs, **kw)
+        return {"curve": curve, "metric": _metric(model, t, held, held_refs, None)}
+
     try:
-        mae_curve = train_mae(model, gates, t, train, train_refs, **kw)
-        mae = _metric(model, t, held, held_refs, gates)
+        done = unit("mae", run_mae)
+        gates.load_state_dict(done["gates"])
+        mae_curve, mae = done["curve"], done["metric"]
         _restore(model, saved)
-        ft_curve = train_mae(model, None, t, train, train_refs, **kw)
-        finetuned = _metric(model, t, held, held_refs, None)
+        done = unit("finetune", run_finetune)
+        ft_curve, finetuned = done["curve"], done["metric"]
     finally:
         _restore(model, saved)
     return MAEComparison(

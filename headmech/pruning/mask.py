@@ -37,8 +37,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from headmech.errors import HeadmechError
-from headmech.heads import HeadIndex
+from headmech.errors import ArgumentError, HeadIndexError, HeadmechError
+from headmech.heads import HeadIndex, check_heads
 from headmech.interventions import Intervention, Scale, applied, hooks
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HeadMask",
     "UnsupportedPruningError",
+    "check_mask",
     "head_mask",
     "head_mask_hooks",
     "mask_intervention",
@@ -73,8 +74,9 @@ class HeadMask:
     """
 
     def __init__(self, values: Float[Tensor, "n_layers n_heads"]) -> None:
-        if values.ndim != 2:
-            raise ValueError(f"a head mask is [n_layers, n_heads], got shape {tuple(values.shape)}")
+        if not isinstance(values, Tensor) or values.ndim != 2:
+            got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+            raise ArgumentError(f"a head mask is a [n_layers, n_heads] tensor, got {got}")
         self.values = values.detach().float().clone()
 
     @classmethod
@@ -104,10 +106,10 @@ class HeadMask:
         return [(int(a), int(b)) for a, b in (self.values == 0).nonzero().tolist()]
 
     def remove(self, heads: Iterable[HeadIndex | Sequence[int]]) -> HeadMask:
-        """A copy with ``heads`` set to 0."""
+        """A copy with ``heads`` set to 0 (a head outside the mask: :class:`HeadIndexError`)."""
         v = self.values.clone()
-        for layer, head in heads:
-            v[int(layer), int(head)] = 0.0
+        for layer, head in check_heads(heads, *self.shape, what="HeadMask.remove"):
+            v[layer, head] = 0.0
         return HeadMask(v)
 
     def hooks(self) -> list[Hook]:
@@ -153,13 +155,22 @@ def head_mask(
     model: TransformerBridge, mask: HeadMask | Float[Tensor, "n_layers n_heads"]
 ) -> Iterator[TransformerBridge]:
     """Run ``model`` with ``mask`` applied: ``with head_mask(model, m): model(tokens)``."""
-    values = mask.values if isinstance(mask, HeadMask) else mask
-    expected = (int(model.cfg.n_layers), int(model.cfg.n_heads))
-    if tuple(values.shape) != expected:
-        raise HeadmechError(f"mask shape {tuple(values.shape)} does not match the model {expected}")
+    check_mask(model, mask)
     iv = mask_intervention(mask)
     with applied(model, [] if iv is None else [iv]):
         yield model
+
+
+def check_mask(model: Any, mask: HeadMask | Float[Tensor, "n_layers n_heads"]) -> None:
+    """Refuse a mask of another shape than ``model``'s heads (:class:`HeadIndexError`: a
+    bigger mask names heads outside the model, a smaller one leaves heads unmasked)."""
+    values = mask.values if isinstance(mask, HeadMask) else mask
+    expected = (int(model.cfg.n_layers), int(model.cfg.n_heads))
+    if not isinstance(values, Tensor) or tuple(values.shape) != expected:
+        got = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+        raise HeadIndexError(
+            f"mask shape {got} does not match the model's heads {expected} (n_layers, n_heads)"
+        )
 
 
 # --- physical removal --------------------------------------------------------------
@@ -314,6 +325,7 @@ def prune_heads(model: Any, heads_to_remove: Iterable[HeadIndex | Sequence[int]]
 
     Raises:
         UnsupportedPruningError: another architecture.
+        HeadIndexError: a head outside the model.
     """
     hf = _hf_model(model)
     model_type = str(getattr(hf.config, "model_type", ""))
@@ -321,9 +333,11 @@ def prune_heads(model: Any, heads_to_remove: Iterable[HeadIndex | Sequence[int]]
         raise UnsupportedPruningError(
             f"physical head removal supports llama and gpt2, not '{model_type}'; use a HeadMask"
         )
+    cfg = hf.config
+    n_layers = int(cfg.num_hidden_layers)
+    heads = check_heads(heads_to_remove, n_layers, int(cfg.num_attention_heads), "prune_heads")
     new = _clean_copy(hf)
-    n_layers = int(new.config.num_hidden_layers)
-    remove = _by_layer(heads_to_remove, n_layers)
+    remove = _by_layer(heads, n_layers)
     if model_type == "llama":
         return _prune_llama(new, remove)
     return _prune_gpt2(new, remove)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from jaxtyping import Float
@@ -25,8 +26,10 @@ from headmech.attribution.mask_gradient import masked_importance as _batch_impor
 from headmech.engine import ProbeBatch
 from headmech.interventions import evaluate
 from headmech.probes import ProbeOptions
-from headmech.pruning.mask import HeadMask
+from headmech.pruning.mask import HeadMask, check_mask
 from headmech.pruning.result import PruningResult
+from headmech.pruning.survival import check_catalog
+from headmech.resume import unit
 from headmech.tasks import Task, get_task
 
 if TYPE_CHECKING:
@@ -65,6 +68,7 @@ def masked_metric(
     references: Sequence[Any] | None = None,
 ) -> float:
     """The task's mean metric with ``mask`` applied."""
+    check_mask(model, mask)
     iv = mask.intervention()
     return evaluate(model, task, batches, [] if iv is None else [iv], references=references)
 
@@ -79,6 +83,7 @@ def masked_importance(
 ) -> Float[Tensor, "n_layers n_heads"]:
     """Michel et al.'s ``E_x |∂L(x)/∂ξ_h|`` at ξ = ``mask`` (absolute value per example;
     ``per="token"`` as their released code)."""
+    check_mask(model, mask)
     total = None
     for batch, ref in zip(batches, references, strict=True):
         _, units, _, _ = _batch_importance(model, task, batch, mask.values, reference=ref, per=per)
@@ -148,6 +153,7 @@ def michel_prune(
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    check_catalog(catalog, model)
     t = get_task(task, model)
     if batches is None:
         batches = t.batches(model, probe_options or ProbeOptions())
@@ -155,14 +161,23 @@ def michel_prune(
     mask = HeadMask.for_model(model)
     n_total = mask.n_kept
 
-    history = [_record(model, t, batches, mask, refs)]
-    fixed = None if recompute else masked_importance(model, t, batches, mask, refs, per)
-    while mask.n_kept > 0 and (steps is None or len(history) <= steps):
+    # each step is a unit of a resumable run (headmech.resume): the new mask and its record
+    history = [unit("step0", partial(_record, model, t, batches, mask, refs))]
+    fixed = None
+    if not recompute:
+        fixed = unit("importance", partial(masked_importance, model, t, batches, mask, refs, per))
+
+    def step(mask: HeadMask) -> dict[str, Any]:
         score = (
             fixed if fixed is not None else masked_importance(model, t, batches, mask, refs, per)
         )
-        mask = _step(mask, score, fraction)
-        history.append(_record(model, t, batches, mask, refs))
+        new = _step(mask, score, fraction)
+        return {"mask": new.values, "record": _record(model, t, batches, new, refs)}
+
+    while mask.n_kept > 0 and (steps is None or len(history) <= steps):
+        done = unit(f"step{len(history)}", partial(step, mask))
+        mask = HeadMask(done["mask"])
+        history.append(done["record"])
         if progress:
             print(f"step {len(history) - 1}: {mask.n_kept} heads kept, metric "
                   f"{history[-1]['metric']:.4f}", file=sys.stderr)  # fmt: skip

@@ -31,7 +31,29 @@ if TYPE_CHECKING:
     from headmech.classify import HeadCatalog
     from headmech.engine import ProbeBatch
 
-__all__ = ["compare_orders", "enrichment", "plot_orders", "removal_order", "survival"]
+__all__ = [
+    "check_catalog",
+    "compare_orders",
+    "enrichment",
+    "plot_orders",
+    "removal_order",
+    "survival",
+]
+
+
+def check_catalog(catalog: HeadCatalog | None, model: TransformerBridge) -> None:
+    """Refuse a catalog of another shape than ``model`` (its heads would fall outside the
+    model, or the model's outside the catalog): :class:`~headmech.errors.HeadIndexError`."""
+    from headmech.errors import HeadIndexError
+
+    if catalog is None:
+        return
+    shape = (int(model.cfg.n_layers), int(model.cfg.n_heads))
+    if (catalog.model.n_layers, catalog.model.n_heads) != shape:
+        raise HeadIndexError(
+            f"the catalog describes a model of {catalog.model.n_layers}x{catalog.model.n_heads} "
+            f"heads, this one has {shape[0]}x{shape[1]}"
+        )
 
 
 def _as_set(heads: Iterable[HeadIndex | Sequence[int]]) -> set[tuple[int, int]]:

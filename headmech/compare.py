@@ -1,0 +1,147 @@
+"""Head types across models: the cross-model table of the published catalogs.
+
+For every head type, and every published model, :func:`cross_model_rows` reads from the
+``catalog.json`` files alone (no model is loaded) how many heads carry the type, their
+share of all the model's heads, where they sit (relative depth: layer / (n_layers - 1),
+0 the first layer, 1 the last) and the validation effect against the controls; and
+:func:`cross_model_table` writes them as the Markdown table of ``catalog/README.md`` and
+the README, with what the literature reports beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BEGIN",
+    "END",
+    "LITERATURE",
+    "Cell",
+    "cross_model_rows",
+    "cross_model_table",
+    "readme_block",
+    "replace_block",
+    "shared_types",
+]
+
+BEGIN = "<!-- cross-model table: written by `make catalog` (headmech.compare); do not edit -->"
+END = "<!-- end of the cross-model table -->"
+PUBLISHED = ["smollm2-135m", "gemma3-270m", "minilm-l6"]
+
+LITERATURE: dict[str, str] = {
+    "attention_sink": "sinks in all 30 open LMs tested (Gu et al. 2025)",
+    "copy_suppression": "GPT-2 small L10H7 (McDougall et al. 2023)",
+    "duplicate_token": "GPT-2 small L0H1, L0H10, L3H0 (Wang et al. 2022)",
+    "function_vector": "a few mid-layer heads carry the task (Todd et al. 2023)",
+    "induction": "in every model with 2+ layers that Olsson et al. 2022 looked at",
+    "name_mover": "GPT-2 small L9H6, L9H9, L10H0 (Wang et al. 2022)",
+    "negative_name_mover": "GPT-2 small L10H7, L11H10 (Wang et al. 2022)",
+    "positional": "NMT encoder, 1-2 heads per layer (Voita et al. 2019)",
+    "previous_token": "feeds induction heads in every model studied (Olsson et al. 2022)",
+    "rare_word": "first layer of an NMT encoder (Voita et al. 2019)",
+    "retrieval": "3-6% of heads in every family tested (Wu et al. 2024)",
+    "s_inhibition": "GPT-2 small L7H3, L7H9, L8H6, L8H10 (Wang et al. 2022)",
+    "successor": "GPT-2 small L9H1, in Pythia and Llama too (Gould et al. 2023)",
+    "syntactic": "dependency relations in NMT encoder heads (Voita et al. 2019)",
+}
+"""What the paper of each type reports, one line (see ../shared/REFERENCES.md)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One type on one model."""
+
+    n_heads: int  # labelled heads
+    share: float  # of all heads
+    depth: float | None  # median relative depth of the labelled heads
+    effect: float | None  # validation: ablated minus clean
+    control: float | None  # the controls' median effect
+    note: str  # "n/a: <reason>" when the type does not apply
+
+    def text(self) -> str:
+        """``3 (4.2%), depth 0.71; +6.95 vs +0.20`` or the reason it does not apply."""
+        if self.note:
+            return self.note
+        if not self.n_heads:
+            return "none"
+        out = f"{self.n_heads} ({100 * self.share:.1f}%), depth {self.depth:.2f}"
+        if self.effect is not None:
+            vs = f"{self.control:+.3g}" if self.control is not None else "no control"
+            out += f"; {self.effect:+.3g} vs {vs}"
+        return out
+
+
+def _cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
+    m = data["model"]
+    if name not in data["types"]:
+        reason = run.get("skipped", {}).get(name, "not published")
+        short = "encoder" if "decoder" in reason or "causal" in reason else reason.split(":")[0]
+        return Cell(0, 0.0, None, None, None, f"n/a ({short})")
+    t = data["types"][name]
+    heads = t["heads"]
+    depths = [la / max(m["n_layers"] - 1, 1) for la, _ in heads]
+    v = t["details"].get("validation") or {}
+    return Cell(
+        len(heads),
+        len(heads) / (m["n_layers"] * m["n_heads"]),
+        statistics.median(depths) if depths else None,
+        v.get("effect") if heads else None,
+        v.get("random_median"),
+        "",
+    )
+
+
+def cross_model_rows(root: Path, models: list[str]) -> dict[str, dict[str, Cell]]:
+    """type -> model -> :class:`Cell`, for the models published under ``root``."""
+    found = [m for m in models if (root / m / "catalog.json").is_file()]
+    data = {m: json.loads((root / m / "catalog.json").read_text()) for m in found}
+    runs = {m: json.loads((root / m / "run.json").read_text()) for m in found}
+    names = sorted({n for d in data.values() for n in d["types"]} | set(LITERATURE))
+    return {n: {m: _cell(data[m], runs[m], n) for m in found} for n in names}
+
+
+def shared_types(rows: dict[str, dict[str, Cell]], models: list[str]) -> list[str]:
+    """The types that label at least one head on every one of ``models``."""
+    return [n for n, cells in rows.items() if all(m in cells and cells[m].n_heads for m in models)]
+
+
+def cross_model_table(root: Path, models: list[str]) -> str:
+    """The Markdown table: one row per type, one column per published model (labelled
+    heads, share, median relative depth; validation effect vs the controls' median), and
+    what the literature reports."""
+    rows = cross_model_rows(root, models)
+    found = [m for m in models if (root / m / "catalog.json").is_file()]
+    head = "| type | " + " | ".join(f"`{m}`" for m in found) + " | literature |"
+    lines = [head, "|---|" + "---|" * (len(found) + 1)]
+    for name, cells in rows.items():
+        texts = " | ".join(cells[m].text() for m in found)
+        lines.append(f"| `{name}` | {texts} | {LITERATURE.get(name, '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_block(root: Path, models: list[str] = PUBLISHED) -> str:
+    """The README's cross-model section body between :data:`BEGIN` and :data:`END`: the
+    table and which types the published decoders share and which only one has."""
+    rows = cross_model_rows(root, models)
+    decoders = [m for m in models if m != "minilm-l6" and (root / m / "catalog.json").is_file()]
+    both = shared_types(rows, decoders)
+    one = {
+        m: [n for n, c in rows.items() if c[m].n_heads and n not in both]
+        for m in decoders
+        if m in next(iter(rows.values()), {})
+    }
+    lines = [BEGIN, cross_model_table(root, models)]
+    lines.append(f"Labelled in both decoders: {', '.join(f'`{n}`' for n in both) or 'none'}.")
+    for m, names in one.items():
+        lines.append(f"Only in {m}: {', '.join(f'`{n}`' for n in names) or 'none'}.")
+    return "\n".join([*lines[:2], *(line + "\n" for line in lines[2:]), END])
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the part from :data:`BEGIN` to :data:`END` replaced by ``block``."""
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + block + text[end:]

@@ -1,0 +1,215 @@
+"""What the command line prints beside its files (:mod:`headmech.report`): one line for
+every shape of validation record, every type named, and the pruning survival table."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from headmech import report
+from headmech.classify import _controls, _validation, validate_heads
+from headmech.heads import HeadIndex, get_head_type
+from headmech.models import ModelInfo
+from headmech.probes import ProbeOptions
+from headmech.pruning.result import PruningResult
+from headmech.results import HeadCatalog, TypeResult
+
+INFO = ModelInfo("m", 2, 4, 4, 8, 64, True)
+METRIC = "next-token loss on the repeated half"
+HEAD = f"validation (zero ablation, {METRIC}): "
+SMALL = ProbeOptions(n_sequences=4, half_len=6, batch_size=4)
+
+
+def _record(heads: list[HeadIndex], n_random: int, **over: object) -> dict:
+    """A record shaped as :func:`headmech.classify.validate_heads` writes it, its control
+    sets drawn by the real ``_controls``; effects 0.5 + 0.1 per set."""
+    with warnings.catch_warnings():  # the fallback's warning: tested in test_findings.py
+        warnings.simplefilter("ignore")
+        controls, kind, note = _controls(INFO, heads, n_random, seed=0)
+    rand = [0.1 * (i + 1) for i in range(len(controls))]
+    v = {
+        "metric": METRIC, "mode": "zero", "control": kind, "control_note": note,
+        "clean": 3.0, "ablated": 5.5 if heads else 3.0, "effect": 2.5 if heads else 0.0,
+        "effect_interval": [2.25, 2.75] if heads else None,
+        "control_sets": [[[h.layer, h.head] for h in c] for c in controls],
+        "random_effects": rand, "random_mean": sum(rand) / len(rand) if rand else None,
+        "random_median": float(torch.tensor(rand).median()) if rand else None,
+        "random_range": [min(rand), max(rand)] if rand else None,
+        "n_heads": len(heads), "expected": "raise",
+    }  # fmt: skip
+    return {**v, **over}
+
+
+def _catalog(records: dict[str, dict | None]) -> HeadCatalog:
+    types = {}
+    for name, v in records.items():
+        heads = [HeadIndex(0, 0)] * (v or {}).get("n_heads", 0)
+        details = {} if v is None else {"validation": v}
+        types[name] = TypeResult(name, "", 0.5, torch.zeros(2, 4), heads, details)
+    return HeadCatalog(INFO, types)
+
+
+ONE_PER_LAYER = [HeadIndex(0, 1), HeadIndex(1, 2)]
+LAYER_0 = [HeadIndex(0, h) for h in range(4)]
+MOST = [HeadIndex(la, h) for la in range(2) for h in range(4)][:5]
+NOT_APPLICABLE = "not validated: task 'induction' needs a causal (decoder) model"
+
+# fmt: off
+# id, record, the exact line printed
+SHAPES = [
+    ("same-layers", _record(ONE_PER_LAYER, 3),
+     HEAD + "labelled heads +2.5000 (95% interval +2.2500 to +2.7500); 3 random sets of 2 from "
+     "the same layers: +0.2000 on average (median +0.2000, range +0.1000 to +0.3000)"),
+    ("one-set", _record(ONE_PER_LAYER, 1, effect_interval=None),
+     HEAD + "labelled heads +2.5000; 1 random set of 2 from the same layers: +0.1000 on average "
+     "(median +0.1000, range +0.1000 to +0.1000)"),
+    ("control-fallback", _record(LAYER_0, 2),
+     HEAD + "labelled heads +2.5000 (95% interval +2.2500 to +2.7500); 2 random sets of 4 from "
+     "any layer: +0.1500 on average (median +0.1000, range +0.1000 to +0.2000); layers [0] "
+     "have fewer unlabelled than labelled heads: controls drawn from every layer"),
+    ("no-control-possible", _record(MOST, 5),
+     HEAD + "labelled heads +2.5000 (95% interval +2.2500 to +2.7500); no control possible: 5 "
+     "of 8 heads are labelled, and a random set of as many unlabelled heads does not exist"),
+    ("effect-only", _record(ONE_PER_LAYER, 0),
+     HEAD + "labelled heads +2.5000 (95% interval +2.2500 to +2.7500); no control possible "
+     "(n_random is 0)"),
+    ("no-labelled-heads", _record([], 5), HEAD + "no labelled heads, nothing to ablate"),
+    ("not-applicable", _record(ONE_PER_LAYER, 0, effect=None, control_note=NOT_APPLICABLE),
+     "validation: " + NOT_APPLICABLE),
+    ("not-applicable-no-heads", _record([], 0, effect=None, control_note=NOT_APPLICABLE),
+     "validation: " + NOT_APPLICABLE),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("v", "line"), [pytest.param(*r[1:], id=r[0]) for r in SHAPES])
+def test_every_validation_shape_has_its_line(v, line):
+    assert report.validation_line(v) == line
+
+
+def test_no_record_no_line():
+    assert report.validation_line(None) is None
+
+
+def test_evidence_names_every_validated_type(capsys):
+    """Every type and its validation result, in catalog order, none lost: the real types'
+    own report lines (none for these) and custom types the registry does not know."""
+    names = ["induction", "attention_sink", "previous_token", "custom_one", "custom_two",
+             "duplicate_token", "retrieval", "custom_three"]  # fmt: skip
+    catalog = _catalog({n: r[1] for n, r in zip(names, SHAPES, strict=True)})
+    report.evidence(catalog)
+    blocks = [f"\n{n}:\n  {r[2]}\n" for n, r in zip(names, SHAPES, strict=True)]
+    assert capsys.readouterr().out == "".join(blocks)
+
+
+def test_evidence_leaves_out_types_with_nothing_to_say(capsys):
+    report.evidence(_catalog({"induction": None, "custom": None}))
+    assert capsys.readouterr().out == ""
+
+
+def test_evidence_prints_a_catalog_read_back_from_json(tmp_path, capsys):
+    """What ``--catalog`` / ``HeadCatalog.load`` gives back prints as the run did."""
+    catalog = _catalog({"attention_sink": SHAPES[3][1], "induction": SHAPES[0][1]})
+    catalog.save(tmp_path / "catalog.json")
+    report.evidence(HeadCatalog.load(tmp_path / "catalog.json"))
+    assert capsys.readouterr().out == (
+        f"\nattention_sink:\n  {SHAPES[3][2]}\n\ninduction:\n  {SHAPES[0][2]}\n"
+    )
+
+
+def test_real_records_of_every_shape_print(tiny_models):
+    """The records validate_heads and _validation really write (a tiny LLaMA and BERT)."""
+    llama, t = tiny_models["llama"], get_head_type("induction")(threshold=0.0)
+    with pytest.warns(UserWarning, match="controls drawn from every layer"):
+        fallback = validate_heads(llama, t, LAYER_0, SMALL, n_random=2)
+    real = {
+        "same_layers": validate_heads(llama, t, ONE_PER_LAYER, SMALL, n_random=2),
+        "any_layer": fallback,
+        "none": validate_heads(llama, t, MOST, SMALL, n_random=2),
+        "n_random 0": validate_heads(llama, t, ONE_PER_LAYER, SMALL, n_random=0),
+        "no heads": validate_heads(llama, t, [], SMALL, n_random=2),
+        "encoder": _validation(tiny_models["bert"], t, ONE_PER_LAYER, SMALL, 2),
+    }
+    lines = {k: report.validation_line(v) for k, v in real.items()}
+    v = real["same_layers"]
+    assert lines["same_layers"] == (
+        f"validation (zero ablation, {v['metric']}): labelled heads {v['effect']:+.4f} (95% "
+        f"interval {v['effect_interval'][0]:+.4f} to {v['effect_interval'][1]:+.4f}); 2 random "
+        f"sets of 2 from the same layers: {v['random_mean']:+.4f} on average (median "
+        f"{v['random_median']:+.4f}, range {v['random_range'][0]:+.4f} to "
+        f"{v['random_range'][1]:+.4f})"
+    )
+    assert "2 random sets of 4 from any layer" in lines["any_layer"]
+    assert lines["any_layer"].endswith("controls drawn from every layer")
+    assert lines["none"].endswith(
+        "no control possible: 5 of 8 heads are labelled, and a random set of as many "
+        "unlabelled heads does not exist"
+    )
+    assert lines["n_random 0"].endswith("; no control possible (n_random is 0)")
+    assert lines["no heads"].endswith("no labelled heads, nothing to ablate")
+    assert lines["encoder"] == "validation: " + NOT_APPLICABLE
+
+
+# --- pruning ---------------------------------------------------------------------------
+
+
+def _steps(kept: list[list[tuple[int, int]]], metrics: list[float]) -> list[dict]:
+    return [
+        {"n_kept": len(k), "heads_kept": k, "metric": m} for k, m in zip(kept, metrics, strict=True)
+    ]
+
+
+ALL = [(la, h) for la in range(2) for h in range(4)]
+
+
+def _pruning_catalog() -> HeadCatalog:
+    types = {
+        "induction": TypeResult("induction", "", 0.4, torch.zeros(2, 4), [HeadIndex(1, 0)]),
+        "previous_token": TypeResult(
+            "previous_token", "", 0.4, torch.zeros(2, 4), [HeadIndex(0, 0), HeadIndex(0, 1)]
+        ),
+        "retrieval": TypeResult("retrieval", "", 0.4, torch.zeros(2, 4), []),
+    }
+    return HeadCatalog(INFO, types)
+
+
+def test_pruning_with_a_catalog(capsys):
+    from headmech.pruning.survival import survival
+
+    kept = [ALL, ALL[1:], [(0, 2), (0, 3), (1, 0), (1, 1)], [(1, 0), (1, 1)]]
+    catalog = _pruning_catalog()
+    result = PruningResult(
+        "michel", "induction", _steps(kept, [1.0, 1.01, 1.2, 2.0]),
+        survival=survival(kept, catalog), n_heads_total=8,
+    )  # fmt: skip
+    report.pruning(result, catalog)
+    assert capsys.readouterr().out == (
+        "types by when pruning removed half their heads (heads kept then):\n"
+        "  previous_token: 7\n"
+        "  induction: kept at least half to the end\n"
+        "enrichment of catalogued heads among the 4 kept: 0.6667\n"
+        "     8 heads kept: 1.0000\n"
+        "     7 heads kept: 1.0100\n"
+        "     4 heads kept: 1.2000\n"
+        "     2 heads kept: 2.0000\n"
+        "michel / induction: 12% of heads removable at <= 5% metric loss\n"
+    )
+
+
+def test_pruning_with_a_catalog_that_labels_nothing(capsys):
+    empty = HeadCatalog(
+        INFO, {"retrieval": TypeResult("retrieval", "", 0.4, torch.zeros(2, 4), [])}
+    )
+    kept = [ALL, ALL[:4]]
+    result = PruningResult("l0", "lm", _steps(kept, [1.0, 3.0]), n_heads_total=8)
+    result.steps[1]["lambda"] = 0.5
+    report.pruning(result, empty)
+    assert capsys.readouterr().out == (
+        "no catalogued type has labelled heads: no survival to report\n"
+        "enrichment of catalogued heads among the 4 kept: none (no catalogued or no kept heads)\n"
+        "     8 heads kept: 1.0000\n"
+        "     4 heads kept: 3.0000  (lambda 0.5)\n"
+        "l0 / lm: 0% of heads removable at <= 5% metric loss\n"
+    )
