@@ -197,9 +197,9 @@ def _runnable(
 
 def _check_arguments(validate: bool, n_random: Any, n_boot: Any) -> None:
     """:func:`classify`'s own arguments, as the command line checks its flags: ``n_random``
-    a positive integer (at most :data:`headmech.validation.MAX_N_RANDOM`) when validating,
+    a positive integer (at most :data:`headmech.checks.MAX_N_RANDOM`) when validating,
     ``n_boot`` an integer of at least 0."""
-    from headmech.validation import MAX_N_RANDOM
+    from headmech.checks import MAX_N_RANDOM
 
     def integer(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)

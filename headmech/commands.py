@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from headmech import report
-from headmech import validation as V
+from headmech import checks as V
 from headmech.errors import IncompleteRunError, InputError
 
 __all__ = ["cmd_circuit", "cmd_classify", "cmd_importance", "cmd_models", "cmd_prune", "cmd_types"]
@@ -73,7 +73,7 @@ def _save(
 ) -> Path:
     """Run ``result.save(folder)`` on a temporary folder next to ``--out`` and write the
     run record (``run.json``: seconds, tokens/s, peak memory); move the files into ``--out``
-    only if it succeeds (see :func:`headmech.validation.staged_output`); ``files``: more
+    only if it succeeds (see :func:`headmech.checks.staged_output`); ``files``: more
     files of an earlier result that ``--force`` removes; ``units``: the run's finished
     units (:mod:`headmech.resume`), removed once the result is in place."""
     import json

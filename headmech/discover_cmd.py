@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headmech import validation as V
+from headmech import checks as V
 from headmech.commands import (
     RESULT_FILES,
     _check_classify,

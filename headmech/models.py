@@ -251,7 +251,7 @@ def hf_dir_problem(path: str | os.PathLike) -> str | None:
 def repair_cache_folder(folder: Path, rebuild: str) -> None:
     """If a cached model folder exists but is corrupt, warn (one line naming the bad file)
     and delete it, so that the next load rebuilds it (``rebuild`` says how)."""
-    from headmech.validation import warn
+    from headmech.checks import warn
 
     if folder.exists() and (problem := hf_dir_problem(folder)) is not None:
         warn(f"cached model: {problem}; deleting {folder} and {rebuild}")

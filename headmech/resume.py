@@ -318,7 +318,7 @@ def unit(name: str, compute: Callable[[], T]) -> T:
         store.save(path, {"cost": counts, "value": encode(value)})
     except (TypeError, OSError) as e:  # the run goes on; a rerun computes this unit again
         if not store.failed:
-            from headmech.validation import warn
+            from headmech.checks import warn
 
             warn(f"finished work is not kept for --resume ({'/'.join(path)}: {e})")
         store.failed = True

@@ -204,8 +204,8 @@ def importance(
         >>> r = importance(model, "zero", "induction", probe_options=ProbeOptions(n_sequences=4))  # doctest: +SKIP
         >>> r.top(3)  # doctest: +SKIP
     """
+    from headmech.checks import method_options
     from headmech.resume import counting, recording
-    from headmech.validation import method_options
 
     entry = METHODS.entry(method)
     opts = build_options(entry, method_options(dict(options)))
