@@ -63,7 +63,7 @@ def model_name(name: str) -> str:
         UnknownModelError: neither, with a near-miss suggestion or the file at fault.
         MissingPackageError: a bundled model whose package is not installed.
     """
-    from headmech.models import hf_dir_problem
+    from headmech.model_files import hf_dir_problem
     from headmech.registry import MODELS
 
     if name in MODELS:
