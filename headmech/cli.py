@@ -2,15 +2,16 @@
 
 Every command prints a one-line reason (``headmech: error: ...``) and exits with status 2
 on bad input, argument syntax errors included; every value is checked before the model
-loads (:mod:`headmech.checks`). Legal but meaningless input prints one line
-``headmech: warning: ...``; Ctrl-C prints ``headmech: interrupted`` and exits 130. Long
-work shows a progress bar on stderr. Method, task and pruning-method names and their help
-come from the registries (:mod:`headmech.registry`), so a plug-in's additions appear here
-too. Each command's files are written by the result object's own ``save`` into a temporary
-folder next to ``--out`` and moved into ``--out`` only on success; an existing result there
-is overwritten only with ``--force``. ``classify``, ``importance`` and ``prune`` keep their
-finished units in ``--out/.headmech-partial/`` as they go; a stopped run (Ctrl-C prints the
-command that continues it) continues with ``--resume`` (:mod:`headmech.resume`).
+loads (:mod:`headmech.checks`, :mod:`headmech.commands_base`). Legal but meaningless input
+prints one line ``headmech: warning: ...``; Ctrl-C prints ``headmech: interrupted`` and
+exits 130. Long work shows a progress bar on stderr. Method, task and pruning-method names
+and their help come from the registries (:mod:`headmech.registry`), so a plug-in's
+additions appear here too. Each command's files are written by the result object's own
+``save`` into a temporary folder next to ``--out`` and moved into ``--out`` only on
+success; an existing result there is overwritten only with ``--force``. ``classify``,
+``importance`` and ``prune`` keep their finished units in ``--out/.headmech-partial/`` as
+they go; a stopped run (Ctrl-C prints the command that continues it) continues with
+``--resume`` (:mod:`headmech.resume`).
 """
 
 from __future__ import annotations
