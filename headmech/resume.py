@@ -53,7 +53,6 @@ from headmech import distributed
 from headmech.checks import warn
 from headmech.errors import InputError
 from headmech.exact_json import decode, encode
-from headmech.progress import bar
 
 __all__ = [
     "STAGING",
@@ -266,6 +265,8 @@ def sharded_units(
     nums, dens = {}, {}
     todo: Any = distributed.mine(len(batches))
     if progress and distributed.is_main():
+        from headmech.progress import bar
+
         desc = progress if isinstance(progress, str) else "batches"
         todo = bar(todo, desc, len(todo), tokens=lambda i: _tokens(batches[i]))
     with scope("batches"):  # each batch a unit of a resumable run
