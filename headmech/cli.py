@@ -2,15 +2,16 @@
 
 Every command prints a one-line reason (``headmech: error: ...``) and exits with status 2
 on bad input, argument syntax errors included; every value is checked before the model
-loads (:mod:`headmech.validation`). Legal but meaningless input prints one line
-``headmech: warning: ...``; Ctrl-C prints ``headmech: interrupted`` and exits 130. Long
-work shows a progress bar on stderr. Method, task and pruning-method names and their help
-come from the registries (:mod:`headmech.registry`), so a plug-in's additions appear here
-too. Each command's files are written by the result object's own ``save`` into a temporary
-folder next to ``--out`` and moved into ``--out`` only on success; an existing result there
-is overwritten only with ``--force``. ``classify``, ``importance`` and ``prune`` keep their
-finished units in ``--out/.headmech-partial/`` as they go; a stopped run (Ctrl-C prints the
-command that continues it) continues with ``--resume`` (:mod:`headmech.resume`).
+loads (:mod:`headmech.checks`, :mod:`headmech.commands_base`). Legal but meaningless input
+prints one line ``headmech: warning: ...``; Ctrl-C prints ``headmech: interrupted`` and
+exits 130. Long work shows a progress bar on stderr. Method, task and pruning-method names
+and their help come from the registries (:mod:`headmech.registry`), so a plug-in's
+additions appear here too. Each command's files are written by the result object's own
+``save`` into a temporary folder next to ``--out`` and moved into ``--out`` only on
+success; an existing result there is overwritten only with ``--force``. ``classify``,
+``importance`` and ``prune`` keep their finished units in ``--out/.headmech-partial/`` as
+they go; a stopped run (Ctrl-C prints the command that continues it) continues with
+``--resume`` (:mod:`headmech.resume`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from headmech import commands
+from headmech.checks import HeadmechWarning
 from headmech.errors import HeadmechError, IncompleteRunError
-from headmech.validation import HeadmechWarning
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -61,7 +62,7 @@ def _add_resume(p: argparse.ArgumentParser) -> None:
 
 def _add_placement(p: argparse.ArgumentParser) -> None:
     """Where the model runs and in which dtype."""
-    from headmech.validation import DTYPES
+    from headmech.checks import DTYPES
 
     p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
     p.add_argument(

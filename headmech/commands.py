@@ -2,150 +2,44 @@
 
 Each command validates its arguments before loading the model (a bad name fails in a
 second, not after a minute of loading) and writes its files through the result object's
-``save`` (the same files a notebook user gets).
+``save`` (the same files a notebook user gets). What the commands share is in
+:mod:`headmech.commands_base`; ``kv-plan`` and ``discover`` have modules of their own
+(:mod:`headmech.kv_cmd`, :mod:`headmech.discover_cmd`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+from headmech import checks as V
 from headmech import report
-from headmech import validation as V
+from headmech.commands_base import (
+    RESULT_FILES,
+    _check_classify,
+    _check_run,
+    _fit_types,
+    _load,
+    _probe_options,
+    _resumable,
+    _save,
+    _save_partial,
+    _staging,
+    catalog_file,
+)
 from headmech.errors import IncompleteRunError, InputError
+from headmech.kv_cmd import cmd_kv_plan
 
-__all__ = ["cmd_circuit", "cmd_classify", "cmd_importance", "cmd_models", "cmd_prune", "cmd_types"]
-
-
-RESULT_FILES: dict[str, tuple[str, ...]] = {
-    "classify": ("catalog.json", "heatmap.png", "run.json"),
-    "importance": ("importance.json", "importance.png", "run.json"),
-    "prune": ("pruning.json", "pruning.png", "run.json"),
-    "circuit": ("circuit.graphml", "circuit.json", "circuit.png", "run.json"),
-    "discover": ("discovery.json", "discovery.png", "run.json"),  # + cluster_<id>.png
-}
-
-
-def _check_run(args: argparse.Namespace, command: str) -> None:
-    """The checks every analysis command shares, cheapest first, before the model loads:
-    sizes, seed, device, output folder, model name."""
-    for name in ("n_sentences", "n_sequences", "batch_size"):
-        V.count(getattr(args, name, None), "--" + name.replace("_", "-"))
-    V.count(getattr(args, "half_len", None), "--half-len", minimum=2)
-    V.seed(args.seed)
-    if hasattr(args, "batch_size"):
-        _probe_options(args)  # --context / --depths and the options' own checks
-    V.device(args.device)
-    V.out_dir(args.out, RESULT_FILES[command], args.force)
-    V.model_name(args.model)
-
-
-def _load(args: argparse.Namespace) -> Any:
-    """The model of ``args.model`` on ``args.device`` in ``args.dtype`` (after every check
-    has passed)."""
-    from headmech import distributed
-    from headmech.models import load_model
-
-    # under torchrun: join the process group; only rank 0 prints and writes
-    device = distributed.init_from_env(args.device)
-    if not distributed.is_main():
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (this process's own output)
-    print(f"loading {args.model} ...", file=sys.stderr)
-    args.started = time.perf_counter()
-    where = {k: getattr(args, k, None) for k in ("device_map", "max_memory", "offload_folder")}
-    model = load_model(args.model, device=device, dtype=getattr(args, "dtype", None), **where)
-    args.loaded = time.perf_counter()
-    return model
-
-
-def _save(
-    args: argparse.Namespace,
-    command: str,
-    result: Any,
-    files: tuple[str, ...] = (),
-    units: Any = None,
-) -> Path:
-    """Run ``result.save(folder)`` on a temporary folder next to ``--out`` and write the
-    run record (``run.json``: seconds, tokens/s, peak memory); move the files into ``--out``
-    only if it succeeds (see :func:`headmech.validation.staged_output`); ``files``: more
-    files of an earlier result that ``--force`` removes; ``units``: the run's finished
-    units (:mod:`headmech.resume`), removed once the result is in place."""
-    import json
-
-    from headmech import distributed
-    from headmech.progress import run_record
-
-    if not distributed.is_main():  # under torchrun rank 0 alone writes
-        return Path(args.out)
-    now = time.perf_counter()
-    record = run_record(command, result, args.loaded - args.started, now - args.started)
-    try:
-        with V.staged_output(args.out, RESULT_FILES[command] + files, args.force) as tmp:
-            result.save(tmp)
-            (tmp / "run.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    except OSError as e:  # a full disk, a folder made read-only meanwhile: one line
-        raise InputError(f"cannot write the results into {args.out}: {e.strerror or e}") from e
-    if units is not None:
-        units.clear()
-    return Path(args.out)
-
-
-def _staging(args: argparse.Namespace, command: str) -> Any:
-    """The run's store of finished units in ``--out`` (:mod:`headmech.resume`), checked
-    before the model loads: ``--resume`` needs a stopped run of the same arguments; an
-    unfinished run is not started over without ``--force``."""
-    from headmech.resume import for_command
-
-    resume = bool(getattr(args, "resume", False))
-    return for_command(args.out, command, args, resume=resume, force=args.force)
-
-
-@contextlib.contextmanager
-def _resumable(args: argparse.Namespace, units: Any) -> Iterator[None]:
-    """A stopped run with finished units says, in its one line, how to continue it
-    (Ctrl-C: :class:`IncompleteRunError`, exit status 130)."""
-    from headmech.resume import resume_command
-
-    def hint() -> str:
-        argv = getattr(args, "argv", None)
-        how = resume_command(argv) if argv else "the same command with --resume"
-        return f"{units.count()} finished unit(s) kept in {units.folder}; continue with: {how}"
-
-    try:
-        yield
-    except IncompleteRunError as e:
-        if units is not None and units.count():
-            e.args = (f"{e.args[0]}; {hint()}",)
-        raise
-    except KeyboardInterrupt as e:
-        if units is None or not units.count():
-            raise
-        raise IncompleteRunError(f"interrupted; {hint()}", None) from e
-
-
-def _save_partial(args: argparse.Namespace, e: IncompleteRunError, stem: str) -> None:
-    """Write a stopped run's finished part as ``--out/<stem>.partial.json`` (the result's
-    JSON, ``meta.incomplete`` saying why it stopped) and name the file in the error."""
-    from headmech import distributed
-    from headmech.provenance import dumps
-
-    if not distributed.is_main():
-        return
-    out = Path(args.out)
-    path = out / f"{stem}.partial.json"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(dumps(e.partial.to_json()))  # type: ignore[attr-defined]
-    except OSError as err:
-        e.args = (f"{e.args[0]}; could not write the finished part to {path}: {err}",)
-        return
-    e.args = (f"{e.args[0]}; the finished part is in {path}",)
+__all__ = [
+    "cmd_circuit",
+    "cmd_classify",
+    "cmd_importance",
+    "cmd_kv_plan",
+    "cmd_models",
+    "cmd_prune",
+    "cmd_types",
+]
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -174,64 +68,6 @@ def cmd_types(args: argparse.Namespace) -> int:
         if args.verbose and cls.citation:
             print(f"{''.ljust(w)}  {cls.citation}")
     return 0
-
-
-def _fit_types(
-    tokenizer: Any, names: list[str] | None, sentences: list[str] | None, causal: bool | None
-) -> tuple[list[Any] | None, dict[str, str]]:
-    """The head types to run and those skipped with a reason: types measured on English
-    prose are refused (named by ``--types``) or skipped (the default: all types) when the
-    tokenizer cannot read the prose, e.g. the toy model's ``t0``..``t255`` vocabulary."""
-    from headmech.heads import resolve_types
-
-    types = resolve_types(names)
-    prose = [t.name for t in types if t.probe in V.PROSE_PROBES]
-    problem = V.prose_problem(tokenizer, sentences) if prose else None
-    if problem is None:
-        return names, {}
-    others = [t for t in resolve_types(None) if t.probe not in V.PROSE_PROBES]
-    if names is not None:
-        raise InputError(
-            f"head type(s) {', '.join(prose)} are measured on English prose, but {problem}; "
-            f"try --types {','.join(t.name for t in others)}"
-        )
-    kept = [t for t in others if not (t.causal_only and causal is False)]
-    if not kept:
-        raise InputError(f"no head type fits: {problem}")
-    return kept, {name: f"measured on prose, but {problem}" for name in prose}
-
-
-def _check_classify(
-    args: argparse.Namespace, command: str
-) -> tuple[list[str] | None, list[str] | None]:
-    """``headmech classify`` (and ``circuit``) input checks before loading: the run options,
-    ``--types``, ``--n-random``, ``--corpus``; returns the type names and the sentences."""
-    _check_run(args, command)
-    names = V.head_type_names(args.types) if args.types is not None else None
-    if getattr(args, "n_random", None) is not None:
-        V.count(args.n_random, "--n-random")
-        if args.n_random > V.MAX_N_RANDOM:
-            raise InputError(
-                f"--n-random must be at most {V.MAX_N_RANDOM} (each control set is one more "
-                f"ablated run of the task), got {args.n_random}"
-            )
-        if not args.validate:
-            V.warn("--n-random is ignored without --validate")
-    corpus = getattr(args, "corpus", None)
-    sentences = V.corpus_file(corpus) if corpus is not None else None
-    if hasattr(args, "n_sentences"):
-        V.probe_options(_probe_options(args))
-    source = _model_source(args.model)
-    if source is not None and source.tokenizer is not None:  # e.g. a toy not trained yet
-        _fit_types(source.tokenizer(), names, sentences, None)
-    return names, sentences
-
-
-def _model_source(name: str) -> Any:
-    """The registered :class:`headmech.models.ModelSource` of ``name``, or None."""
-    from headmech.registry import MODELS
-
-    return MODELS.get(name) if name in MODELS else None
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -417,7 +253,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from headmech.resume import bind_weights
 
     options = _prune_options(args)  # fail fast, before loading
-    catalog = V.catalog_file(args.catalog, args.model) if args.catalog is not None else None
+    catalog = catalog_file(args.catalog, args.model) if args.catalog is not None else None
     units = _staging(args, "prune")
     t0 = time.perf_counter()
     model = _load(args)
@@ -432,113 +268,4 @@ def cmd_prune(args: argparse.Namespace) -> int:
         out = _save(args, "prune", result, units=units)
     report.pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
-    return 0
-
-
-def _probe_options(args: argparse.Namespace) -> Any:
-    """ProbeOptions from the run options; unset sizes keep the library defaults."""
-    from headmech.probes import ProbeOptions
-
-    sizes = {k: getattr(args, k, None) for k in ("n_sentences", "n_sequences", "half_len")}
-    if getattr(args, "context", None) is not None:
-        sizes["needle_lengths"] = V.number_list(args.context, "--context", int, low=1)
-    if getattr(args, "depths", None) is not None:
-        sizes["needle_depths"] = V.number_list(args.depths, "--depths", float, low=0, high=1)
-    return ProbeOptions(
-        seed=args.seed,
-        batch_size=args.batch_size,
-        **{k: v for k, v in sizes.items() if v is not None},
-    )
-
-
-# --- kv-plan (headmech.kv) -------------------------------------------------------------
-
-__all__ += ["cmd_kv_plan"]
-
-
-def _kv_plan_target(path: str, force: bool) -> Path:
-    """``kv-plan --out``: a ``.json`` file, or a folder that gets ``plan.json``."""
-    if not path.strip():
-        raise InputError("--out is empty")
-    p = Path(path)
-    target = p if p.suffix == ".json" else p / "plan.json"
-    if target.is_dir():
-        raise InputError(f"--out {target} is a folder, not a file")
-    if target.exists() and not force:
-        raise InputError(f"--out {target} already exists; use --force to overwrite")
-    V.out_dir(str(target.parent), (), True)  # creatable and writable
-    return target
-
-
-def _parse_heads(text: str) -> list[Any]:
-    """``--heads L18H6,L20H6`` (or ``18:6,20:6``) as head indices."""
-    import re
-
-    from headmech.heads import HeadIndex
-
-    out = []
-    for item in (t.strip() for t in text.split(",")):
-        m = re.fullmatch(r"L(\d+)H(\d+)|(\d+):(\d+)", item, re.I)
-        if m is None:
-            raise InputError(f"--heads {text!r}: expected heads like L18H6 or 18:6, got {item!r}")
-        a, b = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-        out.append(HeadIndex(int(a), int(b)))
-    return out
-
-
-def _check_kv_plan(args: argparse.Namespace) -> tuple[Path, Any, Any]:
-    """``kv-plan`` checks before loading: sizes, budget, the plan's source, ``--out``."""
-    V.count(args.sinks, "--sinks", minimum=0)
-    V.count(args.window, "--window")
-    V.seed(args.seed)
-    if args.budget is not None:
-        V.fraction(args.budget, "--budget")
-        if args.context is None or args.catalog is None:
-            raise InputError("--budget needs --catalog and --context (the length it counts at)")
-    V.count(args.context, "--context")
-    if (args.catalog is None) == (args.heads is None):
-        raise InputError("give exactly one of --catalog DIR and --heads L18H6,...")
-    heads = _parse_heads(args.heads) if args.heads is not None else None
-    types = V.head_type_names(args.types)
-    catalog = V.catalog_file(args.catalog, args.model) if args.catalog is not None else None
-    target = _kv_plan_target(args.out, args.force)
-    V.device(args.device)
-    V.model_name(args.model)
-    return target, heads or catalog, types
-
-
-def cmd_kv_plan(args: argparse.Namespace) -> int:
-    """``headmech kv-plan``."""
-    import uuid
-
-    import torch
-
-    from headmech.kv import KVPlan
-
-    target, source, types = _check_kv_plan(args)  # fail fast, before loading
-    model = _load(args)
-    size = {"sinks": args.sinks, "window": args.window}
-    if isinstance(source, list):
-        plan = KVPlan.from_heads(model, source, **size, source={"kind": "heads"})
-    else:
-        plan = KVPlan.from_catalog(
-            source, model, types, **size, budget=args.budget, context=args.context,
-            fill=args.fill, force=args.force,
-        )  # fmt: skip
-        plan.source["catalog"] = str(args.catalog)
-    if args.random:
-        plan = plan.random_matched(torch.Generator().manual_seed(args.seed), draw=args.seed)
-    tmp = target.with_name(f"{V.TMP_PREFIX}{uuid.uuid4().hex[:8]}-{target.name}")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        plan.save(tmp)
-        os.replace(tmp, target)
-    except OSError as e:
-        raise InputError(f"cannot write {target}: {e.strerror or e}") from e
-    finally:
-        tmp.unlink(missing_ok=True)
-    layers = sorted({la for la, _ in plan.full_heads()})
-    print(f"{plan}; full KV heads in layers {', '.join(map(str, layers)) or 'none'}")
-    fractions = ", ".join(f"{c:,}: {plan.kv_fraction(c):.1%}" for c in (2048, 4096, 8192))
-    print(f"KV cache kept at {fractions} tokens\nwrote {target}")
     return 0

@@ -11,14 +11,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headmech import validation as V
-from headmech.commands import (
+from headmech import checks as V
+from headmech.commands_base import (
     RESULT_FILES,
     _check_classify,
     _fit_types,
     _load,
     _probe_options,
     _save,
+    config_shape,
 )
 from headmech.errors import InputError
 
@@ -43,7 +44,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
     V.count(args.clusters, "--clusters", minimum=2)
     names, sentences = _check_classify(args, "discover")  # fail fast, before loading
     V.out_dir(args.out, _cluster_files(args.out), args.force)
-    _check_clusters(args.clusters, V.config_shape(args.model))
+    _check_clusters(args.clusters, config_shape(args.model))
     model = _load(args)
     info = model_info(model)
     _check_clusters(args.clusters, (info.n_layers, info.n_heads))

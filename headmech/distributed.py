@@ -14,15 +14,13 @@ floating-point summation order) and the same intervals. Rank 0 alone writes file
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from headmech.errors import HeadmechError
-
-if TYPE_CHECKING:
-    from headmech.engine import HeadStats
+from headmech.stats import HeadStats
 
 __all__ = ["gather_units", "init_from_env", "is_main", "merge_stats", "mine", "shard", "world"]
 
@@ -84,8 +82,6 @@ def merge_stats(stats: HeadStats, sizes: Sequence[int]) -> HeadStats:
         stats: this rank's statistics, from the batches ``i`` with ``i mod world == rank``.
         sizes: the number of sequences of every batch of the probe, in order (all ranks).
     """
-    from headmech.engine import HeadStats
-
     if world()[1] == 1:
         return stats
     own = mine(len(sizes))
@@ -154,34 +150,3 @@ def gather_rows(parts: dict[int, torch.Tensor], n_batches: int) -> torch.Tensor:
     tail = tuple(first.shape[1:])
     flat = {i: t.double().cpu().reshape(t.shape[0], -1).T for i, t in parts.items()}
     return gather_units(flat, n_batches).T.reshape(-1, *tail)
-
-
-def _tokens(item: Any) -> int:
-    """Tokens of a batch, or of the first batch of a tuple (a base/source pair)."""
-    batch = item[0] if isinstance(item, tuple) else item
-    return int(batch.attention_mask.sum())
-
-
-def sharded_units(
-    batches: Sequence[Any],
-    per_batch: Callable[[Any], tuple[torch.Tensor, torch.Tensor]],
-    progress: bool | str = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``per_batch(batch) -> (num [units, ...], den [units, ...])`` on this rank's
-    batches and return every batch's rows in order, on every rank (one process: all);
-    ``progress`` names a bar (rank 0)."""
-    nums, dens = {}, {}
-    todo: Any = mine(len(batches))
-    if progress and is_main():
-        from headmech.progress import bar
-
-        desc = progress if isinstance(progress, str) else "batches"
-        todo = bar(todo, desc, len(todo), tokens=lambda i: _tokens(batches[i]))
-    from functools import partial
-
-    from headmech import resume
-
-    with resume.scope("batches"):  # each batch a unit of a resumable run
-        for i in todo:
-            nums[i], dens[i] = resume.unit(f"batch{i}", partial(per_batch, batches[i]))
-    return gather_rows(nums, len(batches)), gather_rows(dens, len(batches))

@@ -269,6 +269,26 @@ def _stream(
     return stats, state["sizes"]
 
 
+def _check_arguments(
+    model: TransformerBridge, reducers: Sequence[Reducer], layers: Sequence[int] | None
+) -> None:
+    """:func:`stream_statistics`' reducers (unique names) and layers (of the model)."""
+    names = [r.name for r in reducers]
+    if len(set(names)) != len(names):
+        raise ArgumentError(f"reducer names must be unique, got {names}")
+    n_layers = int(model.cfg.n_layers)
+    if layers is not None and (
+        not layers
+        or any(
+            isinstance(la, bool) or not isinstance(la, int) or not 0 <= la < n_layers
+            for la in layers
+        )
+    ):
+        raise HeadIndexError(
+            f"layers {list(layers)!r}: give layers of the model, 0 to {n_layers - 1} (None: all)"
+        )
+
+
 def stream_statistics(
     model: TransformerBridge,
     batches: Iterable[ProbeBatch],
@@ -307,20 +327,7 @@ def stream_statistics(
         streams its share of the batches and every rank returns the sum over all ranks
         (:mod:`headmech.distributed`).
     """
-    names = [r.name for r in reducers]
-    if len(set(names)) != len(names):
-        raise ArgumentError(f"reducer names must be unique, got {names}")
-    n_layers = int(model.cfg.n_layers)
-    if layers is not None and (
-        not layers
-        or any(
-            isinstance(la, bool) or not isinstance(la, int) or not 0 <= la < n_layers
-            for la in layers
-        )
-    ):
-        raise HeadIndexError(
-            f"layers {list(layers)!r}: give layers of the model, 0 to {n_layers - 1} (None: all)"
-        )
+    _check_arguments(model, reducers, layers)
     mode, geom = _choose(model, reducers, attention)
     iterator: Iterable[ProbeBatch] = batches
     if progress and distributed.world()[0] == 0:

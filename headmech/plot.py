@@ -1,7 +1,8 @@
 """Seaborn figures of per-head results.
 
 Every function returns its figure; with a ``path`` it saves the figure there and closes
-it. No backend is chosen here: matplotlib picks a non-interactive one on a machine
+it. The results draw themselves with these functions (``HeadCatalog.plot``, ...), so this
+module imports none of them: a catalog or a pruning result is passed in as it is. No backend is chosen here: matplotlib picks a non-interactive one on a machine
 without a display, notebooks keep their inline backend, and the command line selects
 Agg when it starts.
 """
@@ -19,9 +20,6 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-    from headmech.classify import HeadCatalog
-    from headmech.pruning.result import PruningResult
 
 __all__ = [
     "catalog_heatmap",
@@ -82,8 +80,9 @@ def pattern_heatmap(
     return ax
 
 
-def catalog_heatmap(catalog: HeadCatalog, path: str | os.PathLike | None = None) -> Figure:
-    """One heatmap per head type; labelled heads outlined in red."""
+def catalog_heatmap(catalog: Any, path: str | os.PathLike | None = None) -> Figure:
+    """One heatmap per head type of a :class:`~headmech.results.HeadCatalog`; labelled
+    heads outlined in red."""
     n = len(catalog.types)
     cols = min(3, max(n, 1))
     rows = math.ceil(max(n, 1) / cols)
@@ -111,8 +110,9 @@ def score_heatmap(score: Tensor, title: str = "", path: str | os.PathLike | None
     return finish(fig, path)
 
 
-def pruning_curve(result: PruningResult, path: str | os.PathLike | None = None) -> Figure:
-    """The task metric against the number of heads kept."""
+def pruning_curve(result: Any, path: str | os.PathLike | None = None) -> Figure:
+    """The task metric against the number of heads kept, of a
+    :class:`~headmech.pruning.result.PruningResult`."""
     fig, ax = plt.subplots(figsize=(5, 3.5))
     kept = [int(s["n_kept"]) for s in result.steps]
     sns.lineplot(x=kept, y=[float(s["metric"]) for s in result.steps], marker="o", ax=ax)

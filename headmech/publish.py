@@ -122,9 +122,9 @@ def applicable_types(model: TransformerBridge) -> tuple[list[str] | None, dict[s
         English, else the names of the types kept; ``skipped`` maps every registered type
         left out to the reason.
     """
+    from headmech.checks import PROSE_PROBES, prose_problem
     from headmech.heads import resolve_types
     from headmech.models import model_info
-    from headmech.validation import PROSE_PROBES, prose_problem
 
     info = model_info(model)
     problem = prose_problem(model.tokenizer)

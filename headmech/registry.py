@@ -72,7 +72,8 @@ class Registry(Generic[T]):
             group is ``headmech.<kind>``.
         builtins: modules that register the built-in entries, imported on first lookup.
         loader: called with the registry on first lookup, after ``builtins``, for entries
-            found at run time (head-type files in folders).
+            found at run time (head-type files in folders; a built-in module may set it
+            when imported: :meth:`set_loader`).
         error: the :class:`~headmech.errors.HeadmechError` subclass raised for an
             unknown name.
         on_load: called with each object an entry point loads, returning ``(name, obj,
@@ -130,6 +131,13 @@ class Registry(Generic[T]):
         summary = summary or _first_line(obj)
         self._entries[name] = Entry(name, obj, summary, options)
         return obj
+
+    def set_loader(self, loader: Callable[[Registry[Any]], None]) -> None:
+        """Set the function called with the registry on each load, after the built-in
+        modules: a built-in module that finds entries at run time (the head-type catalog,
+        which also reads folders) sets it when imported, so the registry needs no import
+        of the layer above it."""
+        self._loader = loader
 
     def unregister(self, name: str) -> None:
         """Remove an entry (tests and notebooks)."""
@@ -308,10 +316,10 @@ def _convert(type_name: str, raw: str, key: str) -> Any:
 
 # --- the extension points ----------------------------------------------------------------
 
+# the catalog package sets the loader that registers its types (headmech.catalog)
 HEAD_TYPES: Registry[Any] = Registry(
     "head_types",
-    builtins=("headmech.heads",),
-    loader=lambda reg: _load_head_types(reg),
+    builtins=("headmech.catalog",),
     error=UnknownHeadTypeError,
     on_load=lambda ep_name, cls: (cls.name, cls, cls.description),
 )
@@ -337,9 +345,3 @@ MODELS: Registry[Any] = Registry("models", builtins=("headmech.models",), error=
 PRUNING_METHODS: Registry[Any] = Registry(
     "pruning_methods", builtins=("headmech.pruning",), error=UnknownMethodError
 )
-
-
-def _load_head_types(registry: Registry[Any]) -> None:
-    from headmech.heads import load_catalog
-
-    load_catalog(registry)

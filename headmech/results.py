@@ -43,7 +43,7 @@ def check_written_by(data: dict[str, Any], path: str | os.PathLike, what: str = 
     """Refuse a file of a newer schema than this headmech reads (one-line
     :class:`CatalogFileError`); warn in one line when a newer headmech wrote it (what it
     added is not read)."""
-    from headmech.validation import warn
+    from headmech.checks import warn
 
     by = data.get("headmech_version")
     written = f" (written by headmech {by})" if by is not None else ""
@@ -203,7 +203,7 @@ class HeadCatalog:
             not (self.provenance.get("model") or {}).get("weights_sha256")
             and name != self.model.name
         ):
-            from headmech.validation import warn
+            from headmech.checks import warn
 
             warn(
                 f"the catalog was made for model '{self.model.name}', this is '{name}' (same "

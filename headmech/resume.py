@@ -1,8 +1,9 @@
 """Resumable runs: long work is stored unit by unit as it finishes, and a stopped run
 continues from there and ends byte-identical to an uninterrupted one.
 
-A *unit* is a piece of work whose result is stored exactly, tensors as their raw bytes,
-in the output folder's staging area ``--out/.headmech-partial/<command>/``:
+A *unit* is a piece of work whose result is stored exactly, tensors as their raw bytes
+(:mod:`headmech.exact_json`), in the output folder's staging area
+``--out/.headmech-partial/<command>/``:
 
 * ``classify``: the types scored on one probe (one streaming pass scores them all), and
   each type's validation (its labelled and control sets ablated);
@@ -22,7 +23,8 @@ method), so a rerun of the same deterministic program visits the same keys. Ever
 generator is seeded per unit (never advanced across units), so skipping a unit changes
 nothing after it; the compute counter (:class:`headmech.interventions.Cost`) is stored
 with each unit and restored. Outside :func:`recording` (and under ``torchrun``) a unit
-is just computed.
+is just computed. :func:`sharded_units` runs a per-batch function as one unit per batch
+on this rank's share of the batches and gathers every batch's rows on every rank.
 
 The command line (:func:`for_command`) keeps a ``manifest.json`` beside the units: the
 command's arguments, the versions and the weights' SHA-256; ``--resume`` refuses (one
@@ -32,7 +34,6 @@ and removed once the result files are written.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -42,12 +43,16 @@ import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from headmech import distributed
+from headmech.checks import warn
 from headmech.errors import InputError
+from headmech.exact_json import decode, encode
 
 __all__ = [
     "STAGING",
@@ -59,6 +64,7 @@ __all__ = [
     "recording",
     "resume_command",
     "scope",
+    "sharded_units",
     "unit",
 ]
 
@@ -66,83 +72,7 @@ T = TypeVar("T")
 
 STAGING = ".headmech-partial"  # in --out: one folder per command with its finished units
 
-# --- exact JSON ------------------------------------------------------------------------
-
-_TAGS = ("__tensor__", "__tuple__", "__head__", "__items__")
-
-
-def encode(value: Any) -> Any:
-    """``value`` as JSON-ready data that :func:`decode` turns back into an equal value,
-    bit for bit: tensors as their bytes (dtype, shape, device kept), floats by ``repr``
-    (NaN and infinities included), tuples, head indices and dicts with other keys than
-    strings tagged. Anything else: ``TypeError``."""
-    from headmech.heads import HeadIndex
-
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        raw = t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        return {
-            "__tensor__": {
-                "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape),
-                "device": str(t.device),
-                "bytes": base64.b64encode(raw).decode("ascii"),
-            }
-        }
-    if isinstance(value, HeadIndex):
-        return {"__head__": [int(value.layer), int(value.head)]}
-    if isinstance(value, tuple):
-        return {"__tuple__": [encode(v) for v in value]}
-    if isinstance(value, list):
-        return [encode(v) for v in value]
-    if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value) and not any(k in _TAGS for k in value):
-            return {k: encode(v) for k, v in value.items()}
-        return {"__items__": [[encode(k), encode(v)] for k, v in value.items()]}
-    item = getattr(value, "item", None)  # a numpy scalar
-    if callable(item) and type(value).__module__ == "numpy":
-        return encode(item())
-    raise TypeError(f"a finished unit cannot hold a {type(value).__name__}")
-
-
-def _tensor(record: dict[str, Any]) -> torch.Tensor:
-    dtype = getattr(torch, record["dtype"])
-    raw = base64.b64decode(record["bytes"])
-    shape = [int(n) for n in record["shape"]]
-    if not raw:
-        t = torch.empty(shape, dtype=dtype)
-    else:
-        t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape).clone()
-    device = record.get("device", "cpu")
-    if device != "cpu":
-        with contextlib.suppress(RuntimeError, AssertionError):  # that device is gone
-            t = t.to(device)
-    return t
-
-
-def decode(data: Any) -> Any:
-    """The value :func:`encode` was given."""
-    from headmech.heads import HeadIndex
-
-    if isinstance(data, list):
-        return [decode(v) for v in data]
-    if not isinstance(data, dict):
-        return data
-    if len(data) == 1:
-        (tag, inner), *_ = data.items()
-        if tag == "__tensor__":
-            return _tensor(inner)
-        if tag == "__head__":
-            return HeadIndex(int(inner[0]), int(inner[1]))
-        if tag == "__tuple__":
-            return tuple(decode(v) for v in inner)
-        if tag == "__items__":
-            return {decode(k): decode(v) for k, v in inner}
-    return {k: decode(v) for k, v in data.items()}
+# --- the store -------------------------------------------------------------------------
 
 
 def _write(path: Path, text: str) -> None:
@@ -154,9 +84,6 @@ def _write(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-# --- the store -------------------------------------------------------------------------
 
 
 class Units:
@@ -270,8 +197,6 @@ def counting(cost: Any) -> Iterator[None]:
 def _active() -> tuple[Units, _Frame] | None:
     """The store and the frame units are keyed in (None: outside :func:`recording`, or
     several processes)."""
-    from headmech import distributed
-
     store, frame = _STORE.get(), _FRAME.get()
     if store is None or frame is None or distributed.world()[1] != 1:
         return None
@@ -318,11 +243,36 @@ def unit(name: str, compute: Callable[[], T]) -> T:
         store.save(path, {"cost": counts, "value": encode(value)})
     except (TypeError, OSError) as e:  # the run goes on; a rerun computes this unit again
         if not store.failed:
-            from headmech.validation import warn
-
             warn(f"finished work is not kept for --resume ({'/'.join(path)}: {e})")
         store.failed = True
     return value
+
+
+def _tokens(item: Any) -> int:
+    """Tokens of a batch, or of the first batch of a tuple (a base/source pair)."""
+    batch = item[0] if isinstance(item, tuple) else item
+    return int(batch.attention_mask.sum())
+
+
+def sharded_units(
+    batches: Sequence[Any],
+    per_batch: Callable[[Any], tuple[torch.Tensor, torch.Tensor]],
+    progress: bool | str = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``per_batch(batch) -> (num [units, ...], den [units, ...])`` on this rank's
+    batches and return every batch's rows in order, on every rank (one process: all);
+    ``progress`` names a bar (rank 0)."""
+    nums, dens = {}, {}
+    todo: Any = distributed.mine(len(batches))
+    if progress and distributed.is_main():
+        from headmech.progress import bar
+
+        desc = progress if isinstance(progress, str) else "batches"
+        todo = bar(todo, desc, len(todo), tokens=lambda i: _tokens(batches[i]))
+    with scope("batches"):  # each batch a unit of a resumable run
+        for i in todo:
+            nums[i], dens[i] = unit(f"batch{i}", partial(per_batch, batches[i]))
+    return distributed.gather_rows(nums, len(batches)), distributed.gather_rows(dens, len(batches))
 
 
 # --- the command line ------------------------------------------------------------------

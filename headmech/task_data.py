@@ -30,12 +30,17 @@ from headmech.engine import ProbeBatch
 from headmech.probes import random_token_ids
 from headmech.probes.needle import needle_spans
 from headmech.registry import TASKS
-from headmech.tasks import EmbeddingTask, LogitDiffTask, Task, TokenLossTask, is_causal
+from headmech.tasks import (
+    CORRUPT_SEED,
+    EmbeddingTask,
+    LogitDiffTask,
+    Task,
+    TokenLossTask,
+    corrupt_prose,
+    is_causal,
+)
 
 __all__ = ["corrupt_prose", "icl_task"]
-
-# offset so corruptions never replay the probe's own draws (probes seed from 0, 1, ...)
-_CORRUPT_SEED = 0x5EED_C0DE
 
 
 def _select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
@@ -59,20 +64,9 @@ def _select_induction(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
 def _corrupt_induction(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
     """Fresh random tokens in the first half: the second half is no longer a repeat."""
     half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
-    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
     ids = batch.input_ids.clone()
     ids[:, off : off + half] = random_token_ids(model.tokenizer, g, (ids.shape[0], half))
-    return replace(batch, input_ids=ids)
-
-
-def corrupt_prose(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
-    """Every ordinary token replaced by a random ordinary token (special tokens, padding
-    and length kept): the sentence is gone, its frame stays."""
-    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
-    ids = batch.input_ids.clone()
-    fresh = random_token_ids(model.tokenizer, g, tuple(ids.shape)).to(ids.device)
-    ordinary = ~batch.special.to(ids.device)
-    ids[ordinary] = fresh[ordinary]
     return replace(batch, input_ids=ids)
 
 
@@ -89,7 +83,7 @@ def _select_retrieval(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
 def _corrupt_retrieval(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
     """The needle's code tokens replaced by random tokens; the answer keeps the real code."""
     _, source_pos, valid, _ = needle_spans(batch)
-    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
     ids = batch.input_ids.clone()
     fresh = random_token_ids(model.tokenizer, g, tuple(source_pos.shape))
     rows = torch.arange(ids.shape[0])[:, None].expand_as(source_pos)
@@ -104,7 +98,7 @@ def _select_succession(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
 
 def _corrupt_succession(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
     """Each sequence's items in a random order (the same tokens, no succession)."""
-    g = torch.Generator().manual_seed(_CORRUPT_SEED + seed)
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
     ids = batch.input_ids.clone()
     items = batch.extras["item"]
     for row in range(ids.shape[0]):

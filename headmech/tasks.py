@@ -43,6 +43,7 @@ method used (``ImportanceResult.metric_description``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -52,7 +53,7 @@ from torch import Tensor
 
 from headmech.engine import ProbeBatch, run_blocks
 from headmech.errors import UnknownTaskError
-from headmech.probes import ProbeOptions, build_probe
+from headmech.probes import ProbeOptions, build_probe, random_token_ids
 from headmech.registry import TASKS
 from headmech.unembedding import token_losses, unembed
 
@@ -66,6 +67,7 @@ __all__ = [
     "Task",
     "TokenLossTask",
     "UnknownTaskError",
+    "corrupt_prose",
     "get_task",
     "is_causal",
     "unembed",
@@ -147,6 +149,21 @@ def _stack(batch: ProbeBatch, copies: int, device: torch.device) -> tuple[Tensor
     ids = batch.input_ids.to(device).repeat(copies, 1)  # [copies * batch, pos]
     mask = batch.attention_mask.to(device).repeat(copies, 1)
     return ids, mask
+
+
+# offset so corruptions never replay the probe's own draws (probes seed from 0, 1, ...)
+CORRUPT_SEED = 0x5EED_C0DE
+
+
+def corrupt_prose(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """Every ordinary token replaced by a random ordinary token (special tokens, padding
+    and length kept): the sentence is gone, its frame stays."""
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    fresh = random_token_ids(model.tokenizer, g, tuple(ids.shape)).to(ids.device)
+    ordinary = ~batch.special.to(ids.device)
+    ids[ordinary] = fresh[ordinary]
+    return replace(batch, input_ids=ids)
 
 
 class TokenLossTask(Task):
@@ -273,8 +290,6 @@ class EmbeddingTask(Task):
 
     def corrupt(self, batch, model, seed):
         """Random ordinary tokens in place of the sentence's (patching on encoders)."""
-        from headmech.task_data import corrupt_prose
-
         return corrupt_prose(batch, model, seed)
 
     def metric(self, model, batch, *, copies=1, reference=None, linear=False):

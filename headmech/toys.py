@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from headmech.errors import UnknownModelError
+from headmech.model_files import cache_dir, quiet
 from headmech.toy_data import BOS_TOKEN, PAD_TOKEN, make_toy_tokenizer, repeated_random_tokens
 
 __all__ = [
@@ -302,21 +303,17 @@ def _known(name: str) -> None:
 
 def toy_path(name: str) -> Path:
     """Where a toy model's trained weights live in the cache."""
-    from headmech.models import cache_dir
-
     _known(name)
     return cache_dir() / "toys" / f"{name}-{_fingerprint()}"
 
 
 def _train_into(folder: Path) -> None:
     """Train the toy with checkpoints saved under ``folder/checkpoints/step-NNNNN/``."""
-    from headmech.models import _quiet
-
     config = ToyInductionConfig()
     tokenizer = make_toy_tokenizer(config.vocab_size)
 
     def save(step: int, model: Any) -> None:
-        with _quiet():
+        with quiet():
             model.save_pretrained(folder / "checkpoints" / f"step-{step:05d}")
             tokenizer.save_pretrained(folder / "checkpoints" / f"step-{step:05d}")
 

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 import headmech
-from headmech import validation as V
+from headmech import checks as V
 from headmech.attribution import importance
+from headmech.checks import TMP_PREFIX, HeadmechWarning
 from headmech.classify import HeadCatalog, validate_heads
 from headmech.cli import main
 from headmech.engine import stream_statistics, target_reducer
@@ -36,7 +37,6 @@ from headmech.pruning.mask import HeadMask, prune_heads
 from headmech.pruning.michel import masked_metric, michel_prune
 from headmech.registry import HEAD_TYPES
 from headmech.tasks import get_task
-from headmech.validation import TMP_PREFIX, HeadmechWarning
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 NO_MPS = pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")

@@ -39,12 +39,14 @@ from headmech.attribution.methods import (
     PatchingOptions,
 )
 from headmech.attribution.patching import activation_patching, attribution_patching, spearman
+from headmech.checks import method_options
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError, UnknownMethodError
 from headmech.interventions import Cost
 from headmech.probes import ProbeOptions
 from headmech.provenance import SCHEMA_VERSION, dumps
 from headmech.registry import METHODS, build_options
+from headmech.resume import counting, recording
 from headmech.tasks import Task, get_task
 
 if TYPE_CHECKING:
@@ -204,9 +206,6 @@ def importance(
         >>> r = importance(model, "zero", "induction", probe_options=ProbeOptions(n_sequences=4))  # doctest: +SKIP
         >>> r.top(3)  # doctest: +SKIP
     """
-    from headmech.resume import counting, recording
-    from headmech.validation import method_options
-
     entry = METHODS.entry(method)
     opts = build_options(entry, method_options(dict(options)))
     t = get_task(task, model)

@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headmech import distributed
+from headmech import resume
 from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.interventions import Cost, capture, recording
@@ -228,6 +228,6 @@ def direct_logit_attribution(
         return s.double().cpu(), k.double().cpu()
 
     # under torchrun: this rank's share of the batches, every batch's rows gathered
-    num, den = distributed.sharded_units(batches, one, "DLA" if progress else False)
+    num, den = resume.sharded_units(batches, one, "DLA" if progress else False)
     units = UnitValues(num, den)
     return units.point(), units

@@ -62,7 +62,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headmech import distributed
+from headmech import resume
 from headmech.attribution.lrp_explain import (
     Taps,
     explain_logit,
@@ -269,7 +269,7 @@ def _accumulated(
 
     # under torchrun: this rank's share of the batches, every batch's rows gathered
     with torch.enable_grad(), installed_rules(model, _QKV_SCALE) as rules:
-        num, den = distributed.sharded_units(batches, one, "LRP" if progress else False)
+        num, den = resume.sharded_units(batches, one, "LRP" if progress else False)
     if den.numel() == 0:
         return None
     return UnitValues(num, den)

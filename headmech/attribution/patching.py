@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headmech import distributed
+from headmech import resume
 from headmech.attribution.ablation import paired_units
 from headmech.engine import ProbeBatch
 from headmech.errors import InputError
@@ -242,7 +242,7 @@ def _approximate(
 
     # under torchrun: this rank's share of the pairs, every pair's rows gathered
     desc = progress if isinstance(progress, str) else "batches"
-    num, den = distributed.sharded_units(pairs, one, desc if progress else False)
+    num, den = resume.sharded_units(pairs, one, desc if progress else False)
     units = UnitValues(num, den[:, 0])
     return units.point().flatten(), float(den[:, 1].sum() / den[:, 0].sum().clamp(min=1)), units
 

@@ -178,6 +178,14 @@ def _progress(
     return bar(items, desc, len(items), tokens=lambda i: int(batches[i].attention_mask.sum()))
 
 
+def _gathered(parts: dict[int, tuple[Tensor, Tensor]], n_batches: int) -> tuple[Tensor, Tensor]:
+    """This rank's per-batch ``(sums, counts)``, each ``[rows, units of the batch]``, as
+    every batch's, concatenated along the units in batch order (on every rank)."""
+    sums = distributed.gather_units({i: s for i, (s, _) in parts.items()}, n_batches)
+    counts = distributed.gather_units({i: c for i, (_, c) in parts.items()}, n_batches)
+    return sums, counts
+
+
 def run_variants(
     model: TransformerBridge,
     task: Task,
@@ -192,9 +200,8 @@ def run_variants(
     progress: bool | str = False,
     per_unit: bool = False,
 ) -> Any:
-    """The task's mean metric under each variant, and under none (the clean run); the
-    clean run records each block's input and every chunk of variants runs only the blocks
-    from its first intervened layer (module docstring).
+    """The task's mean metric under each variant, and under none (the clean run), chunks
+    of variants stacked along the batch axis (the module docstring says how).
 
     Args:
         model: a ``TransformerBridge``.
@@ -223,7 +230,6 @@ def run_variants(
     fixed = None if callable(variants) else list(variants)
     if not batches:
         raise HeadmechError("no batches to run")
-    parts: dict[int, tuple[Tensor, Tensor]] = {}
 
     def one(bi: int) -> tuple[Tensor, Tensor]:
         batch = batches[bi]
@@ -233,12 +239,10 @@ def run_variants(
         use_fast = fast and all(iv.site != "pattern" for v in todo for iv in v)
         return _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
 
-    # each batch is a unit of a resumable run (headmech.resume): stored, or read back
-    with torch.no_grad(), resume.scope("variants"):
-        for bi in _progress(distributed.mine(len(batches)), progress, batches):  # a rank's
-            parts[bi] = resume.unit(f"batch{bi}", partial(one, bi))
-    sums = distributed.gather_units({i: s for i, (s, _) in parts.items()}, len(batches))
-    counts = distributed.gather_units({i: c for i, (_, c) in parts.items()}, len(batches))
+    with torch.no_grad(), resume.scope("variants"):  # a unit per batch: stored, or read back
+        todo = _progress(distributed.mine(len(batches)), progress, batches)  # a rank's
+        parts = {bi: resume.unit(f"batch{bi}", partial(one, bi)) for bi in todo}
+    sums, counts = _gathered(parts, len(batches))
     mean = sums.sum(1) / counts.sum(1).clamp(min=1)
     out = (mean[1:].float(), float(mean[0]))
     return (*out, sums, counts) if per_unit else out
@@ -268,8 +272,7 @@ def evaluate(
             with applied(model, list(interventions)):
                 s, c = task.metric(model, batches[i], reference=ref)
             parts[i] = (s.double().cpu().reshape(1, -1), c.double().cpu().reshape(1, -1))
-    sums = distributed.gather_units({i: s for i, (s, _) in parts.items()}, len(batches))
-    counts = distributed.gather_units({i: c for i, (_, c) in parts.items()}, len(batches))
+    sums, counts = _gathered(parts, len(batches))
     units = UnitValues(sums[0], counts[0])
     value = float(units.num.sum() / units.den.sum().clamp(min=1))
     return (value, units) if per_unit else value

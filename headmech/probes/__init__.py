@@ -69,7 +69,7 @@ class ProbeOptions:
     needle_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
 
     def __post_init__(self) -> None:
-        from headmech.validation import probe_options
+        from headmech.checks import probe_options
 
         probe_options(self)  # one-line InputError on a count < 1, a bad seed, ...
 
@@ -175,10 +175,10 @@ def load_sentences(corpus: str | os.PathLike | Sequence[str] | None) -> list[str
 
     Raises:
         CorpusError: an unreadable file, an empty corpus, or one of fewer than
-            :data:`headmech.validation.MIN_SENTENCES` sentences (one line).
+            :data:`headmech.checks.MIN_SENTENCES` sentences (one line).
     """
+    from headmech.checks import too_few_sentences
     from headmech.probes import text
-    from headmech.validation import too_few_sentences
 
     if corpus is None:
         return text.default_corpus()

@@ -106,9 +106,9 @@ def prune(
     Returns:
         A :class:`PruningResult`; ``.save(dir)`` writes ``pruning.json``.
     """
+    from headmech.checks import method_options
     from headmech.pruning.survival import check_catalog
     from headmech.resume import recording
-    from headmech.validation import method_options
 
     entry = PRUNING_METHODS.entry(method)
     opts = build_options(entry, method_options(dict(options)))

@@ -3,12 +3,8 @@
 Each head ``(l, h)`` gets one input-independent gate ``g`` that multiplies its output
 ``hook_z`` (so ``MultiHead = Concat(g_i · head_i) W^O``). The gates are parametrised by
 ``log α`` (``[n_layers, n_heads]``) and follow the Hard Concrete distribution of Louizos
-et al. 2018, with Voita et al.'s defaults β = 0.33, (γ, ζ) = (−0.1, 1.1), ε = 1e-6:
-
-* training sample: ``u ~ U(ε, 1 − ε)``, ``s = σ((log u − log(1 − u) + log α) / β)``,
-  ``s̄ = s (ζ − γ) + γ``, ``g = clip(s̄, 0, 1)``;
-* evaluation: ``g = clip(σ(log α)(ζ − γ) + γ, 0, 1)``;
-* ``P(g ≠ 0) = σ(log α − β log(−γ / ζ))``.
+et al. 2018, with Voita et al.'s defaults β = 0.33, (γ, ζ) = (−0.1, 1.1), ε = 1e-6 (its
+training sample, evaluation gate and ``P(g ≠ 0)``: :mod:`headmech.pruning.concrete`).
 
 The objective is ``L = L_distil + λ · L_C``. ``L_distil`` distils the unpruned model
 into the gated one on the prose probe: for causal models the KL divergence

@@ -256,10 +256,7 @@ def compare_mae(
 
     The probe's last ``n_eval_batches`` batches are held out. The model's weights are
     restored afterwards (both runs start from them). ``options``: fields of
-    :class:`MAEOptions`.
-
-    References:
-        Peng et al. 2020, ACL (module docstring).
+    :class:`MAEOptions`. Peng et al. 2020's method (module docstring).
     """
     try:
         o = MAEOptions(**options)

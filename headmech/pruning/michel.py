@@ -147,9 +147,6 @@ def michel_prune(
 
     Returns:
         A :class:`PruningResult`: step 0 is the unpruned model, then one entry per step.
-
-    References:
-        Michel, Levy, Neubig 2019, "Are Sixteen Heads Really Better than One?", NeurIPS.
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")

@@ -2,16 +2,17 @@
 
 A bad value fails in seconds with one line naming the flag and the value (a
 :class:`~headmech.errors.HeadmechError`), not after a minute of loading; legal but
-meaningless input warns (:class:`HeadmechWarning`). :mod:`headmech.commands` calls these
-before ``load_model``; :func:`headmech.load_model` calls :func:`device`. :func:`staged_output`
-writes a command's files next to ``--out`` and moves them in only on success.
+meaningless input warns (:class:`HeadmechWarning`). The command line calls these before
+``load_model`` (the checks that look up registered names or read a model folder are in
+:mod:`headmech.commands_base`); :func:`headmech.load_model` calls :func:`device`.
+:func:`staged_output` writes a command's files next to ``--out`` and moves them in only
+on success. Nothing here imports more of headmech than its errors and device placement.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import math
 import os
 import shutil
@@ -21,17 +22,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from headmech.errors import HeadmechError, InputError, MissingPackageError, UnknownModelError
+from headmech.errors import HeadmechError, InputError
 from headmech.placement import DTYPES, device, dtype
 
 # fmt: off
 __all__ = [
-    "DTYPES", "MAX_N_RANDOM", "MIN_SENTENCES", "HeadmechWarning", "catalog_file", "config_shape", "corpus_file", "count", "device",
-    "dtype",
-    "fraction", "head_type_names", "kinds", "lams", "lookup", "method_options", "model_name",
-    "number_list",
-    "out_dir", "probe_options", "prose_problem", "seed", "staged_output", "too_few_sentences",
-    "warn",
+    "DTYPES", "MAX_N_RANDOM", "MIN_SENTENCES", "HeadmechWarning", "count", "device", "dtype",
+    "fraction", "kinds", "lams", "lookup", "method_options", "number_list", "out_dir",
+    "probe_options", "prose_problem", "seed", "staged_output", "suggestion",
+    "too_few_sentences", "warn",
 ]
 # fmt: on
 
@@ -99,7 +98,7 @@ def kinds(text: str) -> list[str]:
     return out
 
 
-def _suggestion(name: str, known: Iterable[str]) -> str:
+def suggestion(name: str, known: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for a near miss, a note on invisible characters, or ''."""
     if not name.strip():
         return " (the name is blank)"
@@ -115,24 +114,7 @@ def lookup(registry: Any, name: str) -> Any:
     try:
         return registry.entry(name)
     except HeadmechError as e:
-        raise type(e)(f"{e}{_suggestion(name, registry.names())}") from None
-
-
-def head_type_names(text: str) -> list[str]:
-    """``--types``: registered head type names, none blank and none twice."""
-    from headmech.registry import HEAD_TYPES
-
-    names = [t.strip() for t in text.split(",")]
-    if not any(names):
-        raise InputError(f"--types lists no head type (got {text!r}; see `headmech types`)")
-    if "" in names:
-        raise InputError(f"--types has an empty entry (a stray comma?): {text!r}")
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise InputError(f"--types lists {', '.join(twice)} more than once")
-    for n in names:
-        lookup(HEAD_TYPES, n)
-    return names
+        raise type(e)(f"{e}{suggestion(name, registry.names())}") from None
 
 
 def number_list(
@@ -149,65 +131,6 @@ def number_list(
     return values
 
 
-def model_name(name: str) -> str:
-    """A registered model (installed) or a readable Hugging Face directory, checked
-    without loading it: ``config.json`` a JSON object, weight files not corrupt.
-
-    Raises:
-        UnknownModelError: neither, with a near-miss suggestion or the file at fault.
-        MissingPackageError: a bundled model whose package is not installed.
-    """
-    from headmech.models import hf_dir_problem
-    from headmech.registry import MODELS
-
-    if name in MODELS:
-        if (status := MODELS.get(name).status()).startswith("missing"):
-            raise MissingPackageError(f"model '{name}' is not installed ({status})")
-        return name
-    p = Path(name)
-    if name.strip() and p.is_dir():
-        if (problem := hf_dir_problem(p)) is not None:
-            raise UnknownModelError(f"{name} is not a usable Hugging Face model: {problem}")
-        return name
-    hint = " (a file: give its folder)" if p.is_file() else _suggestion(name, MODELS.names())
-    if not hint and name.startswith("~") and p.expanduser().is_dir():
-        hint = " (the '~' was not expanded: use $HOME)"
-    raise UnknownModelError(
-        f"unknown model '{name}'{hint}: use one of {', '.join(MODELS.names())} "
-        "or a local Hugging Face model directory"
-    )
-
-
-def config_shape(name: str) -> tuple[int, int] | None:
-    """``(n_layers, n_heads)`` of a bundled model or a model folder's ``config.json``,
-    read without loading; None where unknown."""
-    from headmech.bundled import BUNDLED_MODELS
-
-    if name in BUNDLED_MODELS:
-        return BUNDLED_MODELS[name].n_layers, BUNDLED_MODELS[name].n_heads
-    path = Path(name) / "config.json"
-    cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
-    heads = cfg.get("num_attention_heads", cfg.get("n_head"))
-    return (layers, heads) if isinstance(layers, int) and isinstance(heads, int) else None
-
-
-def _regular_file(path: str, flag: str) -> Path:
-    """An existing, regular (not a folder, FIFO or device), readable file."""
-    if not path.strip():
-        raise InputError(f"{flag} is empty")
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{flag}: no such file: {path}")
-    if p.is_dir():
-        raise InputError(f"{flag}: {path} is a folder, not a file")
-    if not p.is_file():
-        raise InputError(f"{flag}: {path} is not a regular file (a device or pipe?)")
-    if not os.access(p, os.R_OK):
-        raise InputError(f"{flag}: {path} is not readable")
-    return p
-
-
 def too_few_sentences(n: int) -> str | None:
     """Why a corpus of ``n`` sentences is refused (fewer than :data:`MIN_SENTENCES`), or None."""
     if n >= MIN_SENTENCES:
@@ -216,40 +139,6 @@ def too_few_sentences(n: int) -> str | None:
         f"has only {n} sentence(s): per-relation and per-position statistics of so few are "
         f"meaningless (give at least {MIN_SENTENCES})"
     )
-
-
-def corpus_file(path: str) -> list[str]:
-    """``--corpus``: a readable UTF-8 text file of prose with at least
-    :data:`MIN_SENTENCES` sentences; its sentences."""
-    from headmech.probes.corpus import read_corpus
-
-    p = _regular_file(path, "--corpus")
-    if (size := p.stat().st_size) > MAX_CORPUS_BYTES:
-        raise InputError(f"--corpus {path} is {size / 1e6:.0f} MB; give at most 100 MB of prose")
-    with open(p, "rb") as f:
-        if b"\x00" in f.read(65536):
-            raise InputError(f"--corpus {path} looks like a binary file (NUL bytes), not text")
-    sentences = read_corpus(p)
-    if (problem := too_few_sentences(len(sentences))) is not None:
-        raise InputError(f"--corpus {path} {problem}")
-    return sentences
-
-
-def catalog_file(path: str, model: str | None = None) -> Any:
-    """``--catalog``: a readable ``catalog.json`` (or a folder holding one), loaded; a
-    model of another shape than ``model`` (where known without loading) is refused."""
-    from headmech.classify import HeadCatalog
-
-    p = Path(path)
-    _regular_file(str(p / "catalog.json") if p.is_dir() else path, "--catalog")
-    catalog = HeadCatalog.load(p)
-    shape = config_shape(model) if model is not None else None
-    if shape is not None and shape != (catalog.model.n_layers, catalog.model.n_heads):
-        raise InputError(
-            f"--catalog {path} describes a model of {catalog.model.n_layers}x"
-            f"{catalog.model.n_heads} heads, {model} has {shape[0]}x{shape[1]}"
-        )
-    return catalog
 
 
 def _existing_ancestor(p: Path) -> Path:

@@ -1,0 +1,166 @@
+"""The head-type base class: what a head type declares and what it inherits.
+
+A head type (``headmech/catalog/``, a plug-in, a file in a ``$HEADMECH_CATALOG_PATH``
+folder) subclasses :class:`HeadType`, importable as ``headmech.heads.HeadType``. It declares
+
+* ``name`` (snake_case, written once: it is the registry key), ``reference`` (paper, year)
+  and ``citation``;
+* ``probe``: the probe it is measured on (see :mod:`headmech.probes`);
+* ``reducers()``: the per-head statistics the engine computes inside the hooks — most
+  types only override :meth:`HeadType.targets`, "for each query, which key is the
+  target?", and inherit the attention-mass reducer;
+* ``score()``: statistics → ``[n_layers, n_heads]``; ``select()``: the decision rule with
+  the paper's default threshold;
+* ``details()``: type-specific evidence for ``catalog.json``;
+* ``task``: the name of the task (:mod:`headmech.tasks`) whose metric ablating heads of
+  this type should hurt (catalog validation).
+
+The registry, the discovery of the catalog and the checks of what a type returns are in
+:mod:`headmech.heads`; docs/contributing-head-types.md walks through a new type.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headmech.engine import HeadStats, ProbeBatch, Reducer, target_reducer
+from headmech.errors import ArgumentError
+from headmech.head_index import HeadIndex
+
+if TYPE_CHECKING:
+    from headmech.models import ModelInfo
+
+__all__ = ["HeadType"]
+
+
+def _threshold(t: HeadType, value: Any) -> float:
+    """A threshold given to a head type: a finite number."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or not math.isfinite(number):
+        name = getattr(type(t), "name", type(t).__name__)
+        raise ArgumentError(
+            f"the threshold of head type '{name}' must be a finite number, got {value!r}"
+        )
+    return number
+
+
+class HeadType:
+    """Base class of a catalog head type.
+
+    Attributes:
+        name: registry key, snake_case (``previous_token``).
+        reference: short citation shown in tables (``"Olsson et al. 2022"``).
+        citation: full reference.
+        description: one sentence: what the head does.
+        probe: the probe it is measured on.
+        default_threshold: the anchor's decision threshold on :meth:`score`.
+        causal_only: True for types that need a decoder (generation, next-token loss).
+        task: the task whose metric (higher is worse) ablating the heads should hurt,
+            measured by validation (``lm``, ``induction``, ...).
+        ablation: how validation removes the heads (``zero``, ``mean``, ``uniform``).
+        helps_task: True: ablating the heads should raise the task's metric (they serve
+            the task); False: lower it (they work against it, as negative name movers do).
+        threshold: the threshold in use (constructor argument, else the default).
+        The constructor also takes ``probe`` to measure the type on another probe.
+    """
+
+    name: ClassVar[str]
+    reference: ClassVar[str] = ""
+    citation: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    probe: str = "prose"  # class default; the constructor may override it per instance
+    default_threshold: ClassVar[float] = 0.5
+    causal_only: ClassVar[bool] = False
+    task: ClassVar[str] = "lm"
+    ablation: ClassVar[str] = "zero"
+    helps_task: ClassVar[bool] = True
+
+    def __init__(self, threshold: float | None = None, *, probe: str | None = None) -> None:
+        self.threshold = (
+            self.default_threshold if threshold is None else _threshold(self, threshold)
+        )
+        if probe is not None:  # e.g. previous_token on repeated random tokens for a toy vocabulary
+            self.probe = probe
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(threshold={self.threshold})"
+
+    # --- what the engine computes -------------------------------------------------
+    def targets(self, batch: ProbeBatch) -> Tensor:
+        """Per query, the target key position (``Int[batch, query_pos]``, -1 = none) or
+        set of positions (``Bool[batch, query_pos, key_pos]``)."""
+        raise NotImplementedError(f"{type(self).__name__} must define targets() or reducers()")
+
+    def reducers(self) -> list[Reducer]:
+        """Statistics to stream; by default attention mass on :meth:`targets`."""
+        return [target_reducer(self.name, self.targets)]
+
+    def weight_statistics(self, model: Any) -> dict[str, Tensor]:
+        """Per-head statistics from the weights rather than data (``[n_layers, n_heads]``
+        each); stored in the stats as ``name.key``. Default: none."""
+        return {}
+
+    def ideal_weight_statistics(self) -> dict[str, float]:
+        """Values of :meth:`weight_statistics` and :meth:`model_statistics` for a perfect
+        head (positive controls)."""
+        return {}
+
+    def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
+        """Per-head statistics the type measures by running the model itself on its
+        probe's batches — interventions such as patching, which no attention hook can
+        stream (``[n_layers, n_heads]`` each, stored as ``name.key``). Default: none."""
+        return {}
+
+    # --- decision -----------------------------------------------------------------
+    def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
+        """The per-head score the threshold applies to (default: mean attention mass on target)."""
+        return stats.mean(f"{self.name}.mass")
+
+    def select(
+        self, score: Float[Tensor, "n_layers n_heads"], stats: HeadStats | None = None
+    ) -> list[HeadIndex]:
+        """Heads whose score reaches the threshold, best first (``stats`` lets a type add
+        conditions on other statistics)."""
+        s = torch.nan_to_num(score, nan=float("-inf"))
+        hits = (s >= self.threshold).nonzero().tolist()
+        hits.sort(key=lambda lh: -float(s[lh[0], lh[1]]))
+        return [HeadIndex(int(layer), int(head)) for layer, head in hits]
+
+    def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
+        """Type-specific evidence for ``catalog.json``."""
+        return {}
+
+    def ideal_pattern(self, batch: ProbeBatch) -> Tensor:
+        """The attention pattern ``[batch, query_pos, key_pos]`` of a perfect head of this
+        type (used to plant the role in positive controls): uniform over the targets;
+        queries without a target keep attending to themselves."""
+        t = self.targets(batch)
+        n = batch.input_ids.shape[1]
+        if t.dtype != torch.bool:
+            has = t >= 0
+            t = torch.nn.functional.one_hot(t.clamp(min=0), n).bool() & has[..., None]
+        t = t & batch.attention_mask.bool()[:, None, :]
+        eye = torch.eye(n, dtype=torch.bool, device=t.device).expand_as(t)
+        t = torch.where(t.any(-1, keepdim=True), t, eye)
+        p = t.float()
+        return p / p.sum(-1, keepdim=True)
+
+    # --- behaviour ----------------------------------------------------------------
+    def report(self, details: dict[str, Any]) -> list[str]:
+        """Lines of type-specific evidence for the command line (default: none)."""
+        return []
+
+    def check_model(self, info: ModelInfo) -> str | None:
+        """Why this type cannot run on the model, or None."""
+        if self.causal_only and not info.causal:
+            return f"head type '{self.name}' needs a causal (decoder) model"
+        return None
