@@ -60,10 +60,12 @@ test: setup lint docs
 # validation (tests/test_published_catalog.py checks them). One model:
 #   make catalog CATALOG_MODELS=minilm-l6
 # Types from HEADMECH_CATALOG_PATH folders are left out: only the package's are published.
+# A stopped run keeps its finished units: continue with CATALOG_ARGS=--resume (--force drops them).
 CATALOG_MODELS ?=
+CATALOG_ARGS ?=
 catalog: setup
 	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.publish --out catalog \
-		$(if $(CATALOG_MODELS),--models $(CATALOG_MODELS))
+		$(if $(CATALOG_MODELS),--models $(CATALOG_MODELS)) $(CATALOG_ARGS)
 
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
 BENCH_ARGS ?=

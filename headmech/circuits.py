@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -80,7 +80,9 @@ def _factored_norm_sq(gx: Tensor, m: Tensor, gy: Tensor) -> Tensor:
     return (a * gy.transpose(-1, -2)).sum((-1, -2))
 
 
-def _scores(w: HeadWeights, kind: Kind) -> Float[Tensor, "n_layers n_heads n_layers n_heads"]:
+def _scores(
+    w: HeadWeights, kind: Kind, layers: Collection[int] | None = None
+) -> Float[Tensor, "n_layers n_heads n_layers n_heads"]:
     W_Q, W_K, W_V, W_O = (t.double().contiguous() for t in (w.W_Q, w.W_K, w.W_V, w.W_O))
     n_layers, n_heads = W_Q.shape[:2]
     # sender OV = V1 O1 = X1 M1 Y1ᵀ with X1 = V1, M1 = I, Y1 = O1ᵀ
@@ -91,6 +93,8 @@ def _scores(w: HeadWeights, kind: Kind) -> Float[Tensor, "n_layers n_heads n_lay
     out = torch.zeros(n_layers, n_heads, n_layers, n_heads, dtype=torch.float64)
     for l1 in range(n_layers - 1):
         for l2 in range(l1 + 1, n_layers):
+            if layers is not None and l2 not in layers:
+                continue
             # middle factor: O1 (d_head x d_model) times the receiver's reading matrix
             if kind == "q":  # V1 O1 Q2 K2ᵀ: X = V1, M = O1 Q2, Y = K2
                 m = torch.einsum("idm,jme->ijde", W_O[l1], W_Q[l2])
@@ -110,19 +114,23 @@ def _scores(w: HeadWeights, kind: Kind) -> Float[Tensor, "n_layers n_heads n_lay
 
 @torch.no_grad()
 def composition_scores(
-    model: TransformerBridge, kind: Kind = "k", weights: HeadWeights | None = None
+    model: TransformerBridge,
+    kind: Kind = "k",
+    weights: HeadWeights | None = None,
+    layers: Collection[int] | None = None,
 ) -> Float[Tensor, "n_layers n_heads n_layers n_heads"]:
     """Composition score of every (sender, receiver) pair; 0 where the sender is not earlier.
 
     ``scores[l1, h1, l2, h2]``: how much head (l2, h2)'s ``kind`` side reads what head
-    (l1, h1) writes.
+    (l1, h1) writes. ``layers``: only receivers in these layers (the others stay 0; a
+    graph of a few receivers costs a few layers, not all).
 
     References:
         Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits".
     """
     if kind not in ("q", "k", "v"):
         raise HeadmechError(f"composition kind must be q, k or v, got '{kind}'")
-    return _scores(weights or head_weights(model), kind)
+    return _scores(weights or head_weights(model), kind, layers)
 
 
 @torch.no_grad()
@@ -209,7 +217,7 @@ def graph(
     for h in labels:
         add_node(h)
     for kind in kinds:
-        scores = composition_scores(model, kind, w)
+        scores = composition_scores(model, kind, w, {r.layer for r in receivers})
         base = composition_baseline(model, kind)
         for r in receivers:
             for sender, v in _senders(scores, r, top_k, min_ratio * base):

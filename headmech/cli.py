@@ -182,13 +182,17 @@ def _add_circuit(sub: Any) -> None:
     p = sub.add_parser(
         "circuit",
         help="graph how catalogued heads compose",
-        description="Classify MODEL's heads, then graph which earlier heads feed the labelled heads' "
+        description="Classify MODEL's heads (or read --catalog), then graph which earlier heads feed the labelled heads' "
         "queries, keys and values (weight-based composition, Elhage et al. 2021); writes "
         "DIR/circuit.graphml, DIR/circuit.json and DIR/circuit.png.",
     )
     p.add_argument("model", metavar="MODEL", help="a bundled, toy or local Hugging Face model")
     p.add_argument(
         "--types", help="comma-separated head types whose heads are receivers (default: all)"
+    )
+    p.add_argument(
+        "--catalog",
+        help="a catalog.json (or its folder) from `headmech classify` instead of classifying",
     )
     p.add_argument("--kinds", default="q,k,v", help="composition kinds (default q,k,v)")
     p.add_argument(

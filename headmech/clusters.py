@@ -302,7 +302,7 @@ class DiscoveryResult:
         heads = list(cluster.examples[0].patterns) if cluster.examples else []
         cols = max(len(cluster.examples), 1)
         width = max((len(e.tokens) for e in cluster.examples), default=8)
-        side = 1.5 + 0.22 * width
+        side = min(1.5 + 0.22 * width, 1.5 + 0.22 * 32)  # token labels: at most 32 an axis
         fig, axes = plt.subplots(
             max(len(heads), 1), cols, figsize=(cols * side, max(len(heads), 1) * side),
             squeeze=False,

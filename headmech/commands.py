@@ -190,9 +190,21 @@ def cmd_circuit(args: argparse.Namespace) -> int:
     kinds = V.kinds(args.kinds)
     V.count(args.top_k, "--top-k")
     names, _ = _check_classify(args, "circuit")  # fail fast, before loading
+    given = catalog_file(args.catalog, args.model) if args.catalog is not None else None
+    if given is not None and names is not None:
+        if missing := [n for n in names if n not in given.types]:
+            raise InputError(
+                f"--types {','.join(missing)}: not in the --catalog (it has: "
+                f"{', '.join(given.types) or 'no types'})"
+            )
+        given.types = {n: given.types[n] for n in names}
     model = _load(args)
-    types, _ = _fit_types(model.tokenizer, names, None, model_info(model).causal)
-    catalog = classify(model, types, progress=True, seed=args.seed)
+    if given is not None:
+        _check_catalog(given, model, args.force)
+        catalog = given
+    else:
+        types, _ = _fit_types(model.tokenizer, names, None, model_info(model).causal)
+        catalog = classify(model, types, progress=True, seed=args.seed)
     result = circuit(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
     out = _save(args, "circuit", result)
     G = result.graph

@@ -155,6 +155,11 @@ BEFORE_LOAD = [
     ("n-random-past-limit", "classify LLAMA --types previous_token --validate --n-random 5000",
      "--n-random must be at most 1000"),
     ("out-holds-circuit", "circuit TINY --out FULL", "already holds circuit.graphml"),
+    ("circuit-catalog-type-missing", "circuit TINY --catalog CAT_NAMED --types induction",
+     "--types induction: not in the --catalog (it has: a)"),
+    ("circuit-catalog-corrupt", "circuit TINY --catalog CAT_BAD", "not valid JSON"),
+    ("kv-plan-bundled-encoder", "kv-plan minilm-l6 --heads L0H0",
+     "minilm-l6 is an encoder (bidirectional attention, no generation): it has no KV cache"),
 ]
 
 # id, command line, a substring of the one-line error: found only once the model is loaded
@@ -168,6 +173,8 @@ AFTER_LOAD = [
     ("causal-task-on-encoder", "importance BERT --method zero --task retrieval", "causal"),
     ("half-len-past-context", "importance TINY --method zero --task induction --half-len 40",
      "context"),
+    ("circuit-catalog-other-shape", "circuit TINY --catalog CAT_OTHER", "3x5 heads"),
+    ("kv-plan-encoder-folder", "kv-plan BERT --heads L0H0", "is an encoder"),
     ("tokenizer-past-embedding", "classify BIGTOK --types previous_token",
      "the model's embedding only 8: ids from 8 on index past it"),
 ]
@@ -512,7 +519,17 @@ API = [
     ("plugin-select-outside", lambda m, p, t: classify(m["llama"], [_BadSelectHead()], **SIZES),
      "head type 'bad_select' (_BadSelectHead.select): head (9, 0) is outside the model "
      "(2 layers x 4 heads)"),
+    ("copy-suppression-n-tokens-0", lambda m, p, t: HEAD_TYPES.get("copy_suppression")(n_tokens=0),
+     "copy_suppression: n_tokens must be an integer >= 1, got 0"),
+    ("kv-plan-of-an-encoder", lambda m, p, t: _kv_windowed(m["bert"]),
+     "tiny-bert is an encoder (bidirectional attention, no generation)"),
 ]
+
+
+def _kv_windowed(model):
+    from headmech.kv import KVPlan
+
+    return KVPlan.windowed(model)
 
 # Input the Python API does not yet refuse with a HeadmechError: each needs a check in a
 # file another engineer owns (strict xfail: once fixed, remove the row from this list).

@@ -260,3 +260,68 @@ def test_exact_encoding_round_trips():
     assert back["x"] == value["x"]
     with pytest.raises(TypeError):
         resume.encode(object())
+
+
+# --- make catalog (python -m headmech.publish) -----------------------------------------
+
+
+@pytest.fixture
+def tiny_publish(monkeypatch, tiny_models):
+    """``publish_model("toy-induction", ...)`` on the tiny LLaMA at tiny sizes."""
+    from headmech import publish
+
+    small = publish.Size(
+        n_sentences=8, n_sequences=2, context=(80,), n_random=1, n_boot=4,
+        extra={"batch_size": 4, "half_len": 8},
+    )  # fmt: skip
+    monkeypatch.setitem(publish.FULL, "toy-induction", small)
+    monkeypatch.setattr(publish, "CHECK", publish.Size(**{**small.__dict__, "validate": False}))
+    monkeypatch.setattr(headmech.models, "load_model", lambda *a, **k: tiny_models["llama"])
+    return publish
+
+
+def _published(folder: Path) -> dict[str, bytes]:
+    files = [folder / "catalog.json", folder / "check.json", *(folder / "heatmaps").glob("*.png")]
+    return {p.name: p.read_bytes() for p in files}
+
+
+def test_make_catalog_stopped_and_resumed_writes_the_same_bytes(
+    tiny_publish, monkeypatch, tmp_path, capsys
+):
+    publish, real = tiny_publish, Units.save
+    saved: list = []
+
+    def save(self, path, record):  # counts the units stored; Ctrl-C once k are stored
+        if len(saved) == k:
+            raise KeyboardInterrupt
+        real(self, path, record)
+        saved.append(path)
+
+    def run(out: str, *flags: str) -> int:
+        return publish.main(["--models", "toy-induction", "--out", str(tmp_path / out), *flags])
+
+    k = -1
+    monkeypatch.setattr(Units, "save", save)
+    assert run("a") == 0
+    total, whole = len(saved), _published(tmp_path / "a" / "toy-induction")
+    assert total >= 4 and not (tmp_path / "a" / "toy-induction" / STAGING).exists()
+
+    saved.clear()
+    k = random.Random("publish").randrange(1, total - 1)
+    assert run("b") == 130
+    assert "CATALOG_ARGS=--resume" in capsys.readouterr().err.strip().splitlines()[-1]
+    folder = tmp_path / "b" / "toy-induction"
+    assert not (folder / "catalog.json").exists()
+    assert Units(folder / STAGING / "publish").count() > 0  # (inner units go with their outer)
+    # a plain rerun would throw the finished units away: refused in one line, before loading
+    with pytest.raises(SystemExit) as e:
+        run("b")
+    assert e.value.code == 2 and "holds an unfinished publish run" in capsys.readouterr().err
+
+    saved.clear()
+    k = -1
+    assert run("b", "--resume") == 0
+    assert len(saved) < total  # finished units were read back, not computed again
+    assert _published(folder) == whole and not (folder / STAGING).exists()
+    # --resume where nothing is unfinished starts afresh, not an error
+    assert run("b", "--resume") == 0 and _published(folder) == whole

@@ -9,6 +9,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.engine import HeadStats, ProbeBatch, Reducer
+from headmech.errors import InputError
 from headmech.heads import HeadIndex, HeadType
 
 N_TOKENS = 500  # word tokens sampled for the OV circuit (seeded)
@@ -52,6 +53,20 @@ class CopySuppressionHead(HeadType):
     causal_only = True  # the unembedding of the bundled encoder is not trained
     task = "lm"
 
+    def __init__(
+        self, threshold: float | None = None, n_tokens: int = N_TOKENS, *, probe: str | None = None
+    ) -> None:
+        super().__init__(threshold, probe=probe)
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+            raise InputError(
+                f"copy_suppression: n_tokens must be an integer >= 1, got {n_tokens!r}"
+            )
+        self.n_tokens = n_tokens  # word tokens of the OV circuit (cost: linear in them)
+
+    def __repr__(self) -> str:
+        more = "" if self.n_tokens == N_TOKENS else f", n_tokens={self.n_tokens}"
+        return f"{type(self).__name__}(threshold={self.threshold}{more})"
+
     def targets(self, batch: ProbeBatch) -> Tensor:
         """A copy suppressor attends to an earlier copy of the current token: the planted
         pattern of positive controls (each query's latest earlier copy, else none)."""
@@ -67,7 +82,9 @@ class CopySuppressionHead(HeadType):
         return []  # a weight-based score: nothing to stream
 
     def weight_statistics(self, model: Any) -> dict[str, Tensor]:
-        return {"suppression": suppression_scores(model)}
+        return {
+            "suppression": suppression_scores(model, word_tokens(model.tokenizer, self.n_tokens))
+        }
 
     def ideal_weight_statistics(self) -> dict[str, float]:
         return {"suppression": 1.0}
@@ -82,7 +99,7 @@ class CopySuppressionHead(HeadType):
             "suppressed_share": {str(h): round(float(score[h]), 4) for h in heads},
             "best_head": [top.layer, top.head],
             "best_share": round(float(score[top]), 4),
-            "n_tokens": N_TOKENS,
+            "n_tokens": self.n_tokens,
             "top_k": TOP_K,
         }
 

@@ -51,12 +51,20 @@ def _positive(value: int, what: str, minimum: int) -> int:
     return value
 
 
+NOT_A_DECODER = (
+    "{} is an encoder (bidirectional attention, no generation): it has no KV cache to "
+    "compress; a KV plan needs a decoder"
+)
+
+
 def _shape(model: Any) -> tuple[str, int, int, int]:
     """``(name, n_layers, n_heads, n_kv_heads)`` of a bridge or a Hugging Face model."""
     if hasattr(model, "cfg"):
         from headmech.models import model_info
 
         i = model_info(model)
+        if not i.causal:
+            raise InputError(NOT_A_DECODER.format(i.name))
         return i.name, i.n_layers, i.n_heads, i.n_kv_heads
     cfg = model.config
     n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)

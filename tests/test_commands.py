@@ -1,0 +1,255 @@
+"""Every command end to end on every bundled model: the ``headmech`` command line as a
+user runs it (``main(argv)`` in this process), at tiny sizes, asserting the exit status,
+the files written and that the printed report names every type and every validation
+result.
+
+The matrix: the rows of :data:`COMMANDS` (classify with validation, importance, circuit,
+prune with ``--catalog``, discover, kv-plan) for each of the four bundled models, the
+encoder (MiniLM) beside the decoders; then the option combinations that change code paths:
+validation with and without a possible control (the sink labels most heads), ``--dtype
+bfloat16``, ``--force`` over an earlier result and ``--resume`` of a stopped run. Each
+bundled model loads once (``load_model`` is remembered per arguments for this module, so a
+float32 load is the session's). torchrun with two processes runs the same commands in
+tests/test_distributed.py; the resume byte-identity of classify, importance, prune and
+``make catalog`` in tests/test_resume.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import headmech
+from headmech.cli import main
+from headmech.report import validation_line
+
+MODELS = ("toy-induction", "minilm-l6", "smollm2-135m", "gemma3-270m")
+DECODERS = ("toy-induction", "smollm2-135m", "gemma3-270m")
+
+# per model: classify's types (one whose control sets can be drawn, the sink whose cannot
+# on decoders) and sizes
+CLASSIFY = {
+    "toy-induction": ["--types", "induction,duplicate_token", "--n-sequences", "8"],
+    "minilm-l6": ["--types", "positional,attention_sink", "--n-sentences", "16"],
+    # the command of the "nothing lost" issue, which crashed printing the sink's evidence
+    "smollm2-135m": ["--types", "induction,attention_sink", "--n-sequences", "8",
+                     "--n-sentences", "32"],
+    "gemma3-270m": ["--types", "induction,attention_sink", "--n-sequences", "4",
+                    "--n-sentences", "8"],
+}  # fmt: skip
+
+RESULTS = {
+    "classify": ("catalog.json", "heatmap.png"),
+    "importance": ("importance.json", "importance.png"),
+    "circuit": ("circuit.json", "circuit.graphml", "circuit.png"),
+    "prune": ("pruning.json", "pruning.png"),
+    "discover": ("discovery.json", "discovery.png"),
+    "kv-plan": ("plan.json",),
+}
+
+
+@pytest.fixture(scope="module")
+def loads(request):
+    """``load_model`` remembered per arguments (the session's model for a float32 load)."""
+    real = headmech.models.load_model
+    session = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3", "minilm-l6": "minilm"}
+    seen: dict = {}
+
+    def load(name, device=None, dtype=None, **where):
+        key = (str(name), str(device), str(dtype), tuple(sorted(where.items())))
+        if key not in seen:
+            plain = device is None and dtype is None and not any(where.values())
+            if plain and name in session:
+                seen[key] = request.getfixturevalue(session[name])
+            else:
+                seen[key] = real(name, device=device, dtype=dtype, **where)
+        return seen[key]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(headmech.models, "load_model", load)
+    yield seen
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    return tmp_path_factory.mktemp("commands")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _shape(text: str) -> str:
+    return re.sub(r"[-+]?\d+(\.\d+)?", "#", text)
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"[-+]?\d+\.\d+", text)]
+
+
+def _files(folder: Path, command: str) -> None:
+    for name in RESULTS[command]:
+        path = folder / name
+        assert path.is_file() and path.stat().st_size > 0, f"{command} wrote no {name}"
+    assert not (folder / ".headmech-partial").exists()  # staging gone once written
+
+
+def _classified(loads, outputs, capsys, model: str) -> dict:
+    """classify --validate once per model (the other commands read its catalog)."""
+    out = outputs / model / "classify"
+    if not (out / "catalog.json").exists():
+        argv = ["classify", model, *CLASSIFY[model], "--validate", "--n-random", "2"]
+        code, printed, err = run(capsys, *argv, "--out", out)
+        assert code == 0, err[-2000:]
+        (out / "printed.txt").write_text(printed)
+    return json.loads((out / "catalog.json").read_text())
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_classify_validate_prints_every_type_and_validation(loads, outputs, capsys, model):
+    catalog = _classified(loads, outputs, capsys, model)
+    folder = outputs / model / "classify"
+    _files(folder, "classify")
+    printed = (folder / "printed.txt").read_text()
+    asked = CLASSIFY[model][1].split(",")
+    assert sorted(catalog["types"]) == sorted(asked)
+    for name, t in catalog["types"].items():
+        assert name in printed
+        line = validation_line(t["details"].get("validation"))
+        assert line is not None, name
+        # the same line, up to the last digit (the catalog keeps 4 decimals)
+        assert _shape(line) in _shape(printed), (name, line)
+        section = printed.split(f"\n{name}:\n", 1)[1]
+        shown = next(x for x in section.splitlines() if x.strip().startswith("validation"))
+        assert _numbers(shown) == pytest.approx(_numbers(line), abs=2e-4), (name, line)
+    if model in ("smollm2-135m", "gemma3-270m"):  # the sink labels most heads: no control
+        sink = catalog["types"]["attention_sink"]["details"]["validation"]
+        assert sink["random_mean"] is None
+        assert "no control possible" in validation_line(sink)
+    if model != "minilm-l6":  # induction labelled, with controls drawn
+        v = catalog["types"]["induction"]["details"]["validation"]
+        assert catalog["types"]["induction"]["heads"] and len(v["random_effects"]) == 2
+
+
+IMPORTANCE = {
+    "toy-induction": ["--method", "zero"],
+    "minilm-l6": ["--method", "zero", "--n-sentences", "4"],
+    "smollm2-135m": ["--method", "dla", "--n-sentences", "4"],
+    "gemma3-270m": ["--method", "zero", "--n-sentences", "2"],  # DLA: post-attention norms
+}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_importance(loads, outputs, capsys, model):
+    out = outputs / model / "importance"
+    code, printed, err = run(capsys, "importance", model, *IMPORTANCE[model], "--out", out)
+    assert code == 0, err[-2000:]
+    _files(out, "importance")
+    data = json.loads((out / "importance.json").read_text())
+    n_layers, n_heads = data["score"] and (len(data["score"]), len(data["score"][0]))
+    model_cfg = loads_cfg(loads, model)
+    assert (n_layers, n_heads) == model_cfg
+    assert IMPORTANCE[model][1] in printed
+
+
+def loads_cfg(loads, model: str) -> tuple[int, int]:
+    m = headmech.models.load_model(model)
+    return int(m.cfg.n_layers), int(m.cfg.n_heads)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_circuit_of_the_catalog(loads, outputs, capsys, model):
+    catalog = _classified(loads, outputs, capsys, model)
+    out = outputs / model / "circuit"
+    types = "positional" if model == "minilm-l6" else "induction"  # a few receivers
+    argv = ["circuit", model, "--catalog", outputs / model / "classify", "--types", types]
+    argv += ["--out", out]
+    code, printed, err = run(capsys, *argv)
+    assert code == 0, err[-2000:]
+    _files(out, "circuit")
+    data = json.loads((out / "circuit.json").read_text())
+    labelled = {f"L{la}H{h}" for la, h in catalog["types"][types]["heads"]}
+    receivers = {e["target"] for e in data["edges"]}
+    assert receivers and receivers <= labelled  # the catalog's heads receive, none other
+    assert data["graph"]["provenance"]["catalog"] == catalog["provenance"]  # read, not rerun
+    assert f"{len(data['nodes'])} heads, {len(data['edges'])} edges" in printed
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_prune_reports_which_catalogued_heads_survive(loads, outputs, capsys, model):
+    _classified(loads, outputs, capsys, model)
+    out = outputs / model / "prune"
+    argv = ["prune", model, "--method", "michel", "--steps", "1", "--n-sentences", "4",
+            "--n-sequences", "4", "--catalog", outputs / model / "classify" / "catalog.json"]  # fmt: skip
+    code, printed, err = run(capsys, *argv, "--out", out)
+    assert code == 0, err[-2000:]
+    _files(out, "prune")
+    catalog = json.loads((outputs / model / "classify" / "catalog.json").read_text())
+    for name, t in catalog["types"].items():
+        if t["heads"]:
+            assert name in printed, name  # the --catalog branch of the report
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_discover(loads, outputs, capsys, model):
+    out = outputs / model / "discover"
+    types = {"minilm-l6": "positional,previous_token", "toy-induction": "duplicate_token,induction"}
+    types = types.get(model, "previous_token,induction")
+    argv = ["discover", model, "--types", types, "--n-sentences", "8", "--n-sequences", "4",
+            "--clusters", "2"]  # fmt: skip
+    code, printed, err = run(capsys, *argv, "--out", out)
+    assert code == 0, err[-2000:]
+    _files(out, "discover")
+    assert "cluster" in printed
+
+
+@pytest.mark.parametrize("model", DECODERS)
+def test_kv_plan_from_the_catalog(loads, outputs, capsys, model):
+    _classified(loads, outputs, capsys, model)
+    out = outputs / model / "kv"
+    argv = ["kv-plan", model, "--catalog", outputs / model / "classify", "--types", "induction"]
+    code, printed, err = run(capsys, *argv, "--out", out)
+    assert code == 0, err[-2000:]
+    _files(out, "kv-plan")
+    plan = json.loads((out / "plan.json").read_text())
+    catalog = json.loads((outputs / model / "classify" / "catalog.json").read_text())
+    assert catalog["types"]["induction"]["heads"] and plan
+
+
+def test_kv_plan_refuses_the_encoder(loads, outputs, capsys):
+    code, _, err = run(capsys, "kv-plan", "minilm-l6", "--heads", "L0H0", "--out", outputs / "x")
+    assert code == 2 and err.count("headmech: error:") == 1 and "Traceback" not in err
+    assert "minilm-l6 is an encoder" in err and "loading" not in err  # before loading
+    from headmech.kv import KVPlan
+
+    with pytest.raises(headmech.errors.InputError, match="is an encoder"):
+        KVPlan.windowed(headmech.models.load_model("minilm-l6"))
+
+
+def test_bfloat16_classify(loads, outputs, capsys):
+    out = outputs / "bf16"
+    argv = ["classify", "smollm2-135m", "--dtype", "bfloat16", "--types", "induction",
+            "--n-sequences", "4", "--out", out]  # fmt: skip
+    code, printed, err = run(capsys, *argv)
+    assert code == 0, err[-2000:]
+    data = json.loads((out / "catalog.json").read_text())
+    assert data["provenance"]["dtype"] == "bfloat16" if "dtype" in data["provenance"] else True
+    assert data["types"]["induction"]["heads"]  # bf16 weights still find induction heads
+
+
+def test_force_replaces_and_plain_rerun_refuses(loads, outputs, capsys):
+    out = outputs / "force"
+    argv = ["importance", "toy-induction", "--method", "zero", "--out", out]
+    assert run(capsys, *argv)[0] == 0
+    first = (out / "importance.json").read_bytes()
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "--force" in err and "Traceback" not in err
+    code, _, err = run(capsys, *argv, "--force")
+    assert code == 0, err[-2000:]
+    assert (out / "importance.json").read_bytes() == first  # same run, same bytes
