@@ -73,6 +73,14 @@ def test_copying_score_matches_full_vocab_eigenvalues(tiny_models):
         small = torch.linalg.eigvals((w.W_O[layer, head] @ U @ E @ w.W_V[layer, head]).double())
         want = float(eig.sum().real / eig.abs().sum())
         assert want == pytest.approx(float(small.sum().real / small.abs().sum()), abs=1e-6)
+        # the same identity over the whole vocabulary gives the library's score
+        full = torch.linalg.eigvals(
+            (w.W_O[layer, head] @ w.W_U @ w.W_E @ w.W_V[layer, head]).double()
+        )
+        assert float(got[layer, head]) == pytest.approx(
+            float(full.sum().real / full.abs().sum()), abs=1e-5
+        )
+    assert float(got.std()) > 1e-3  # heads differ: a constant score would fail
     assert got.shape == (2, 4) and torch.isfinite(got).all()
 
 

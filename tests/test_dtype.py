@@ -47,14 +47,16 @@ def test_bf16_catalog_matches_fp32(tiny_models, bf16_models, kind):
     full = headmech.classify(tiny_models[kind], TYPES, **opts)
     half = headmech.classify(bf16_models[kind], TYPES, **opts)
     for name in TYPES:
-        # attention weights in bf16 carry 8 bits of mantissa: ~0.4% relative error each;
-        # averages over many positions stay within 0.02 of the fp32 model's. Positional is
-        # a share of argmaxes: on a random model's near-uniform rows a few ties flip
-        # (measured 0.04 = 1 of 24 query positions), hence 0.05 there
-        atol = 0.05 if name == "positional" else 0.02
-        torch.testing.assert_close(
-            half[name].score, full[name].score, atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
-        )
+        # attention masses in bf16 differ from fp32 by < 1e-4 here (measured), on scores of
+        # 0.08-0.14: 2e-3 fails a zero or constant score. Positional is a share of argmaxes:
+        # on a random model's near-uniform rows a few ties flip (measured 0.04 = 1 of 24
+        # query positions), hence 0.05 there
+        atol = 0.05 if name == "positional" else 2e-3
+        f, h = full[name].score, half[name].score
+        torch.testing.assert_close(h, f, atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        # and the heads keep their order: correlation over heads measured 0.84-1.0
+        corr = float(torch.corrcoef(torch.stack([f.flatten(), h.flatten()]).double())[0, 1])
+        assert corr > 0.7, (name, corr)
 
 
 def test_bf16_ablation_agrees_with_fp32(tiny_models, bf16_models):
@@ -110,4 +112,13 @@ def test_circuit_and_path_patching_run_in_bf16(tiny_models, bf16_models):
             bf16_models[kind], "induction", (0, 1), component="k", probe_options=SMALL
         )
         assert half.dtype == torch.float32 and torch.isfinite(half[1]).all()  # receivers
-        torch.testing.assert_close(half, full, atol=0.05, rtol=0.1, equal_nan=True)
+        assert torch.isfinite(full[1]).all()
+    # effects on random tiny models are ~1e-6, below bf16's noise: compare where they are
+    # large, on the trained toy: its previous-token head L0H3 feeds the induction heads'
+    # keys (effects 0.40-0.94, measured; bf16 moves them by at most 0.006)
+    toy, toy_half = (headmech.load_model("toy-induction", dtype=d) for d in (None, "bfloat16"))
+    full = path_patch(toy, "induction", (0, 3), component="k", probe_options=SMALL)
+    half = path_patch(toy_half, "induction", (0, 3), component="k", probe_options=SMALL)
+    big = float(full[1].abs().max())
+    assert big > 0.3
+    assert float((half - full).abs().nan_to_num().max()) < 0.02 * big

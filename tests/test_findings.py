@@ -55,18 +55,43 @@ def test_a_saturated_layer_falls_back_and_too_many_labels_have_no_control(tiny_m
     assert "no control possible" in v["control_note"] and v["effect"] != 0.0
 
 
-def test_sink_threshold_is_gu_et_al(tiny_models):
-    sink = headmech.get_head_type("attention_sink")
-    assert sink.default_threshold == 0.3 and "Gu et al." in (sink.__doc__ or "")
-    cat = headmech.classify(tiny_models["llama"], [_type("attention_sink", 0.0)], n_sentences=8)
-    details = cat["attention_sink"].details
-    assert details["sink_ratio"] == 1.0  # threshold 0: every head
+@pytest.mark.slow
+def test_sink_score_equals_a_hand_computation_from_the_patterns(smollm2):
+    """The attention-sink score, by hand: each prose sentence alone (no padding) through
+    ``run_with_cache``, every head's weight on position 0 averaged over the real queries
+    from position 1 on; and Gu et al.'s ε = 0.3 labels exactly the heads at or above it."""
+    from headmech.probes import build_probe
+
+    model = smollm2  # a trained model: its heads differ (a tiny random one's all sit at 1/n)
+    options = {"n_sentences": 6, "batch_size": 4}
+    cat = headmech.classify(model, ["attention_sink"], n_boot=0, **options)
+    total = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.float64)
+    count = 0
+    for b in build_probe("prose", model, ProbeOptions(**options)).batches:
+        for row in range(b.input_ids.shape[0]):
+            n = int(b.attention_mask[row].sum())
+            queries = ~b.special[row, :n] & (torch.arange(n) >= 1)
+            _, cache = model.run_with_cache(b.input_ids[row : row + 1, :n])
+            for layer in range(model.cfg.n_layers):
+                pattern = cache[f"blocks.{layer}.attn.hook_pattern"][0].double()  # [h, q, k]
+                total[layer] += pattern[:, queries, 0].sum(-1)
+            count += int(queries.sum())
+    want = total / count
+    got = cat["attention_sink"].score.double()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert float(want.std()) > 0.1  # heads differ: one constant score would fail
+    n_layers, n_heads = want.shape
+    labelled = {(la, h) for la in range(n_layers) for h in range(n_heads) if want[la, h] >= 0.3}
+    assert 0 < len(labelled) < n_layers * n_heads
+    assert {tuple(h) for h in cat.heads("attention_sink")} == labelled
+    assert headmech.get_head_type("attention_sink").default_threshold == 0.3
 
 
 @pytest.mark.slow
 def test_smollm2_validates_every_type_without_crashing(smollm2, capsys):
-    """`headmech classify smollm2-135m --validate` used to crash: attention_sink labels most
-    heads, so no control could be drawn. Now it says so and the rest validates."""
+    """The API path of `headmech classify smollm2-135m --validate`, which used to crash:
+    attention_sink labels most heads, so no control could be drawn. Now it says so and the
+    rest validates. (The command itself, with its printed report: tests/test_commands.py.)"""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cat = headmech.classify(

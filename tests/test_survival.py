@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from headmech.classify import HeadCatalog, TypeResult
@@ -63,3 +64,14 @@ def test_compare_orders_on_a_tiny_model(tiny_models):
     assert len(clean) == 1  # nothing removed: the same metric for every order
     assert all(v[1]["n_kept"] == 4 for v in res.values())
     assert res["importance"][1]["metric"] != res["importance"][0]["metric"]
+    # which heads each order removes first, and the metric with exactly those zeroed
+    from headmech.ablation import ablation
+    from headmech.interventions import evaluate
+
+    task = get_task("lm", model)
+    least = [HeadIndex(0, h) for h in range(4)]  # importance 0..3: layer 0 goes first
+    unlabelled = [HeadIndex(0, 0), HeadIndex(0, 2), HeadIndex(0, 3), HeadIndex(1, 1)]
+    for kind, heads in (("importance", least), ("catalog", unlabelled)):
+        want = evaluate(model, task, batches, [ablation(heads)])
+        assert res[kind][1]["metric"] == pytest.approx(want, abs=1e-6), kind
+    assert res["catalog"][1]["metric"] != res["importance"][1]["metric"]
