@@ -17,6 +17,11 @@ PYTEST_ARGS ?=
 # tutorials spread over them; every worker gets an equal share of the CPU's threads
 # (tests/conftest.py). PYTEST_WORKERS=0 runs the suite in one process.
 PYTEST_WORKERS ?= 2
+# COVERAGE=1 (CI: .ci/run): line and branch coverage of headmech/ (pytest-cov), the uncovered
+# lines listed, and the floor of tests/coverage_floor.py enforced (+2 min on this machine).
+# Processes the tests start (torchrun, notebook kernels) are not measured.
+COVERAGE ?=
+COV_ARGS := $(if $(COVERAGE),--cov=headmech --cov-report=term-missing:skip-covered --cov-report=json:coverage.json)
 
 .PHONY: setup demo test lint docs format bench catalog clean
 
@@ -54,7 +59,8 @@ format: setup
 	$(VENV)/bin/ruff check --fix headmech tests benchmarks
 
 test: setup lint docs
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(COV_ARGS) $(PYTEST_ARGS)
+	$(if $(COVERAGE),$(PY) tests/coverage_floor.py coverage.json)
 
 # The published catalogs (catalog/): every bundled model, every registered head type, with
 # validation (tests/test_published_catalog.py checks them). One model:
@@ -76,4 +82,4 @@ bench: setup
 	$(PY) benchmarks/report.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) docs/api .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_OUT) docs/api .pytest_cache .mypy_cache .ruff_cache .coverage coverage.json

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import json
 import pkgutil
 import re
 import subprocess
@@ -138,3 +139,26 @@ def test_contribution_guide_example_runs_and_passes_the_harness():
     assert cls.name == "first_token" and cls.task == "lm"
     check_head_type(cls)
     exec(compile(blocks[1], "guide_check", "exec"), namespace)  # the page's own check
+
+
+def test_coverage_floor_fails_below_it_in_one_line(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "floor", Path(__file__).with_name("coverage_floor.py")
+    )
+    floor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floor)
+
+    def run(lines: int, branches: int) -> int:
+        path = tmp_path / "c.json"
+        totals = {"covered_lines": lines, "num_statements": 100, "covered_branches": branches,
+                  "num_branches": 100}  # fmt: skip
+        path.write_text(json.dumps({"totals": totals}))
+        return floor.main(str(path))
+
+    assert run(100, 100) == 0
+    assert run(int(floor.LINES) - 1, 100) == 1
+    assert "lines 93.0% < 94%" in capsys.readouterr().err
+    assert run(100, int(floor.BRANCHES) - 1) == 1
+    assert "branches 83.0% < 84%" in capsys.readouterr().err.strip()
