@@ -22,7 +22,6 @@ References:
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from torch import Tensor
 
 from headmech.errors import InputError
 from headmech.heads import HeadIndex
+from headmech.kv.budget import _positive, kv_ranking, split_budget
 from headmech.provenance import check_weights, dumps
 
 if TYPE_CHECKING:
@@ -43,12 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["PLAN_SCHEMA", "KVPlan", "kv_ranking", "split_budget"]
 
 PLAN_SCHEMA = "1"
-
-
-def _positive(value: int, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(f"{what} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 NOT_A_DECODER = (
@@ -322,61 +316,6 @@ class KVPlan:
             f"KVPlan({self.model}: {self.n_full} of {self.full.numel()} KV heads full, "
             f"sinks {self.sinks}, window {self.window})"
         )
-
-
-def split_budget(
-    budget: float,
-    context: int,
-    n_kv_total: int,
-    sinks: int,
-    window: int,
-    n_full: int | None = None,
-) -> tuple[int, int]:
-    """How a KV budget is spent: ``(full KV heads, window)``.
-
-    As many KV heads keep the whole cache as leave every other head at least ``sinks +
-    window`` entries within ``budget`` (a fraction of the whole cache at ``context``
-    tokens), or ``n_full`` if given; the window of the others then widens to spend what
-    is left. Below ``(sinks + window) / context`` no head is full and the window shrinks.
-
-    Raises:
-        InputError: a budget outside (0, 1] or too small for one token beyond the sinks.
-    """
-    if not 0 < budget <= 1:
-        raise InputError(f"a KV budget is a fraction in (0, 1], got {budget}")
-    _positive(context, "context", 1)
-    total = budget * context * n_kv_total  # cached positions the budget allows
-    small = min(context, sinks + window)
-    if n_full is not None:
-        k = n_full
-    elif small >= context:
-        return n_kv_total, window
-    else:
-        k = min(n_kv_total, max(0, math.floor((total - n_kv_total * small) / (context - small))))
-    if k == n_kv_total:
-        return k, window
-    w = math.floor((total - k * context) / (n_kv_total - k) + 1e-9) - sinks
-    if w < 1:
-        raise InputError(f"a budget of {budget} at {context} tokens leaves no window")
-    return k, min(w, context)
-
-
-def kv_ranking(catalog: HeadCatalog, types: Sequence[str], group: int) -> list[tuple[int, int]]:
-    """Every ``(layer, kv_head)``, best first: a KV head's score is its best query head's
-    best score over ``types``, each score divided by its type's threshold (labelled heads
-    first, then the rest by how close they come); ties by position."""
-    scores = []
-    for t in types:
-        r = catalog[t]
-        s = torch.nan_to_num(r.score.float(), nan=float("-inf"))
-        scores.append(s / r.threshold if r.threshold > 0 else s)
-    best = torch.stack(scores).amax(0)  # [n_layers, n_heads]
-    kv = best.view(best.shape[0], -1, group).amax(-1)  # [n_layers, n_kv_heads]
-    order = sorted(
-        ((float(kv[la, k]), la, k) for la in range(kv.shape[0]) for k in range(kv.shape[1])),
-        key=lambda x: (-x[0], x[1], x[2]),
-    )
-    return [(la, k) for _, la, k in order]
 
 
 def _check_catalog(cat: HeadCatalog, model: Any, types: Sequence[str], force: bool) -> None:

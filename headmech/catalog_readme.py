@@ -1,0 +1,143 @@
+"""``catalog/README.md``: the published catalogs as Markdown, from their files alone.
+
+Per model (:func:`readme`): how it was made (the command, versions, weights hash,
+seconds) and a table of every type: threshold, labelled heads with scores, the validation
+effect with its interval against the controls' median and range, the metric; then the
+cross-model section of :mod:`headmech.compare`. ``make catalog`` (:mod:`headmech.publish`)
+writes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["readme"]
+
+
+def _heads_cell(t: dict[str, Any], most: int = 12) -> str:
+    """Labelled heads, best first, with scores (the best unlabelled head when none)."""
+    score = t["score"]
+    heads = [(la, h, score[la][h]) for la, h in t["heads"]]
+    if not heads:
+        cells = [(la, h, v) for la, row in enumerate(score) for h, v in enumerate(row)]
+        la, h, v = max(cells, key=lambda c: float("-inf") if c[2] is None else c[2])
+        return "none" if v is None else f"none (best L{la}H{h} {v:.2f})"
+    text = ", ".join(f"L{la}H{h} {v:.2f}" for la, h, v in heads[:most])
+    return text + (f", … (+{len(heads) - most})" if len(heads) > most else "")
+
+
+def _validation_cell(v: dict[str, Any] | None) -> tuple[str, str]:
+    """``(labelled effect [interval], controls: median (range))`` of one type."""
+    if not v:
+        return "not validated", ""
+    if not v.get("n_heads"):
+        return "no labelled heads", ""
+    if v.get("effect") is None:
+        return "—", v.get("control_note", "")
+    effect = f"{v['effect']:+.3g}"
+    if v.get("expected") == "lower":
+        effect += " (expected: lower)"
+    if v.get("effect_interval"):
+        effect += " [{:+.3g}, {:+.3g}]".format(*v["effect_interval"])
+    if v.get("random_median") is None:
+        return effect, v.get("control_note") or "no control"
+    lo, hi = v["random_range"]
+    where = {"same_layers": "same layers", "any_layer": "any layer"}.get(v["control"], "")
+    n = len(v["random_effects"])
+    return effect, f"{v['random_median']:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} sets, {where})"
+
+
+def _model_section(folder: Path) -> list[str]:
+    """One model's part of ``catalog/README.md``: how it was made, then the table."""
+    data = json.loads((folder / "catalog.json").read_text())
+    run = json.loads((folder / "run.json").read_text())
+    prov, m = data["provenance"], data["model"]
+    s = run["seconds"]
+    lines = [
+        f"## {m['name']} ({m['n_layers']} layers x {m['n_heads']} heads)",
+        "",
+        f"`{run['command']}` (headmech {data['headmech_version']}, weights SHA-256 "
+        f"`{prov['model']['weights_sha256'][:16]}…`): load {s['load']:.0f} s, classify and "
+        f"validate {s['classify']:.0f} s, check size {s['check']:.0f} s of wall time; "
+        f"{run['cpu_seconds']:.0f} CPU seconds on {run['threads']} threads. "
+        f"[catalog.json]({m['name']}/catalog.json), [heatmaps]({m['name']}/heatmaps/).",
+        "",
+        "| type | threshold | heads | labelled heads (score), best first | ablation effect [95% CI] | "
+        "random heads: median (range) | metric (ablation) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, t in data["types"].items():
+        v = t["details"].get("validation")
+        effect, control = _validation_cell(v)
+        metric = f"{v['metric']} ({v['mode']})" if v else ""
+        lines.append(
+            f"| [`{name}`]({m['name']}/heatmaps/{name}.png) | {t['threshold']:g} | "
+            f"{len(t['heads'])} | {_heads_cell(t)} | {effect} | {control} | {metric} |"
+        )
+    by_reason: dict[str, list[str]] = {}
+    for k, reason in run["skipped"].items():  # the same reason once, its types together
+        by_reason.setdefault(reason.replace(f"head type '{k}' ", ""), []).append(f"`{k}`")
+    if by_reason:
+        lines += ["", "Not applicable:", ""]
+        lines += [f"- {', '.join(ks)}: {r}." for r, ks in by_reason.items()]
+    return [*lines, ""]
+
+
+_INTRO = """\
+# Published head catalogs
+
+Which heads of each bundled model do what, computed by `make catalog`
+(`python -m headmech.publish`; about {minutes:.0f} minutes on 2 CPU cores) and committed,
+so nothing has to run to look them up. Per model, `<model>/catalog.json` is exactly what
+the command shown writes (scores with bootstrap intervals for every head, labels,
+type-specific evidence, provenance: versions, weights and probe-data SHA-256);
+`<model>/heatmaps/<type>.png` shows each type's score (labelled heads outlined in red).
+
+**Validation** (`details.validation` in catalog.json): the labelled heads are ablated
+together (each type's ablation: zero, mean or uniform attention) and the type's task
+metric (a loss: higher is worse) is measured; the effect is ablated minus clean, with a
+95% bootstrap interval over probe examples. The same is done for random sets of as many
+unlabelled heads from the same layers; their median and range are the control. An effect
+well above the controls' range supports the label.
+
+`<model>/check.json` is the same classification at a small size (no validation); the
+test suite (`tests/test_published_catalog.py`) regenerates it and compares it (labels
+exactly, numbers to 1e-4), and
+checks that every registered head type has an entry and a heatmap here, so a change in
+the code's results or a new head type fails CI until `make catalog` is run again
+(`make catalog CATALOG_MODELS=minilm-l6` redoes one model).
+"""
+
+
+def _across(root: Path, models: Sequence[str]) -> list[str]:
+    """The cross-model section: the table of :mod:`headmech.compare` and the types the
+    published decoders share."""
+    from headmech.compare import cross_model_rows, cross_model_table, shared_types
+
+    decoders = [m for m in ("smollm2-135m", "gemma3-270m") if (root / m / "catalog.json").is_file()]
+    both = shared_types(cross_model_rows(root, list(models)), decoders)
+    return [
+        "## Across models",
+        "",
+        "Per type and model: labelled heads (share of all heads), the median relative depth "
+        "of the labelled heads (0 first layer, 1 last), and the validation effect against "
+        "the controls' median (n/a: the type does not apply to the model).",
+        "",
+        cross_model_table(root, [m for m in models if m != "toy-induction"]),
+        f"Types with labelled heads in both decoders ({', '.join(decoders)}): "
+        f"{', '.join(f'`{n}`' for n in both) or 'none'}.",
+    ]
+
+
+def readme(root: Path, models: Sequence[str]) -> str:
+    """``catalog/README.md`` from the published folders of ``models`` under ``root``."""
+    folders = [root / m for m in models if (root / m / "catalog.json").is_file()]
+    runs = [json.loads((f / "run.json").read_text())["seconds"] for f in folders]
+    minutes = sum(sum(s.values()) for s in runs) / 60
+    lines = [_INTRO.format(minutes=max(minutes, 1)), *_across(root, models), ""]
+    for f in folders:
+        lines += _model_section(f)
+    return "\n".join(lines)
