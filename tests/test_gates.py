@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import headmech
 from headmech.probes import ProbeOptions, build_probe
 from headmech.pruning.l0 import (
     GAMMA,
@@ -136,3 +137,65 @@ def test_mae_training_runs_and_changes_metric(tiny_models):
     assert res.finetuned < res.base  # fine-tuning on the task lowers its loss
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_mae_gates_learn_which_head_to_drop(tiny_dirs):
+    """A planted toy: the tiny GPT-2 with head L1H2's output scaled by 50 and the final norm
+    by 30 (so the next-token loss feels the heads). Gate training alone (the model frozen)
+    must find what a brute-force search over the 16 ways to drop one head per layer
+    (others scaled by n/(n-1), as the experts are) finds: per layer, the gates put their
+    weight p on the best combination's dropped head, keep the planted head (every
+    combination that drops it is worse than the base model), and the gated loss is the
+    best combination's, below the untrained gates' (the base model) and a random
+    combination's (the median)."""
+    import itertools
+
+    from headmech.interventions import applied, evaluate
+    from headmech.pruning.mae import MAEGates, mae_intervention, train_mae
+    from headmech.tasks import get_task
+
+    model = headmech.load_model(str(tiny_dirs["gpt2"]))  # a copy: its weights change
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    d_head = int(model.cfg.d_head)
+    with torch.no_grad():
+        c_proj = model.blocks[1].attn.original_component.c_proj.weight  # [heads * d_head, d]
+        c_proj[2 * d_head : 3 * d_head] *= 50.0
+        model.ln_final.original_component.weight.mul_(30.0)
+    task = get_task("lm", model)
+    batches = task.batches(model, ProbeOptions(n_sentences=12, batch_size=4))
+    base = evaluate(model, task, batches)
+    rescale = n_heads / (n_heads - 1)
+    combos = {}
+    for dropped in itertools.product(range(n_heads), repeat=n_layers):
+        scale = torch.full((n_layers, n_heads), rescale)
+        scale[range(n_layers), list(dropped)] = 0.0
+        combos[dropped] = evaluate(model, task, batches, [gate_intervention(model, scale)])
+    best = min(combos, key=combos.get)
+    median = sorted(combos.values())[len(combos) // 2]
+    # the planted head matters: every combination that drops it is worse than the base
+    assert all(loss > base for d, loss in combos.items() if d[1] == 2)
+    assert best[1] != 2 and combos[best] < base - 0.05
+
+    gates = MAEGates(
+        n_layers, n_heads, int(model.cfg.d_model), generator=torch.Generator().manual_seed(0)
+    )
+    frozen_before = [p.detach().clone() for p in model.parameters()]
+    train_mae(model, gates, task, batches, [None] * len(batches), rounds=1, gate_steps=40,
+              model_steps=0, lr_gate=0.1)  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(frozen_before, model.parameters(), strict=True))
+    record: list = []
+    total = count = 0.0
+    with torch.no_grad():
+        for b in batches:
+            with applied(model, [mae_intervention(model, gates, b.attention_mask, record)]):
+                s, c = task.metric(model, b)
+            total, count = total + float(s.sum()), count + float(c.sum())
+    mae = total / count
+    p = torch.stack([torch.cat(record[layer::n_layers]) for layer in range(n_layers)])
+    assert p.shape == (n_layers, 12, n_heads)  # per layer, per sequence: weights p
+    for layer, head in enumerate(best):
+        assert bool((p[layer].argmax(-1) == head).all()), (layer, p[layer])
+        assert float(p[layer, :, head].min()) > 0.9
+    assert float(p[1, :, 2].max()) < 0.01  # the planted head is kept (scale n/(n-1))
+    assert mae == pytest.approx(combos[best], abs=0.01)
+    assert mae < base - 0.05 and mae < median - 0.05

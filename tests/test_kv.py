@@ -7,6 +7,7 @@ compressed cache against the masked model (greedy tokens, logits to 1e-4, bytes)
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -199,6 +200,154 @@ def test_allowed_keys_counts_sinks_and_window():
     assert ok[0].nonzero()[:, 0].tolist() == [0, 1, 6, 7, 8, 9]
 
 
+# --- the metrics, by hand from the planned model's logits ---------------------------
+
+
+@pytest.fixture(scope="module")
+def long_llama():
+    from headmech.testing import tiny_model
+
+    return tiny_model("causal")  # LLaMA, 2 layers, 4 query heads, 2 KV heads, 256 positions
+
+
+def _planned_logits(model, plan, ids: torch.Tensor) -> torch.Tensor:
+    """The logits of the model under ``plan``'s masks (the bridge itself for no plan)."""
+    with torch.inference_mode():
+        if plan is None:
+            return model(ids).float()
+        with planned(model, plan) as hf:
+            return hf(ids).logits.float()
+
+
+def _answer_with_hits(model, plan, batch, hits: set[int]):
+    """The needle trial with its answer tokens rewritten, one at a time, so that answer
+    token k is the planned model's argmax exactly when k is in ``hits`` (the logits
+    before token k see only the tokens before it, so each choice stays as made)."""
+    from dataclasses import replace
+
+    ids = batch.input_ids.clone()
+    answer = [a for a in batch.extras["answer_pos"][0].tolist() if a >= 0]
+    for k, a in enumerate(answer):
+        top = int(_planned_logits(model, plan, ids[:, :a])[0, -1].argmax())
+        ids[0, a] = top if k in hits else (top + 1) % int(model.cfg.d_vocab)
+    return replace(batch, input_ids=ids), answer
+
+
+def test_needle_metrics_equal_hand_values_from_the_planned_logits(long_llama):
+    """Three trials whose answers the planned model gets wholly, half and not at all
+    right (built so): recall 1/3, token accuracy the mean of 1, 1/2, 0 by token count,
+    and the answers' log-probabilities from log_softmax of the planned logits. A plan
+    that evaluate ignored, or answer positions off by one, would give other numbers."""
+    model = long_llama
+    plan = KVPlan.from_heads(model, [(0, 1)], sinks=1, window=8)
+    raw = needle_batches(model, 128, depths=(0.2, 0.5, 0.8))
+    trials, want = [], []
+    for i, b in enumerate(raw):
+        n = int((b.extras["answer_pos"] >= 0).sum())
+        hits = [set(range(n)), set(range(0, n, 2)), set()][i]
+        batch, answer = _answer_with_hits(model, plan, b, hits)
+        logp = _planned_logits(model, plan, batch.input_ids)[0].log_softmax(-1)
+        target = batch.input_ids[0, answer]
+        lp = logp[torch.tensor(answer) - 1, target].double()  # each answer token, given before
+        assert (logp[torch.tensor(answer) - 1].argmax(-1) == target).tolist() == [k in hits for k in range(n)]  # fmt: skip
+        length = int(batch.attention_mask.sum())
+        want.append({
+            "tokens": length, "depth": round(int(b.extras["needle_start"][0]) / length, 2),
+            "logprob": float(lp.sum()), "nll": float(-lp.mean()),
+            "exact": float(len(hits) == n), "token_accuracy": len(hits) / n,
+        })  # fmt: skip
+        trials.append(batch)
+    got = evaluate(model, plan, trials)
+    assert len(got.trials) == 3
+    for g, w in zip(got.trials, want, strict=True):
+        assert g == pytest.approx(w, rel=1e-5, abs=1e-4), (g, w)
+    assert got.recall == pytest.approx(1 / 3)
+    assert got.token_accuracy == pytest.approx((1 + want[1]["token_accuracy"] + 0) / 3)
+    assert 0 < want[1]["token_accuracy"] < 1
+    assert got.logprob == pytest.approx(sum(w["logprob"] for w in want) / 3, rel=1e-5)
+    # the plan matters: the unmasked model gives these answers other log-probabilities
+    full = evaluate(model, None, trials)
+    assert abs(full.logprob - got.logprob) > 0.1
+
+
+@pytest.mark.parametrize("logit_rows", [512, 7])
+def test_perplexity_equals_a_hand_value_from_the_planned_logits(
+    long_llama, monkeypatch, logit_rows
+):
+    """exp of the mean next-token NLL over every prose position, by hand from the whole
+    sequence's logits; evaluate's unembedding in blocks of rows (7: blocks that do not
+    divide the sequence) gives the same sums."""
+    import headmech.kv.masks
+
+    monkeypatch.setattr(headmech.kv.masks, "_LOGIT_ROWS", logit_rows)
+    model = long_llama
+    prose = prose_batches(model, 96, n=2)
+    for plan in (None, KVPlan.windowed(model, sinks=2, window=6)):
+        nll, count = 0.0, 0
+        for b in prose:
+            logits = _planned_logits(model, plan, b.input_ids)[0, :-1]
+            target = b.input_ids[0, 1:]
+            nll += float(
+                torch.nn.functional.cross_entropy(logits.double(), target, reduction="sum")
+            )
+            count += target.numel()
+        got = evaluate(model, plan, prose=prose)
+        assert got.n_tokens == count == 2 * 95 and not got.trials
+        assert got.nll_sum == pytest.approx(nll, rel=1e-5)
+        assert got.perplexity == pytest.approx(math.exp(nll / count), rel=1e-4)
+        assert math.isnan(got.recall) and math.isnan(got.logprob)
+
+
+def test_kv_ranking_equals_a_hand_ranking():
+    """Every KV head ranked by its best query head's best score over the types, each
+    score divided by its type's threshold (NaN: never seen, last), ties by position;
+    a hand loop over plain floats."""
+    from headmech.kv.budget import kv_ranking
+
+    n_layers, n_heads, group = 3, 6, 3  # 2 KV heads per layer
+    g = torch.Generator().manual_seed(0)
+    scores = {
+        "retrieval": (torch.rand(n_layers, n_heads, generator=g) * 0.2, 0.1),
+        "induction": (torch.rand(n_layers, n_heads, generator=g) * 0.8, 0.4),
+        "attention_sink": (torch.rand(n_layers, n_heads, generator=g) * 2 - 1, 0.0),
+    }
+    scores["retrieval"][0][1, 3:] = float("nan")  # KV head (1, 1) never seen by retrieval
+    scores["induction"][0][2, :3] = float("nan")
+    scores["attention_sink"][0][0, 3:] = float("nan")  # never seen: below ...
+    scores["attention_sink"][0][2, 3:] = -0.5  # ... a KV head whose scores are all negative
+    scores["retrieval"][0][0, 0] = scores["retrieval"][0][2, 5] = 0.5  # 5 x threshold: a tie
+    info = ModelInfo("tiny", n_layers, n_heads, n_heads // group, 16, 64, True)
+    cat = HeadCatalog(
+        info,
+        {k: TypeResult(k, "", t, s, []) for k, (s, t) in scores.items()},
+        provenance={},
+    )
+
+    def hand(types):
+        rows = []
+        for la in range(n_layers):
+            for kv in range(n_heads // group):
+                best = float("-inf")
+                for t in types:
+                    s, threshold = scores[t]
+                    for h in range(kv * group, (kv + 1) * group):
+                        v = float(s[la, h])
+                        if v != v:  # NaN
+                            continue
+                        best = max(best, v / threshold if threshold > 0 else v)
+                rows.append((best, la, kv))
+        rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+        return [(la, kv) for _, la, kv in rows]
+
+    for types in (["retrieval"], ["attention_sink"], ["retrieval", "induction"], ["induction", "attention_sink"]):  # fmt: skip
+        assert kv_ranking(cat, types, group) == hand(types), types
+    ranking = kv_ranking(cat, ["retrieval"], group)
+    assert ranking[:2] == [(0, 0), (2, 1)]  # the tie, by position
+    assert ranking[-1] == (1, 1)  # never seen: last
+    assert kv_ranking(cat, ["attention_sink"], group)[-1] == (0, 1)  # after negative scores
+    assert kv_ranking(cat, ["retrieval", "induction"], group) != ranking  # the types count
+
+
 # --- the compressed cache ----------------------------------------------------------
 
 
@@ -321,28 +470,64 @@ def test_cli_kv_plan(llama, tiny_dirs, tmp_path, capsys):
 # --- SmolLM2 -----------------------------------------------------------------------
 
 
+def _needle_attention(model, batches) -> torch.Tensor:
+    """Per query head, by hand with TransformerLens hooks: the attention mass on the
+    needle sentence from the answer steps (the query before each answer token), averaged
+    over answer steps and trials (``[n_layers, n_heads]``)."""
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    mass = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    for b in batches:
+        query = torch.tensor([a - 1 for a in b.extras["answer_pos"][0].tolist() if a >= 0])
+        start, end = int(b.extras["needle_start"][0]), int(b.extras["needle_end"][0])
+
+        def grab(pattern, hook, query=query, start=start, end=end):
+            layer = int(hook.name.split(".")[1])
+            mass[layer] += pattern[0][:, query, start:end].sum(-1).mean(-1).double()
+
+        hooks = [(f"blocks.{la}.attn.hook_pattern", grab) for la in range(n_layers)]
+        with torch.inference_mode():
+            model.run_with_hooks(b.input_ids, fwd_hooks=hooks)
+    return mass / len(batches)
+
+
 @pytest.mark.slow
 def test_smollm2_compressed_cache_and_masks_at_512_tokens(smollm2):
-    """The needle at 512 tokens: windows of 64 that cannot see it lose it; keeping the
-    catalogued retrieval heads' KV heads whole keeps more of it; the compressed cache
-    answers as the masked model and holds the expected fraction of the full cache."""
+    """The needle at 512 tokens: windows of 64 that cannot see it lose it; keeping whole
+    the KV heads of the 8 query heads that attend most to the needle while answering
+    (measured here by hand on a held-out trial, not taken from a catalog) keeps more of
+    it; the full model's numbers equal a hand computation from the bridge's logits; the
+    compressed cache answers as the masked model and holds the expected fraction of the
+    full cache."""
+    held_out = needle_batches(smollm2, 512, depths=(0.25,), seeds=(1,))
+    mass = _needle_attention(smollm2, held_out)
+    n_heads = int(smollm2.cfg.n_heads)
+    top = mass.flatten().topk(8)
+    heads = [(int(i) // n_heads, int(i) % n_heads) for i in top.indices]
+    assert float(top.values.min()) > 0.5 > float(mass.median())  # a few heads read the needle
     needle = needle_batches(smollm2, 512, depths=(0.5,))
     prose = prose_batches(smollm2, 512, n=1)
-    retrieval = [(18, 6), (20, 6), (18, 7), (17, 3), (23, 2), (17, 4), (21, 8), (22, 7)]
     plans = {
         "full": None,
-        "catalog": KVPlan.from_heads(smollm2, retrieval, sinks=4, window=64),
+        "needle_heads": KVPlan.from_heads(smollm2, heads, sinks=4, window=64),
         "windowed": KVPlan.windowed(smollm2, sinks=4, window=64),
     }
     res = {k: evaluate(smollm2, p, needle, prose) for k, p in plans.items()}
+    # the full model by hand: log_softmax of the bridge's logits at the answer steps
+    answer = torch.tensor([a for a in needle[0].extras["answer_pos"][0].tolist() if a >= 0])
+    ids = needle[0].input_ids
+    with torch.inference_mode():
+        logp = smollm2(ids)[0].float().log_softmax(-1)[answer - 1]
+    target = ids[0, answer]
+    assert res["full"].logprob == pytest.approx(float(logp[torch.arange(len(answer)), target].sum()), abs=2e-3)  # fmt: skip
+    assert res["full"].token_accuracy == float((logp.argmax(-1) == target).double().mean())
     assert res["full"].recall == 1.0 and res["windowed"].recall == 0.0
-    assert res["windowed"].logprob + 5 < res["catalog"].logprob < res["full"].logprob + 0.5
+    assert res["windowed"].logprob + 5 < res["needle_heads"].logprob < res["full"].logprob + 0.5
     assert res["full"].perplexity < res["windowed"].perplexity
     prompt = needle[0].input_ids[:, : int(needle[0].extras["answer_pos"][0, 0])]
-    gen = generate(smollm2, plans["catalog"], prompt, max_new_tokens=3)
-    tokens, logits = _masked_greedy(smollm2, plans["catalog"], prompt, 3)
+    gen = generate(smollm2, plans["needle_heads"], prompt, max_new_tokens=3)
+    tokens, logits = _masked_greedy(smollm2, plans["needle_heads"], prompt, 3)
     assert torch.equal(gen.tokens, tokens) and (gen.logits - logits).abs().max() < 1e-3
     full = generate(smollm2, None, prompt, max_new_tokens=1)
     seen = prompt.shape[1] + 2
     ratio = (gen.nbytes / seen) / (full.nbytes / prompt.shape[1])
-    assert ratio == pytest.approx(plans["catalog"].kv_fraction(seen), abs=0.01)
+    assert ratio == pytest.approx(plans["needle_heads"].kv_fraction(seen), abs=0.01)

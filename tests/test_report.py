@@ -3,13 +3,15 @@ every shape of validation record, every type named, and the pruning survival tab
 
 from __future__ import annotations
 
+import json
+import re
 import warnings
 
 import pytest
 import torch
 
 from headmech import report
-from headmech.classify import _controls, _validation, validate_heads
+from headmech.classify import _controls, _validation, classify, validate_heads
 from headmech.heads import HeadIndex, get_head_type
 from headmech.models import ModelInfo
 from headmech.probes import ProbeOptions
@@ -213,3 +215,140 @@ def test_pruning_with_a_catalog_that_labels_nothing(capsys):
         "     4 heads kept: 3.0000  (lambda 0.5)\n"
         "l0 / lm: 0% of heads removable at <= 5% metric loss\n"
     )
+
+
+# --- the types' own evidence lines -------------------------------------------------------
+
+# fmt: off
+# type, details as the type's details() writes them, the exact lines of its report()
+TYPE_LINES = [
+    ("copy_suppression", {"suppressed_share": {"L10H7": 0.4567, "L0H0": 0.05}, "best_head": [10, 7]},
+     ["L10H7: suppresses its own token for 46% of tokens",
+      "L0H0: suppresses its own token for 5% of tokens"]),
+    ("function_vector",  # the top 5 of the (best-first) top 10; a head with no mass reads 0
+     {"aie": {"L1H2": 0.0312, "L2H0": 0.002, "L3H3": 0.0019, "L1H1": 0.0011, "L0H0": 0.001,
+              "L0H1": -0.0042},
+      "label_mass": {"L1H2": 0.456, "L0H1": 0.1, "L2H0": 0.2, "L3H3": 0.3, "L0H0": 0.9}},
+     ["L1H2: AIE +0.031, attention on the examples' answers 0.46",
+      "L2H0: AIE +0.002, attention on the examples' answers 0.20",
+      "L3H3: AIE +0.002, attention on the examples' answers 0.30",
+      "L1H1: AIE +0.001, attention on the examples' answers 0.00",
+      "L0H0: AIE +0.001, attention on the examples' answers 0.90"]),
+    ("name_mover", {"io_mass": {"L9H6": 0.614, "L9H9": 0.5}, "copy_score": {"L9H6": 0.87},
+                    "negative_copy_score": {"L9H9": 0.12}},
+     ["L9H6: IO mass 0.61, copy 0.87, negative copy 0.00",
+      "L9H9: IO mass 0.50, copy 0.00, negative copy 0.12"]),
+    ("negative_name_mover", {"io_mass": {"L24H4": 0.33}, "copy_score": {"L24H4": 0.01},
+                             "negative_copy_score": {"L24H4": 0.95}},
+     ["L24H4: IO mass 0.33, copy 0.01, negative copy 0.95"]),
+    ("s_inhibition", {"s2_mass": {"L7H3": 0.41, "L8H6": 0.333}, "io_mass": {"L7H3": 0.05},
+                      "above_name_movers": [[8, 6]]},
+     ["L7H3: S2 mass 0.41, IO mass 0.05",
+      "L8H6: S2 mass 0.33, IO mass 0.00 (not below the name movers)"]),
+    ("successor", {"succession_score": {"L9H1": 0.8125, "L4H0": 0.5}},
+     ["L9H1: succession 0.81", "L4H0: succession 0.50"]),
+    ("positional", {"offset": {"L0H2": -1, "L1H8": 1}, "fraction": {"L0H2": 0.993, "L1H8": 0.9512}},
+     ["L0H2: offset -1, 0.99 of queries", "L1H8: offset +1, 0.95 of queries"]),
+    ("syntactic", {"relations": {
+        "det": {"dep_to_head": {"head": [2, 5], "accuracy": 0.914, "baseline": 0.55,
+                                "baseline_offset": 1, "count": 140, "syntactic": True}},
+        "amod": {"head_to_dep": {"head": None, "accuracy": 0.3, "baseline": 0.4,
+                                 "baseline_offset": -1, "count": 12}}}},
+     ["relation  direction     best head  accuracy  baseline (offset)  cases",
+      "det       dep_to_head   L2H5           0.91      0.55 (+1)      140 *",
+      "amod      head_to_dep   -              0.30      0.40 (-1)       12"]),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("name", "details", "lines"), [pytest.param(*r, id=r[0]) for r in TYPE_LINES]
+)
+def test_type_report_lines(name, details, lines):
+    assert get_head_type(name)().report(details) == lines
+    assert get_head_type(name)().report({}) == ([] if name != "syntactic" else lines[:1])
+
+
+def test_evidence_prints_each_types_lines_before_its_validation(capsys):
+    records = {"positional": SHAPES[0][1], "successor": None}
+    catalog = _catalog(records)
+    catalog.types["positional"].details.update(TYPE_LINES[6][1])
+    catalog.types["successor"].details.update(TYPE_LINES[5][1])
+    report.evidence(catalog)
+    assert capsys.readouterr().out == (
+        "\npositional:\n  L0H2: offset -1, 0.99 of queries\n  L1H8: offset +1, 0.95 of queries\n"
+        f"  {SHAPES[0][2]}\n"
+        "\nsuccessor:\n  L9H1: succession 0.81\n  L4H0: succession 0.50\n"
+    )
+
+
+REPORTING = ["copy_suppression", "function_vector", "name_mover", "negative_name_mover",
+             "s_inhibition", "successor", "positional"]  # fmt: skip
+
+
+def test_real_details_with_labelled_heads_print_every_head(tiny_models, tmp_path, capsys):
+    """Every type with evidence lines, classified on the tiny LLaMA with every head
+    labelled (threshold -1e9), saved and read back as ``--catalog`` does: each type prints
+    one line per head its details list (function vectors: the five largest AIEs), with the
+    number the score tensor gives."""
+    model = tiny_models["llama"]
+    types = [get_head_type(n)(-1e9) for n in REPORTING]
+    types[0] = get_head_type("copy_suppression")(-1e9, n_tokens=50)
+    cat = classify(model, types, n_sentences=8, n_sequences=6, n_boot=0)
+    cat.save(tmp_path)
+    report.evidence(HeadCatalog.load(tmp_path / "catalog.json"))
+    out = capsys.readouterr().out
+    assert out.startswith("\n")
+    blocks = dict(b.split(":\n", 1) for b in out[1:].split("\n\n"))  # type -> its lines
+    assert sorted(blocks) == sorted(REPORTING)
+    every = {f"L{la}H{h}" for la in range(2) for h in range(4)}
+    for name, text in blocks.items():
+        score = cat[name].score
+        lines = {}  # head -> its line
+        for line in text.rstrip("\n").split("\n"):
+            head = re.fullmatch(r"  (L\d+H\d+): .*", line)
+            assert head is not None and head[1] not in lines, (name, line)
+            lines[head[1]] = line[2:]
+        if name == "function_vector":  # the five largest AIEs (as the details round them)
+            rounded = {h: round(float(score[int(h[1]), int(h[3])]), 4) for h in every}
+            assert len(lines) == 5
+            assert min(rounded[h] for h in lines) >= max(rounded[h] for h in every - set(lines))
+        else:
+            assert set(lines) == every, name  # every head is labelled (or over the mass cut)
+        for h, line in lines.items():
+            v = float(score[int(h[1]), int(h[3])])
+            want = {
+                "copy_suppression": f"{h}: suppresses its own token for {v:.0%} of tokens",
+                "function_vector": f"{h}: AIE {round(v, 4):+.3f}, attention on the examples'",
+                "name_mover": f"{h}: IO mass {v:.2f}, copy ",
+                "negative_name_mover": f"{h}: IO mass {v:.2f}, copy ",
+                "s_inhibition": f"{h}: S2 mass {v:.2f}, IO mass ",
+                "successor": f"{h}: succession {v:.2f}",
+                "positional": f"{h}: offset ",
+            }[name]
+            assert line.startswith(want), (name, line, want)
+            if name == "positional":
+                assert re.fullmatch(rf"{h}: offset [+-][1-4], {v:.2f} of queries", line), line
+
+
+def test_function_vector_report_is_best_first_after_a_json_round_trip(tmp_path):
+    """catalog.json sorts keys, so the details read back list heads by name: the report
+    still prints the five largest AIEs, largest first (it printed the first five names)."""
+    from headmech.provenance import dumps
+
+    details = {
+        "aie": {"L3H3": 0.0019, "L1H2": 0.0312, "L0H1": -0.0042, "L2H0": 0.002, "L0H0": 0.001,
+                "L1H1": 0.0011},
+        "label_mass": {"L1H2": 0.456, "L0H1": 0.1, "L2H0": 0.2, "L3H3": 0.3, "L0H0": 0.9},
+    }  # fmt: skip
+    back = json.loads(dumps(details))
+    assert list(back["aie"])[:2] == ["L0H0", "L0H1"]  # by name: the worst head second
+    want = [
+        "L1H2: AIE +0.031, attention on the examples' answers 0.46",
+        "L2H0: AIE +0.002, attention on the examples' answers 0.20",
+        "L3H3: AIE +0.002, attention on the examples' answers 0.30",
+        "L1H1: AIE +0.001, attention on the examples' answers 0.00",
+        "L0H0: AIE +0.001, attention on the examples' answers 0.90",
+    ]
+    t = get_head_type("function_vector")()
+    assert t.report(back) == want and t.report(details) == want

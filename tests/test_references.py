@@ -1,0 +1,213 @@
+"""Catalog scores on SmolLM2-135M against TransformerLens' head detector.
+
+``transformer_lens.head_detector.detect_head`` (TransformerLens 4 runs it on a
+``TransformerBridge``) scores a head by its "mul" measure: the attention mass on the
+query-key pairs of a detection pattern, divided by the pattern's total mass — with rows
+that sum to one, the mass on the targets summed over the queries divided by the number
+of *all* queries. It tokenises strings; the shim below hands it the probe's token ids
+instead, so both sides see the same sequences. It runs the model through its own
+``run_with_cache`` and its own detection patterns; headmech streams the statistics from
+hooks, rebuilding the patterns from q and k.
+
+How the definitions relate, and what is compared:
+
+* ``duplicate_token`` and ``induction`` on repeated random tokens: the detector's
+  patterns and headmech's targets are the same query-key pairs (BOS never repeats, and
+  the random halves hold no repeated token of their own). headmech's ``<name>.rows``
+  statistic is the detector's score (mass over all queries); its score divides by the
+  queries that have a target instead: ``Σ_s score_s · n_s / Σ_s n_target_s``.
+* ``previous_token`` on prose: the detector's pattern also pairs position 1 with BOS;
+  headmech treats special tokens as neither queries nor targets. The reference is the
+  detector with that pattern's special-token rows and columns cleared (and the raw
+  detector differs from it by exactly the attention from position 1 to BOS).
+
+The catalog's bootstrap intervals are checked too: a percentile bootstrap written here
+over the detector's per-sequence numbers, with headmech's resample counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from transformer_lens.head_detector import (
+    detect_head,
+    get_duplicate_token_head_detection_pattern,
+    get_induction_head_detection_pattern,
+    get_previous_token_head_detection_pattern,
+)
+
+import headmech
+from headmech.engine import stream_statistics
+from headmech.heads import get_head_type
+from headmech.probes import ProbeOptions, build_probe
+from headmech.uncertainty import LEVEL, N_BOOT, bootstrap_weights
+
+pytestmark = pytest.mark.slow  # SmolLM2 (once per session)
+
+OPTIONS = ProbeOptions(n_sequences=8, half_len=16, n_sentences=8, batch_size=8, seed=0)
+
+
+class _Tokens:
+    """What ``detect_head`` needs of a model, with ``to_tokens`` returning the probe's
+    token ids rather than tokenising a string."""
+
+    def __init__(self, model, tokens: torch.Tensor) -> None:
+        self.cfg, self.model, self.tokens = model.cfg, model, tokens
+
+    def to_tokens(self, seq):
+        return self.tokens
+
+    def run_with_cache(self, *args, **kwargs):
+        return self.model.run_with_cache(*args, **kwargs)
+
+
+@dataclass
+class Detected:
+    """Per sequence (in the probe's order): the detector's scores ``[n_seq, n_layers,
+    n_heads]``, the number of queries ``n`` and of queries with a target ``n_target``."""
+
+    score: torch.Tensor
+    n: torch.Tensor
+    n_target: torch.Tensor
+    bos: torch.Tensor  # attention from position 1 to position 0, [n_seq, n_layers, n_heads]
+
+    def pooled_rows(self) -> torch.Tensor:  # mass on targets / every query, pooled
+        return (self.score * self.n[:, None, None]).sum(0) / self.n.sum()
+
+    def per_target_query(self) -> torch.Tensor:  # mass on targets / queries with one
+        return (self.score * self.n[:, None, None]).sum(0) / self.n_target.sum()
+
+
+def _detect(model, probe, patterns) -> dict[str, Detected]:
+    """``detect_head`` on every sequence of the probe alone (no padding), for every
+    ``name -> (tokens, special) -> detection pattern`` (one cache per sequence)."""
+    out: dict[str, list] = {k: [] for k in patterns}
+    bos: list[torch.Tensor] = []
+    for b in probe.batches:
+        for row in range(b.input_ids.shape[0]):
+            n = int(b.attention_mask[row].sum())
+            tokens = b.input_ids[row : row + 1, :n]
+            _, cache = model.run_with_cache(tokens, remove_batch_dim=True)
+            layers = range(int(model.cfg.n_layers))
+            bos.append(torch.stack([cache["pattern", la][:, 1, 0] for la in layers]).double())
+            for name, make in patterns.items():
+                det = make(tokens, b.special[row, :n])
+                s = detect_head(_Tokens(model, tokens), "", det, cache=cache, error_measure="mul")
+                out[name].append((s.double(), n, int((det.sum(-1) > 0).sum())))
+    return {
+        name: Detected(
+            torch.stack([s for s, *_ in rows]),
+            torch.tensor([n for _, n, *_ in rows], dtype=torch.float64),
+            torch.tensor([k for _, _, k in rows], dtype=torch.float64),
+            torch.stack(bos),
+        )
+        for name, rows in out.items()
+    }
+
+
+def _without_special(make):
+    def det(tokens, special):
+        p = make(tokens.cpu()).clone()
+        p[special], p[:, special] = 0, 0
+        return p
+
+    return det
+
+
+@pytest.fixture(scope="module")
+def repeated(smollm2):
+    probe = build_probe("repeated_random", smollm2, OPTIONS)
+    for b in probe.batches:  # the detector's patterns equal headmech's targets only then
+        first = b.input_ids[:, 1 : 1 + OPTIONS.half_len]
+        assert all(len(set(r)) == OPTIONS.half_len for r in first.tolist())
+    detected = _detect(
+        smollm2,
+        probe,
+        {
+            "duplicate_token": lambda t, sp: get_duplicate_token_head_detection_pattern(t.cpu()),
+            "induction": lambda t, sp: get_induction_head_detection_pattern(t.cpu()),
+        },
+    )
+    return probe, detected
+
+
+@pytest.fixture(scope="module")
+def prose(smollm2):
+    probe = build_probe("prose", smollm2, OPTIONS)
+    detected = _detect(
+        smollm2,
+        probe,
+        {
+            "raw": lambda t, sp: get_previous_token_head_detection_pattern(t.cpu()),
+            "previous_token": _without_special(get_previous_token_head_detection_pattern),
+        },
+    )
+    return probe, detected
+
+
+@pytest.fixture(scope="module")
+def catalog(smollm2):
+    return headmech.classify(
+        smollm2, ["induction", "duplicate_token", "previous_token"], **vars(OPTIONS)
+    )
+
+
+def _hand_interval(d: Detected, seed: int) -> np.ndarray:
+    """Percentile bootstrap of Σ_s num_s / Σ_s n_target_s over the sequences, written
+    out: each resample's sequences listed by index from headmech's resample counts."""
+    num = (d.score * d.n[:, None, None]).numpy()
+    den = d.n_target.numpy()
+    weights = bootstrap_weights(len(den), N_BOOT, seed).numpy()
+    samples = []
+    for w in weights:
+        idx = np.repeat(np.arange(len(den)), w.astype(int))
+        samples.append(num[idx].sum(0) / den[idx].sum())
+    pct = [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2]
+    return np.percentile(np.stack(samples), pct, axis=0)
+
+
+@pytest.mark.parametrize("name", ["duplicate_token", "induction", "previous_token"])
+def test_rows_statistic_is_the_detectors_mul_score(smollm2, repeated, prose, name):
+    """headmech's ``<name>.rows`` is detect_head's score, pooled over the sequences
+    (weighted by their lengths), head by head."""
+    probe, detected = prose if name == "previous_token" else repeated
+    t = get_head_type(name)()
+    stats = stream_statistics(smollm2, probe.batches, t.reducers())
+    want = detected[name].pooled_rows()
+    torch.testing.assert_close(stats.mean(f"{name}.rows").double(), want, atol=1e-5, rtol=0)
+    if name != "previous_token":
+        # every query of the repeated half has its target (the induction pattern's first
+        # repeated query too: the token after the copy of the first random token)
+        assert detected[name].n_target.tolist() == [OPTIONS.half_len] * OPTIONS.n_sequences
+        torch.testing.assert_close(want, detected[name].score.mean(0))  # detect_head's mean
+
+
+@pytest.mark.parametrize("name", ["duplicate_token", "induction", "previous_token"])
+def test_catalog_score_and_interval_from_the_detector(catalog, repeated, prose, name):
+    """classify's score is the detector's mass on the targets per query that has one;
+    its bootstrap interval is the hand percentile bootstrap of the detector's
+    per-sequence numbers on the same resamples."""
+    d = (prose if name == "previous_token" else repeated)[1][name]
+    r = catalog[name]
+    want = d.per_target_query()
+    torch.testing.assert_close(r.score.double(), want, atol=1e-5, rtol=0)
+    assert float(want.max()) > 0.5 and float(want.std()) > 0.05  # heads differ; some do it
+    assert 0 < len(r.heads) < want.numel()
+    lo, hi = _hand_interval(d, OPTIONS.seed)
+    np.testing.assert_allclose(r.low.double().numpy(), lo, atol=1e-5)
+    np.testing.assert_allclose(r.high.double().numpy(), hi, atol=1e-5)
+    assert float((r.high - r.low).max()) > 0.01  # 8 sequences: the intervals have width
+
+
+def test_raw_previous_token_detector_adds_the_attention_to_bos(prose):
+    """The raw detector differs from the reference by exactly each sequence's attention
+    from position 1 to BOS, which headmech leaves out: the one difference in definition."""
+    _, detected = prose
+    raw, ref = detected["raw"], detected["previous_token"]
+    assert torch.equal(raw.n, ref.n) and bool((raw.n_target == ref.n_target + 1).all())
+    extra = (raw.score - ref.score) * raw.n[:, None, None]  # [n_seq, n_layers, n_heads]
+    torch.testing.assert_close(extra, ref.bos, atol=1e-5, rtol=0)
+    assert float(extra.max()) > 0.5  # not negligible: sink heads put most of it on BOS
