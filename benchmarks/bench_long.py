@@ -9,7 +9,14 @@ sink) plus Voita's confidence, three ways, each in a fresh subprocess:
 * ``blocks``: ``stream_statistics(attention="blocks")``: patterns rebuilt from q and k in
   blocks of query rows while the model runs SDPA (what ``classify`` does by default);
 * ``pattern``: ``stream_statistics(attention="pattern")``: eager attention, reducers on
-  every layer's whole ``hook_pattern`` (the path before pattern-free statistics).
+  every layer's whole ``hook_pattern`` (the path before pattern-free statistics);
+* ``points``: only the types whose statistics are point masses (induction, duplicate
+  token: attention on one key per query) in the pattern-free path, where models whose
+  attention call returns the log-sum-exp (:mod:`headmech.attention_call`) build no
+  pattern rows but the few whose argmax the points leave open.
+
+Rotary decoders (SmolLM2, Gemma 3) reduce inside their attention call; Gemma 3's sliding
+windows are in the mask that call receives.
 
 Peak memory above the loaded model (CPU: ``VmHWM`` reset after loading; CUDA: the
 allocator's peak) and seconds of one pass, as ratios to ``bare``; targets at 8,192
@@ -17,6 +24,8 @@ tokens: memory <= 1.25x and time <= 1.5x. Writes a table and ``long.png``.
 
 Usage:
     python benchmarks/bench_long.py [--lengths 2048,4096,8192] [--threads 2]
+    python benchmarks/bench_long.py --model gemma3-270m --lengths 2048,4096,8192
+    python benchmarks/bench_long.py --lengths 16384,32768 --modes bare,blocks,points
     python benchmarks/bench_long.py --device cuda --model-config llama-1b --dtype bfloat16 \\
         --lengths 8192,32768,65536   # random weights from a config: no download
 """
@@ -35,8 +44,9 @@ from pathlib import Path
 import torch
 from common import add_arguments, clock, memory_mb, peak_mb, record, reset_peak, start
 
-MODES = ("bare", "blocks", "pattern")
+MODES = ("bare", "blocks", "pattern", "points")
 TYPES = ("positional", "previous_token", "duplicate_token", "induction", "attention_sink")
+POINT_TYPES = ("duplicate_token", "induction")
 # a LLaMA-3.2-1B-shaped config (grouped-query: 32 query heads, 8 KV heads)
 CONFIGS = {
     "llama-1b": dict(
@@ -81,8 +91,11 @@ def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
     opts = ProbeOptions(n_sequences=1, half_len=(n - 1) // 2, batch_size=1)
     batches = build_probe("repeated_random", model, opts).batches
     short = build_probe("repeated_random", model, ProbeOptions(n_sequences=1, half_len=32)).batches
-    reducers = [r for t in TYPES for r in headmech.get_head_type(t)().reducers()]
-    reducers.append(confidence_reducer())
+    if mode == "points":
+        reducers = [r for t in POINT_TYPES for r in headmech.get_head_type(t)().reducers()]
+    else:
+        reducers = [r for t in TYPES for r in headmech.get_head_type(t)().reducers()]
+        reducers.append(confidence_reducer())
 
     def run(b: list) -> None:
         if mode == "bare":
@@ -90,7 +103,7 @@ def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
                 assert on, "no fused attention for this model"
                 bare_forward(model, b)
         else:
-            stream_statistics(model, b, reducers, attention=mode)
+            stream_statistics(model, b, reducers, attention="blocks" if mode == "points" else mode)
 
     run(short)  # warm-up (and the once-per-model check)
     gc.collect()
@@ -127,7 +140,7 @@ def figure(table: dict[int, dict[str, dict]], name: str) -> None:
 
     data = {"tokens": [], "mode": [], "memory": [], "time": []}
     for n, row in table.items():
-        for mode in ("blocks", "pattern"):
+        for mode in ("blocks", "points", "pattern"):
             if (
                 mode in row
                 and "error" not in row[mode]
@@ -145,7 +158,9 @@ def figure(table: dict[int, dict[str, dict]], name: str) -> None:
         ax.set_ylabel(f"{what} / bare SDPA forward")
     fig.suptitle(f"{name}: head statistics at long context")
     fig.tight_layout()
-    fig.savefig(Path(__file__).with_name("long.png"), dpi=110)
+    suffix = "" if name == "smollm2-135m" else f"_{name}"
+    suffix += "" if max(table) <= 8192 else f"_{max(table)}"
+    fig.savefig(Path(__file__).with_name(f"long{suffix}.png"), dpi=110)
     plt.close(fig)
 
 
@@ -189,7 +204,8 @@ def main() -> None:
                     {
                         "figure": "long",
                         "what": f"{mode} statistics vs bare SDPA forward, one {n}-token sequence "
-                        f"({name}, {args.dtype or 'float32'})",
+                        f"({name}, {args.dtype or 'float32'})"
+                        + (" (induction, duplicate token)" if mode == "points" else ""),
                         "result": f"memory {mx:.2f}x ({r['peak_mb']:.0f} vs {bare['peak_mb']:.0f} MB), "
                         f"time {tx:.2f}x ({r['seconds']:.1f} vs {bare['seconds']:.1f} s)",
                         "target": "memory <= 1.25x, time <= 1.5x at 8,192"
@@ -200,7 +216,10 @@ def main() -> None:
                     }
                 )
     figure(table, name)
-    record("bench_long" + (f"_{args.model_config}" if args.model_config else ""), args.device, rows)
+    # one results.json entry per model (SmolLM2's unnamed) and for lengths past 8,192
+    key = "bench_long" + ("" if name == "smollm2-135m" else f"_{name}")
+    key += "" if max(lengths) <= 8192 else "_" + "_".join(str(n) for n in lengths)
+    record(key, args.device, rows)
 
 
 if __name__ == "__main__":

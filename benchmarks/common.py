@@ -137,7 +137,14 @@ def machine(device: str | None) -> dict[str, Any]:
         pass
     with open("/proc/meminfo") as f:
         ram_kb = next(int(ln.split()[1]) for ln in f if ln.startswith("MemTotal:"))
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    def version(name: str) -> str | None:  # a GPU machine may have no TransformerLens
+        try:
+            return installed(name)
+        except PackageNotFoundError:
+            return None
 
     out = {
         "cpu": cpu,

@@ -14,10 +14,12 @@ target positions, shared by every layer), and a function that returns, for one l
 attention mass on the target and how often the head's argmax hits it.
 
 Long sequences never hold a whole pattern: by default (``attention="auto"``) pattern
-reducers get the pattern rebuilt from the hooked q and k in blocks of query rows sized by
-a memory budget (:mod:`headmech.blockwise`) while the model runs fused attention, and the
-eager ``hook_pattern`` is used only where the rebuilt one cannot be trusted (a hook edits
-the pattern, an attention variant the blocks do not reproduce, a failed check).
+reducers get the pattern in blocks of query rows sized by a memory budget, computed inside
+the model's own attention call from the final q and k it receives
+(:mod:`headmech.attention_call`) or, for bridges that attend in the bridge, rebuilt from
+the hooked q and k (:mod:`headmech.blockwise`), while the model runs fused attention; the
+eager ``hook_pattern`` is used only where neither can be trusted (a hook edits the
+pattern, a failed check).
 
 Grouped-query attention needs no special case here: ``hook_pattern`` and ``hook_z`` are
 per query head, so every statistic is ``[n_layers, n_heads]`` with ``n_heads`` query heads.
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from headmech import blockwise, distributed
+from headmech import attention_call, blockwise, distributed
 from headmech.errors import ArgumentError, HeadIndexError
 from headmech.forward import bare_forward, fast_attention, pattern_hooked, run_blocks
 from headmech.reducers import Reducer, Sums, merge_sums, target_reducer
@@ -99,20 +101,23 @@ def _reduce_hooks(
     ]
 
 
+def _shape3(q: Tensor) -> tuple[int, int, int]:
+    """Sequences, heads and query positions of ``[batch, n_heads, q_pos, d_head]``."""
+    return int(q.shape[0]), int(q.shape[1]), int(q.shape[2])
+
+
 def _reduce_blocks(
     pattern_reducers: Sequence[Reducer],
-    q: Tensor,
-    k: Tensor,
-    geom: blockwise.Geometry,
+    rows_of: Callable[[slice], Tensor],
+    shape: tuple[int, int, int],
     layer: int,
     state: dict[str, Any],
     stats: HeadStats,
 ) -> None:
-    """Rebuild one layer's pattern ``rows`` queries at a time and reduce each block; a
-    reducer that is not blockwise gets all rows in one block."""
-    batch: ProbeBatch = state["batch"]
-    keys = batch.attention_mask.bool()
-    n_seqs, n_heads, n = q.shape[0], q.shape[1], q.shape[2]
+    """Build one layer's pattern ``rows`` queries at a time (``rows_of(rows)``; ``shape``:
+    sequences, heads, queries) and reduce each block; a reducer that is not blockwise gets
+    all rows in one block."""
+    n_seqs, n_heads, n = shape
     step = blockwise.rows_per_block(n_seqs, n_heads, n, state["budget"])
     for group, size in (
         ([r for r in pattern_reducers if r.blockwise], step),
@@ -121,7 +126,7 @@ def _reduce_blocks(
         acc: dict[str, dict[str, list[Any]]] = {r.name: {} for r in group}
         for start in range(0, n if group else 0, size):
             rows = slice(start, min(n, start + size))
-            block = blockwise.pattern_rows(q, k, keys, geom, layer, rows)
+            block = rows_of(rows)
             for r in group:
                 merge_sums(acc[r.name], _call(r, block, state, layer, rows))
             blockwise.forget()
@@ -148,7 +153,12 @@ def _block_hooks(
         layer = _layer_of(hook.name)
         rope = state["rope"].pop(layer, None)
         q, k = blockwise.rotate(state.pop("q"), activation.detach(), rope, geom)
-        _reduce_blocks(pattern_reducers, q, k, geom, layer, state, stats)
+        keys = state["batch"].attention_mask.bool()
+
+        def rows_of(rows: slice) -> Tensor:
+            return blockwise.pattern_rows(q, k, keys, geom, layer, rows)
+
+        _reduce_blocks(pattern_reducers, rows_of, _shape3(q), layer, state, stats)
 
     others = _reduce_hooks([r for r in reducers if r.hook != "hook_pattern"], layers, stats, state)
     qk = [(f"blocks.{la}.attn.hook_q", keep_q) for la in layers]
@@ -156,29 +166,60 @@ def _block_hooks(
     return (qk if pattern_reducers else []) + others
 
 
-# models whose blocks were checked against their own pattern: model -> geometry or None
-_CHECKED: weakref.WeakKeyDictionary[Any, blockwise.Geometry | None] = weakref.WeakKeyDictionary()
+def _call_reducer(
+    reducers: Sequence[Reducer], stats: HeadStats, state: dict[str, Any]
+) -> Callable[[int, attention_call.LayerCall], None]:
+    """Pattern reducers inside the model's attention call (:mod:`headmech.attention_call`):
+    from point masses where every one of them has them and the call brought the rows'
+    log-sum-exp, else from blocks of the pattern built from the final q and k it received."""
+    pattern_reducers = [r for r in reducers if r.hook == "hook_pattern"]
+    pointwise = all(r.points is not None for r in pattern_reducers)
+
+    def on_call(layer: int, call: attention_call.LayerCall) -> None:
+        if pointwise and call.lse is not None:
+            view = attention_call.Points(call)
+            for r in pattern_reducers:
+                assert r.points is not None
+                out = r.points(view, state["batch"], state["prepared"][r.name], layer)
+                _add(stats, r.name, layer, out)
+            return
+
+        def rows_of(rows: slice) -> Tensor:
+            return attention_call.pattern_rows(call, rows)
+
+        _reduce_blocks(pattern_reducers, rows_of, _shape3(call.q), layer, state, stats)
+
+    return on_call
+
+
+# models whose pattern-free path was checked against their own pattern: model -> (mode,
+# geometry) or None
+_CHECKED: weakref.WeakKeyDictionary[Any, tuple[str, blockwise.Geometry | None] | None] = (
+    weakref.WeakKeyDictionary()
+)
 BLOCK_MEMORY = 256 * 2**20  # default bytes for one block of rebuilt pattern rows
 
 
 def _probe_reducer() -> Reducer:
-    """Random projections of the pattern and its argmax: equal in both paths only if the
-    rebuilt pattern is the model's."""
+    """Random projections of the pattern's real query rows and their argmax: equal in
+    both paths only if the rebuilt pattern is the model's (a padding query's row is
+    whatever each path makes of a row with no key, and no statistic reads it)."""
 
     def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice) -> Sums:
         n = int(batch.input_ids.shape[1])
         w = torch.rand(n, n, generator=torch.Generator().manual_seed(layer))
+        real = batch.attention_mask[:, None, rows].to(pattern)  # [batch, 1, rows]
         w = w[rows, : pattern.shape[-1]].to(pattern.device)
-        proj = (pattern * w).sum((-1, -2))
-        top = pattern.argmax(-1).float().sum(-1)
+        proj = (pattern * w * real[..., None]).sum((-1, -2))
+        top = (pattern.argmax(-1).float() * real).sum(-1)
         return {"proj": (proj, torch.ones(pattern.shape[0])), "top": (top, 1.0)}
 
     return Reducer("check", fn, blockwise=True)
 
 
-def _blocks_reproduce(model: TransformerBridge, geom: blockwise.Geometry) -> bool:
-    """Whether the rebuilt pattern equals the model's on two short random sequences (one
-    padded), checked once per model."""
+def _blocks_reproduce(model: TransformerBridge, mode: str, geom: blockwise.Geometry | None) -> bool:
+    """Whether the pattern-free path's pattern equals the model's on two short random
+    sequences (one padded), checked once per model."""
     n = min(48, int(getattr(model.cfg, "n_ctx", 48) or 48))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, int(model.cfg.d_vocab), (2, n), generator=g)
@@ -188,7 +229,7 @@ def _blocks_reproduce(model: TransformerBridge, geom: blockwise.Geometry) -> boo
     r = [_probe_reducer()]
     a, _ = _stream(model, [batch], r, None, "pattern", None, BLOCK_MEMORY, shard=False)
     # a budget of a few rows: several blocks
-    b, _ = _stream(model, [batch], r, None, "blocks", geom, n * 2 * 4 * 2, shard=False)
+    b, _ = _stream(model, [batch], r, None, mode, geom, n * 2 * 4 * 2, shard=False)
     diff = float((a.sums["check.proj"] - b.sums["check.proj"]).abs().max())
     ties = float((a.sums["check.top"] - b.sums["check.top"]).abs().max())
     if diff > 1e-4 or ties > 0:
@@ -204,6 +245,21 @@ def _any_hooks(model: TransformerBridge) -> bool:
     return any(hp._forward_hooks or hp._forward_pre_hooks for hp in model.hook_dict.values())
 
 
+def _pattern_free(model: TransformerBridge) -> tuple[str, blockwise.Geometry | None] | str:
+    """Where patterns come from without the eager ``hook_pattern``: inside the model's
+    attention call (``"call"``), else rebuilt from the hooked q and k (``"blocks"`` and
+    the geometry); or why neither can be trusted."""
+    if pattern_hooked(model):  # interventions on the pattern need the real one
+        return "a hook reads or edits the pattern"
+    why_call = attention_call.possible(model)
+    if why_call is None:
+        return "call", None
+    geom = blockwise.geometry(model)
+    if isinstance(geom, str):
+        return f"{why_call}, and {geom} is not rebuilt from q and k"
+    return "blocks", geom
+
+
 def _choose(
     model: TransformerBridge, reducers: Sequence[Reducer], attention: str
 ) -> tuple[str, blockwise.Geometry | None]:
@@ -211,21 +267,21 @@ def _choose(
         raise ValueError(f"attention must be auto, pattern or blocks, got {attention!r}")
     if attention == "pattern" or not any(r.hook == "hook_pattern" for r in reducers):
         return "pattern", None
-    geom = blockwise.geometry(model)
-    hooked = pattern_hooked(model)
+    where = _pattern_free(model)
     if attention == "blocks":
-        if isinstance(geom, str) or hooked:
-            why = geom if isinstance(geom, str) else "a hook reads or edits the pattern"
-            raise ValueError(f"cannot rebuild attention patterns from q and k: {why}")
-        return "blocks", geom
-    if isinstance(geom, str) or hooked:  # interventions on the pattern need the real one
+        if isinstance(where, str):
+            raise ValueError(
+                f"cannot compute attention patterns without the eager pattern: {where}"
+            )
+        return where
+    if isinstance(where, str):
         return "pattern", None
     if model not in _CHECKED:
         if _any_hooks(model):  # the check's random input must not meet a caller's edits
             return "pattern", None
-        _CHECKED[model] = geom if _blocks_reproduce(model, geom) else None
+        _CHECKED[model] = where if _blocks_reproduce(model, *where) else None
     checked = _CHECKED[model]
-    return ("blocks", checked) if checked is not None else ("pattern", None)
+    return checked if checked is not None else ("pattern", None)
 
 
 def _stream(
@@ -246,14 +302,19 @@ def _stream(
     layers = list(range(n_layers)) if layers is None else list(layers)
     device = next(model.parameters()).device
     state: dict[str, Any] = {"prepared": {}, "rope": {}, "budget": budget, "sizes": []}
+    ctx: Any = contextlib.ExitStack()
     if mode == "blocks":
         assert geom is not None
         fwd_hooks = _block_hooks(reducers, layers, stats, state, geom)
-        ctx: Any = contextlib.ExitStack()
         ctx.enter_context(blockwise.capture_rotary(model, layers, state["rope"]))
         ctx.enter_context(fast_attention(model))
+    elif mode == "call":
+        others = [r for r in reducers if r.hook != "hook_pattern"]
+        fwd_hooks = _reduce_hooks(others, layers, stats, state)
+        on_call = _call_reducer(reducers, stats, state)
+        ctx.enter_context(attention_call.reducing(model, layers, on_call))
     else:
-        fwd_hooks, ctx = _reduce_hooks(reducers, layers, stats, state), contextlib.nullcontext()
+        fwd_hooks = _reduce_hooks(reducers, layers, stats, state)
     # under torchrun: batch i on rank i mod world (unless every rank runs every batch)
     rank, world = distributed.world() if shard else (0, 1)
     with torch.inference_mode(), ctx, model.hooks(fwd_hooks=fwd_hooks):
@@ -315,11 +376,15 @@ def stream_statistics(
         total: number of batches, for the bar.
         attention: where pattern reducers get the pattern. ``"pattern"``: the model's own
             ``hook_pattern`` (eager attention, one whole ``T x T`` pattern per layer).
-            ``"blocks"``: rebuilt from the hooked q and k in blocks of query rows
-            (:mod:`headmech.blockwise`) while the model runs fused attention. ``"auto"``
-            (default): blocks where the model's geometry allows, nothing hooks the
-            pattern (a pattern intervention needs the real one) and a check on a short
-            input reproduced the model's pattern (once per model); else the pattern.
+            ``"blocks"``: pattern-free, in blocks of query rows: inside the model's own
+            attention call from the final q and k, mask, scaling, soft-capping and sinks it
+            receives (:mod:`headmech.attention_call`; rotary decoders, every attention
+            variant their code implements), else rebuilt from the hooked q and k
+            (:mod:`headmech.blockwise`: GPT-2, GPT-NeoX, Phi-3, BERT), while the model runs
+            fused attention. ``"auto"`` (default): pattern-free where the model allows,
+            nothing hooks the pattern (a pattern intervention needs the real one) and a
+            check on a short input reproduced the model's pattern (once per model); else
+            the pattern.
         block_memory: bytes for one block of rebuilt rows and its temporaries.
 
     Returns:

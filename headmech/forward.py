@@ -30,6 +30,7 @@ __all__ = [
     "BlockInputs",
     "block_inputs",
     "fast_attention",
+    "hf_attention_forward",
     "pattern_hooked",
     "run_blocks",
     "starting_at",
@@ -149,11 +150,14 @@ def pattern_hooked(model: TransformerBridge) -> bool:
     return False
 
 
-def _sdpa_forward(attn: Any) -> Any:
+def hf_attention_forward(attn: Any, implementation: str = "sdpa") -> Any:
+    """A forward for the attention bridge ``attn`` that runs its Hugging Face module with
+    the attention function ``implementation`` (transformers' ``AttentionInterface``)."""
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         hf = attn.original_component
         old = hf.config._attn_implementation
-        hf.config._attn_implementation = "sdpa"
+        hf.config._attn_implementation = implementation
         try:
             return hf(*args, **kwargs)
         finally:
@@ -171,7 +175,7 @@ def fast_attention(model: TransformerBridge, enable: bool = True) -> Iterator[bo
     attns = [block.attn for block in model.blocks] if on else []
     try:
         for attn in attns:  # the bridge forwards setattr to the wrapped module: go direct
-            attn.__dict__["forward"] = _sdpa_forward(attn)
+            attn.__dict__["forward"] = hf_attention_forward(attn)
         yield on
     finally:
         for attn in attns:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from headmech import blockwise
 from headmech.stats import ProbeBatch
+
+if TYPE_CHECKING:
+    from headmech.attention_call import Points
 
 __all__ = ["Reducer", "Sums", "merge_sums", "target_reducer"]
 
@@ -48,6 +51,12 @@ class Reducer:
             after the block's last query: they have no weight). Its sums and counts over
             the blocks add up to the whole pattern's. Without it a pattern reducer sees
             every query and key at once (one ``T x T`` block).
+        points: the same sums from point masses, without pattern blocks:
+            ``points(view, batch, prepared, layer)`` with ``view`` an
+            :class:`headmech.attention_call.Points` (probabilities of chosen (query, key)
+            pairs from the fused kernel's log-sum-exp, and the argmax of the rows it
+            names). Where every pattern reducer of a pass has it and the model's attention
+            call returns the log-sum-exp, the engine computes no pattern rows but those.
     """
 
     name: str
@@ -55,6 +64,7 @@ class Reducer:
     prepare: Callable[[ProbeBatch], Any] | None = None
     hook: str = "hook_pattern"
     blockwise: bool = False
+    points: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]] | None = None
 
     def __call__(
         self,
@@ -118,6 +128,8 @@ def _checked_targets(
 def target_reducer(
     name: str,
     targets: Callable[[ProbeBatch], Tensor],
+    *,
+    hits: bool = True,
 ) -> Reducer:
     """Attention mass on, and argmax hits of, per-query target positions.
 
@@ -129,6 +141,10 @@ def target_reducer(
         targets: ``targets(batch)`` returns either ``Int[batch, query_pos]`` (one key
             position per query, -1 for none) or ``Bool[batch, query_pos, key_pos]`` (a set
             of target keys per query; empty rows have no target).
+        hits: also ``name.hit``, which needs each row's argmax: from point masses most
+            rows are decided without their whole row, but a diffuse row (a random model's)
+            is computed whole. Without it, inside an attention call that returns the
+            log-sum-exp the statistics cost O(d_head) per query.
 
     Returns:
         A :class:`Reducer` on ``hook_pattern``.
@@ -146,24 +162,66 @@ def target_reducer(
     def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice) -> dict:
         target, has, real_query = (x[:, rows] for x in prepared[:3])
         # pattern: [batch, head_index, query rows, key_pos]
-        top = blockwise.top1(pattern)[1]  # [batch, head_index, query rows]
+        top = blockwise.top1(pattern)[1] if hits else None  # [batch, head_index, query rows]
         width = pattern.shape[-1]  # keys 0 .. width - 1 (later keys have no weight)
+        hit = None
         if target.dim() == 2:  # one key per query: read it, no [query, key] mask needed
             idx = target.clamp(max=width - 1)[:, None, :, None].expand(-1, pattern.shape[1], -1, 1)
             mass = pattern.gather(-1, idx)[..., 0] * (has & (target < width))[:, None]
-            hit = top == target[:, None]
+            if top is not None:
+                hit = top == target[:, None]
         else:
             mass = _set_mass(pattern, prepared[3], rows)
-            hit = target[:, None, :, :width].expand_as(pattern).gather(-1, top[..., None])[..., 0]
-        w = has[:, None].to(pattern.dtype)
-        n = has.sum(1)  # [batch]: per sequence
-        return {
-            "mass": ((mass * w).sum(2), n),
-            "hit": ((hit.to(pattern.dtype) * w).sum(2), n),
-            "rows": ((mass * real_query[:, None]).sum(2), real_query.sum(1)),
-        }
+            if top is not None:
+                sets = target[:, None, :, :width].expand_as(pattern)
+                hit = sets.gather(-1, top[..., None])[..., 0]
+        return _target_sums(mass, hit, has, real_query)
 
-    return Reducer(name, fn, prepare, blockwise=True)
+    def points(view: Points, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
+        target, has, real_query = prepared[:3]
+        if target.dim() == 2:  # one key per query
+            mass = view.at(target) * has[:, None]
+
+            def is_target(keys: Tensor) -> Tensor:
+                return keys == target[:, None]
+
+            best = mass
+        else:  # a set of keys per query: its (sequence, query, key) rows
+            b, q, k = prepared[3].unbind(-1)
+            p = view.pairs(b, q, k)  # [pairs, head]
+            n_seqs, n = target.shape[:2]
+            mass = p.new_zeros(n_seqs, n, p.shape[1]).index_put_((b, q), p, accumulate=True)
+            mass, best = mass.transpose(1, 2), _set_max(p, b, q, n_seqs, n).transpose(1, 2)
+            sets = target[:, None]  # [batch, 1, q_pos, key_pos]
+
+            def is_target(keys: Tensor) -> Tensor:  # keys [batch, head, q_pos]
+                return sets.expand(-1, keys.shape[1], -1, -1).gather(-1, keys[..., None])[..., 0]
+
+        hit = view.hits(best, is_target, has) if hits else None
+        return _target_sums(mass, hit, has, real_query)
+
+    return Reducer(name, fn, prepare, blockwise=True, points=points)
+
+
+def _set_max(p: Tensor, b: Tensor, q: Tensor, n_seqs: int, n: int) -> Tensor:
+    """Per (sequence, query) the largest of its rows' ``p`` (``[pairs, head]``), ``[batch,
+    q_pos, head]`` (0 where a query has none)."""
+    out = p.new_zeros(n_seqs * n, p.shape[1])
+    idx = (b * n + q)[:, None].expand_as(p)
+    return out.scatter_reduce_(0, idx, p, "amax").view(n_seqs, n, p.shape[1])
+
+
+def _target_sums(mass: Tensor, hit: Tensor | None, has: Tensor, real_query: Tensor) -> dict:
+    """target_reducer's statistics from per-row masses and hits ``[batch, head, rows]``."""
+    w = has[:, None].to(mass.dtype)
+    n = has.sum(1)  # [batch]: per sequence
+    out = {
+        "mass": ((mass * w).sum(2), n),
+        "rows": ((mass * real_query[:, None]).sum(2), real_query.sum(1)),
+    }
+    if hit is not None:
+        out["hit"] = ((hit.to(mass.dtype) * w).sum(2), n)
+    return out
 
 
 def merge_sums(acc: dict[str, list[Any]], out: Sums) -> None:

@@ -1,6 +1,6 @@
-"""Pattern-free statistics: patterns rebuilt from q and k in blocks of query rows equal the
-model's own pattern, on every bundled model and on tiny GPT-2, LLaMA (grouped-query) and
-BERT models."""
+"""Pattern-free statistics (inside the model's attention call, or patterns rebuilt from q
+and k in blocks of query rows) equal the model's own pattern, on every bundled model and
+on tiny GPT-2, LLaMA (grouped-query) and BERT models."""
 
 from __future__ import annotations
 
@@ -74,7 +74,15 @@ def test_toy_induction_blocks_equal_pattern():
 
 
 def test_smollm2_blocks_equal_pattern(smollm2):
+    assert engine._pattern_free(smollm2) == ("call", None)
     assert_paths_agree(smollm2, budget=2**20)
+
+
+def test_gemma3_blocks_equal_pattern(gemma3):
+    """Sliding windows in 15 of 18 layers, q/k norms, one KV head: inside the attention
+    call, every statistic of every type equals the eager pattern's."""
+    assert engine._pattern_free(gemma3) == ("call", None)
+    assert_paths_agree(gemma3, budget=2**20)
 
 
 def test_minilm_blocks_equal_pattern(minilm):
@@ -146,53 +154,122 @@ def test_a_wrong_geometry_is_caught_and_falls_back(tiny_models, monkeypatch):
 
 
 def test_unsupported_attention_is_named(tiny_models, monkeypatch):
+    """A rotary decoder reduces inside its attention call whatever its config says (a
+    sliding window is in the mask the call receives); where that call cannot be reached,
+    the geometry rebuilt from q and k names what it does not reproduce, auto falls back
+    to the pattern in silence and ``attention="blocks"`` refuses in one line naming both."""
+    from headmech import attention_call
+
     model = tiny_models["llama"]
     hf = model.blocks[0].attn.original_component
     monkeypatch.setattr(hf.config, "sliding_window", 16, raising=False)
+    reducers = headmech.get_head_type("induction")().reducers()
+    assert engine._pattern_free(model) == ("call", None)
     assert blockwise.geometry(model) == "sliding-window attention"
+    monkeypatch.setattr(attention_call, "possible", lambda m: "no attention call here")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        mode, _ = engine._choose(model, headmech.get_head_type("induction")().reducers(), "auto")
+        mode, _ = engine._choose(model, reducers, "auto")
     assert mode == "pattern"
+    with pytest.raises(ValueError, match="no attention call here, and sliding-window attention"):
+        engine._choose(model, reducers, "blocks")
+
+
+def _previous_token_mass_by_hand(model, batches, pattern_dtype=None, sum_dtype=torch.float64):
+    """Mean attention on the previous token per head, from the model's own (bf16) q, k,
+    cos and sin (TransformerLens hooks) upcast to fp32: rotary embeddings, grouped-query
+    heads, causal and padding masks and softmax written out here. ``pattern_dtype`` rounds
+    the pattern (bf16: the model's own pattern), ``sum_dtype`` accumulates the sums."""
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    sums, n = torch.zeros(n_layers, n_heads, dtype=sum_dtype), 0
+    for b in batches:
+        real = b.attention_mask.bool()
+        has = real & ~b.special  # queries whose previous token is real and not special
+        has[:, 0] = False
+        has[:, 1:] &= real[:, :-1] & ~b.special[:, :-1]
+        n += int(has.sum())
+        with torch.no_grad():
+            _, cache = model.run_with_cache(b.input_ids, attention_mask=b.attention_mask)
+        for la in range(n_layers):
+            hook = f"blocks.{la}.attn.hook_"
+            q, k = cache[hook + "q"].float(), cache[hook + "k"].float()  # [batch, pos, head, d]
+            cos, sin = (cache[hook + x].float()[:, :, None] for x in ("cos", "sin"))
+            d = q.shape[-1]
+
+            def rotate(x, cos=cos, sin=sin, d=d):
+                return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
+
+            q, k = rotate(q), rotate(k).repeat_interleave(n_heads // k.shape[2], dim=2)
+            scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / d**0.5
+            t = scores.shape[-1]
+            causal = torch.ones(t, t, dtype=torch.bool).tril()
+            visible = causal[None, None] & real[:, None, None, :]
+            pattern = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+            if pattern_dtype is not None:
+                pattern = pattern.to(pattern_dtype).float()
+            prev = pattern.diagonal(offset=-1, dim1=-2, dim2=-1)  # [batch, head, pos - 1]
+            for row, query in has[:, 1:].nonzero().tolist():  # one addition per query
+                sums[la] += prev[row, :, query].to(sum_dtype)
+    return sums.double() / n
 
 
 def test_blocks_with_bf16_accumulate_in_fp32(tiny_dirs):
-    """A bf16 model's rebuilt rows are fp32 and its statistics stay close to fp32's."""
-    m32 = headmech.load_model(str(tiny_dirs["llama"]))
+    """A bf16 model's rebuilt rows are fp32, and its statistic is the fp32 computation on
+    its bf16 q and k (by hand) to 2e-6; the pattern rounded to bf16, or the sums
+    accumulated in bf16, land at least 5 and 100 times further away."""
+    from headmech.engine import Reducer
+
     m16 = headmech.load_model(str(tiny_dirs["llama"]), dtype="bfloat16")
     t = headmech.get_head_type("previous_token")()
-    batches = build_probe(t.probe, m32, ProbeOptions(n_sentences=8, batch_size=4)).batches
-    a = stream_statistics(m32, batches, t.reducers(), attention="pattern")
-    b = stream_statistics(m16, batches, t.reducers(), attention="blocks")
-    diff = (a.mean("previous_token.mass") - b.mean("previous_token.mass")).abs().max()
-    assert float(diff) < 0.02
+    batches = build_probe(t.probe, m16, ProbeOptions(n_sentences=8, batch_size=4)).batches
+    dtypes = set()
+
+    def spy(block, batch, prepared, layer, rows):
+        dtypes.add(block.dtype)
+        return {}
+
+    reducers = [*t.reducers(), Reducer("spy", spy, blockwise=True)]
+    got = stream_statistics(m16, batches, reducers, attention="blocks")
+    got = got.mean("previous_token.mass").double()
+    assert dtypes == {torch.float32}
+    want = _previous_token_mass_by_hand(m16, batches)
+    # measured: 6.5e-7 (fp32 sums in the engine), the mass itself up to 0.12
+    tolerance = 2e-6
+    assert float((got - want).abs().max()) < tolerance
+    # measured: 2.6e-5 with the pattern rounded to bf16, 8e-4 with sums in bf16
+    bf16_pattern = _previous_token_mass_by_hand(m16, batches, pattern_dtype=torch.bfloat16)
+    bf16_sums = _previous_token_mass_by_hand(m16, batches, sum_dtype=torch.bfloat16)
+    assert float((bf16_pattern - want).abs().max()) > 5 * tolerance
+    assert float((bf16_sums - want).abs().max()) > 100 * tolerance
 
 
-def test_blocks_run_fused_attention(smollm2, monkeypatch):
-    """In the blocks path the model runs SDPA (fast attention is on) and no hook reads
-    the pattern; hook_z reducers still run."""
-    import contextlib
+def test_blocks_run_inside_the_attention_call(smollm2, monkeypatch):
+    """In the pattern-free path SmolLM2 attends through headmech's attention function
+    (the fused kernel, every layer), no hook reads the pattern, and hook_z reducers still
+    run."""
+    from headmech import attention_call
 
-    states, fired = [], []
-    real = engine.fast_attention
+    calls, fired = [], []
+    real = attention_call.stats_attention
 
-    @contextlib.contextmanager
-    def spy_fast(model, enable=True):
-        with real(model, enable) as on:
-            states.append(on)
-            yield on
+    def spy_call(module, *args, **kwargs):
+        calls.append(module.layer_idx)
+        return real(module, *args, **kwargs)
 
     def spy(z, batch, prepared, layer):
         fired.append(layer)
         return {}
 
-    monkeypatch.setattr(engine, "fast_attention", spy_fast)
+    monkeypatch.setattr(attention_call, "stats_attention", spy_call)
     t = headmech.get_head_type("induction")()
     batches = build_probe(t.probe, smollm2, ProbeOptions(n_sequences=2, half_len=8)).batches
     reducers = [*t.reducers(), engine.Reducer("spy", spy, hook="hook_z")]
-    stream_statistics(smollm2, batches, reducers, attention="blocks")
-    assert states == [True]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no layer runs eager
+        stream_statistics(smollm2, batches, reducers, attention="blocks")
+    assert sorted(set(calls)) == list(range(smollm2.cfg.n_layers))
     assert sorted(set(fired)) == list(range(smollm2.cfg.n_layers))
+    assert not engine.pattern_hooked(smollm2)
 
 
 def test_conformance_catches_a_reducer_that_ignores_its_rows(tiny_models):

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import headmech
+from headmech import engine
 from headmech.attribution import importance
 from headmech.engine import ProbeBatch, stream_statistics, target_reducer
 from headmech.errors import HeadmechError, UnsupportedModelError
@@ -310,7 +311,17 @@ def _targets() -> dict[str, Callable[[ProbeBatch], torch.Tensor]]:
         pos = torch.arange(b.input_ids.shape[1]).expand_as(b.input_ids)
         return torch.where(pos >= WINDOW + 1, pos - WINDOW - 1, -1)
 
-    return {"previous": previous, "first": first, "far": far}
+    def recent(b: ProbeBatch) -> torch.Tensor:  # a set: the two keys before each query,
+        n = b.input_ids.shape[1]  # and the key just outside the sliding window
+        pos = torch.arange(n)
+        gap = pos[:, None] - pos[None, :]
+        return ((gap == 1) | (gap == 2) | (gap == WINDOW)).expand(b.input_ids.shape[0], n, n)
+
+    return {"previous": previous, "first": first, "far": far, "recent": recent}
+
+
+# where each family's statistics come from without the eager pattern (engine._pattern_free)
+PATTERN_FREE = {"gpt2": "blocks", "gpt_neox": "blocks", "phi3": "blocks", "bert": "blocks"}
 
 
 def _windowed_layers(family: str) -> list[int]:
@@ -327,9 +338,12 @@ def test_statistics_equal_the_eager_attention_weights(fam, batches):
     for probe, bs in batches.items():
         assert max(b.input_ids.shape[1] for b in bs) > 2 * WINDOW  # the window bites
         reducers = [target_reducer(name, fn) for name, fn in targets.items()]
-        # auto: rebuilt from q and k in blocks where the geometry allows; pattern: the hook
-        stats = stream_statistics(fam.model, bs, reducers)
+        # blocks: pattern-free (inside the model's attention call, or rebuilt from the
+        # hooked q and k): every family has it, so this raises for none; pattern: the hook
+        stats = stream_statistics(fam.model, bs, reducers, attention="blocks")
         eager = stream_statistics(fam.model, bs, reducers, attention="pattern")
+        auto = stream_statistics(fam.model, bs, reducers)
+        assert engine._pattern_free(fam.model)[0] == PATTERN_FREE.get(fam.name, "call")
         sums = {n: torch.zeros(2, 4, dtype=torch.float64) for n in targets}
         counts = {n: 0 for n in targets}
         with torch.no_grad():
@@ -339,18 +353,28 @@ def test_statistics_equal_the_eager_attention_weights(fam, batches):
                 )
                 for name, fn in targets.items():
                     t = fn(b)
-                    has = (t >= 0) & b.attention_mask.bool()  # real queries with a target
+                    real = b.attention_mask.bool()
+                    if t.dtype == torch.bool:  # a set of keys: the mass on its real keys
+                        t = t & real[:, None, :]
+                        has = t.any(-1) & real
+                    else:
+                        has = (t >= 0) & real  # real queries with a target
                     for la, att in enumerate(out.attentions):  # [batch, head, query, key]
-                        mass = att.double().gather(-1, t.clamp(min=0)[:, None, :, None].expand(
-                            -1, att.shape[1], -1, 1))[..., 0]  # fmt: skip
+                        if t.dtype == torch.bool:
+                            mass = (att.double() * t[:, None]).sum(-1)
+                        else:
+                            mass = att.double().gather(-1, t.clamp(min=0)[:, None, :, None].expand(
+                                -1, att.shape[1], -1, 1))[..., 0]  # fmt: skip
                         sums[name][la] += (mass * has[:, None]).sum((0, 2))
                     counts[name] += int(has.sum())
         for name in targets:
             ref = (sums[name] / counts[name]).float()
-            for path, st in (("auto", stats), ("pattern", eager)):
+            for path, st in (("blocks", stats), ("pattern", eager), ("auto", auto)):
                 got = st.mean(f"{name}.mass")
                 msg = f"{probe} {name} {path}"
                 torch.testing.assert_close(got, ref, atol=STAT_TOL, rtol=0, msg=msg)
+            # the argmax: the same key wins in both paths (no near-ties in random models)
+            torch.testing.assert_close(stats.mean(f"{name}.hit"), eager.mean(f"{name}.hit"))
         far = stats.mean("far.mass")
         for layer in range(2):  # nothing beyond a layer's window; something without one
             if layer in _windowed_layers(fam.name):

@@ -1,0 +1,277 @@
+"""Head statistics inside the attention call against the bare forward, on a Hugging Face
+model alone (no TransformerLens: it runs where only torch and transformers are installed,
+such as a GPU machine).
+
+A LLaMA-shaped decoder with random weights (``--config``: SmolLM2-135M's shape or
+LLaMA-3.2-1B's; grouped-query attention) runs one sequence of ``T`` tokens (BOS, ``T/2``
+random tokens, the same tokens again: the induction probe) four ways:
+
+* ``bare``: transformers' SDPA attention, nothing else;
+* ``points``: every layer through :func:`headmech.attention_call.stats_attention` with the
+  induction and duplicate-token statistics (attention mass on one target key per query,
+  and whether it is the row's argmax) from point masses ``exp(scale · q · k − LSE)``, the
+  log-sum-exp coming from the fused kernel that computes the output (CPU: flash
+  attention; CUDA: memory-efficient attention), only the rows the points leave open
+  computed whole;
+* ``mass``: the same without the argmax hits: nothing but point masses, O(d_head) a
+  query;
+* ``blocks``: the same statistics from pattern blocks of query rows (``--block-mb``), the
+  path every other reducer takes.
+
+Before timing, the two paths are compared with each other and with the eager attention
+weights (``output_attentions``) at ``--check-length`` tokens. Reports time and peak
+memory above the model as ratios to ``bare`` (CUDA: events and the allocator's peak).
+
+Usage:
+    python benchmarks/bench_call.py --lengths 2048,4096 --threads 2
+    python benchmarks/bench_call.py --device cuda --dtype bfloat16 --config llama-1b \\
+        --lengths 8192,32768,65536
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+if importlib.util.find_spec("transformer_lens") is None:
+    # headmech's __init__ needs TransformerLens; the modules used here do not
+    package = types.ModuleType("headmech")
+    package.__path__ = [str(HERE.parent / "headmech")]
+    sys.modules["headmech"] = package
+
+from common import add_arguments, clock, memory_mb, peak_mb, record, reset_peak, start  # noqa: E402
+
+from headmech import attention_call, engine  # noqa: E402
+from headmech.reducers import target_reducer  # noqa: E402
+from headmech.stats import HeadStats, ProbeBatch  # noqa: E402
+
+CONFIGS = {
+    "smollm2-135m": dict(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0,
+    ),
+    "llama-1b": dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+    ),
+}  # fmt: skip
+
+
+def probe(n: int, vocab: int, device: str) -> ProbeBatch:
+    """BOS, then ``h`` random tokens twice (``n = 2h + 1``)."""
+    half = (n - 1) // 2
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, vocab, (1, half), generator=g)
+    ids = torch.cat([torch.ones(1, 1, dtype=torch.long), tokens, tokens], 1)
+    mask = torch.ones_like(ids)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = True
+    return ProbeBatch(ids, mask, special).to(device)
+
+
+def reducers(half: int, mode: str) -> list:
+    """The two statistics; ``mode`` ``mass``: no argmax hits; ``blocks``: no points."""
+
+    def induction(b: ProbeBatch) -> torch.Tensor:  # the token after the earlier copy
+        pos = torch.arange(b.input_ids.shape[1], device=b.input_ids.device)
+        return torch.where(pos > half, pos - half + 1, -1).expand_as(b.input_ids)
+
+    def duplicate(b: ProbeBatch) -> torch.Tensor:  # the earlier copy itself
+        pos = torch.arange(b.input_ids.shape[1], device=b.input_ids.device)
+        return torch.where(pos > half, pos - half, -1).expand_as(b.input_ids)
+
+    hits = mode != "mass"
+    out = [
+        target_reducer("induction", induction, hits=hits),
+        target_reducer("duplicate", duplicate, hits=hits),
+    ]
+    return [dataclasses.replace(r, points=None) for r in out] if mode == "blocks" else out
+
+
+def build(args: argparse.Namespace) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        max_position_embeddings=131072,
+        initializer_range=args.init,
+        **CONFIGS[args.config],
+    )
+    torch.manual_seed(0)
+    with torch.device(args.device or "cpu"):
+        model = LlamaForCausalLM(cfg)
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.float32
+    return model.to(dtype).eval()
+
+
+def statistics(model: Any, batch: ProbeBatch, rs: list, budget: int) -> HeadStats:
+    """One pass of the decoder (no unembedding) with ``rs`` reduced inside every layer's
+    attention call, as the engine does it (:func:`headmech.engine._call_reducer`)."""
+    cfg = model.config
+    stats = HeadStats(cfg.num_hidden_layers, cfg.num_attention_heads)
+    state = {
+        "batch": batch,
+        "budget": budget,
+        "prepared": {r.name: r.prepare(batch) for r in rs},
+    }
+    on_call = engine._call_reducer(rs, stats, state)
+    attention_call._register()
+    layers = model.model.layers
+    old = cfg._attn_implementation
+    try:
+        cfg._attn_implementation = attention_call.IMPLEMENTATION
+        for i, layer in enumerate(layers):
+            layer.self_attn.__dict__["_headmech_stats"] = lambda call, i=i: on_call(i, call)
+        with torch.inference_mode():
+            model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    finally:
+        cfg._attn_implementation = old
+        for layer in layers:
+            layer.self_attn.__dict__.pop("_headmech_stats", None)
+    return stats
+
+
+def bare(model: Any, batch: ProbeBatch) -> None:
+    with torch.inference_mode():
+        model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+
+
+def check(args: argparse.Namespace, model: Any, budget: int) -> dict:
+    """Points vs blocks vs the eager attention weights, at ``--check-length`` tokens."""
+    n = args.check_length
+    batch = probe(n, model.config.vocab_size, args.device or "cpu")
+    half = (n - 1) // 2
+    a = statistics(model, batch, reducers(half, "points"), budget)
+    b = statistics(model, batch, reducers(half, "blocks"), budget)
+    out: dict[str, float] = {}
+    for k in a.sums:
+        out[f"points-blocks {k}"] = float((a.mean(k) - b.mean(k)).abs().max())
+    cfg = model.config
+    old = cfg._attn_implementation
+    try:
+        cfg._attn_implementation = "eager"
+        with torch.inference_mode():
+            att = model.model(input_ids=batch.input_ids, output_attentions=True).attentions
+    finally:
+        cfg._attn_implementation = old
+    for name, r in zip(("induction", "duplicate"), reducers(half, "points"), strict=True):
+        t, has = r.prepare(batch)[:2]
+        want = torch.stack(
+            [
+                (a_.float().gather(-1, t[:, None, :, None].expand(-1, a_.shape[1], -1, 1))[..., 0]
+                 * has[:, None]).sum((0, 2)) / has.sum()
+                for a_ in att
+            ]
+        )  # fmt: skip
+        out[f"points-eager {name}.mass"] = float((a.mean(f"{name}.mass") - want.cpu()).abs().max())
+        out[f"{name}.mass max"] = float(want.max())
+    return out
+
+
+def time_one(args: argparse.Namespace, model: Any, mode: str, n: int, budget: int) -> dict:
+    batch = probe(n, model.config.vocab_size, args.device or "cpu")
+    half = (n - 1) // 2
+
+    def run() -> None:
+        if mode == "bare":
+            bare(model, batch)
+        else:
+            statistics(model, batch, reducers(half, mode), budget)
+
+    counted: list[int] = []
+    real = attention_call.Points.argmax
+
+    def counting(self: Any, rows: torch.Tensor) -> torch.Tensor:
+        counted.append(int(rows.sum()))
+        return real(self, rows)
+
+    attention_call.Points.argmax = counting  # type: ignore[method-assign]
+    try:
+        reset_peak(args.device)
+        base = memory_mb(args.device)
+        t0 = clock(args.device)
+        run()
+        seconds = clock(args.device) - t0
+    finally:
+        attention_call.Points.argmax = real  # type: ignore[method-assign]
+    # rows with a target, over the heads and layers, for each of the two statistics
+    rows = 2 * model.config.num_attention_heads * model.config.num_hidden_layers * (n - 1 - half)
+    return {
+        "seconds": seconds,
+        "peak_mb": peak_mb(args.device) - base,
+        "whole_rows": sum(counted) / rows if mode == "points" else None,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_arguments(ap, model=None)
+    ap.add_argument("--config", default="smollm2-135m", choices=sorted(CONFIGS))
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--lengths", default="2048,4096")
+    ap.add_argument("--check-length", type=int, default=513)
+    ap.add_argument("--block-mb", type=int, default=256, help="memory for a block of rows")
+    ap.add_argument("--blocks-max", type=int, default=32768, help="longest blocks run")
+    ap.add_argument(
+        "--init",
+        type=float,
+        default=0.02,
+        help="weight scale: 0.02 (Hugging Face's) gives near-uniform attention, the points' "
+        "worst case; 0.1 peaked rows, closer to a trained model's",
+    )
+    args = ap.parse_args()
+    start(args)
+    model = build(args)
+    budget = args.block_mb * 2**20
+    attention_call.Points.ROW_BYTES = budget  # rows the points leave open, a chunk at a time
+    agreement = check(args, model, budget)
+    print(json.dumps(agreement, indent=1))
+    for mode in ("bare", "mass", "points", "blocks"):  # warm-up
+        time_one(args, model, mode, 257, budget)
+    rows = []
+    print(f"{'tokens':>7} {'mode':>7} {'seconds':>8} {'peak MB':>8} {'time x':>7} {'mem x':>6}")
+    for n in (int(x) for x in args.lengths.split(",")):
+        results: dict[str, dict] = {}
+        modes = ("bare", "mass", "points", "blocks")
+        for mode in modes if n <= args.blocks_max else modes[:3]:
+            results[mode] = r = time_one(args, model, mode, n, budget)
+            tx = r["seconds"] / results["bare"]["seconds"]
+            mx = r["peak_mb"] / max(results["bare"]["peak_mb"], 1e-9)
+            extra = f"  whole rows {r['whole_rows']:.4f}" if r["whole_rows"] is not None else ""
+            print(
+                f"{n:>7} {mode:>7} {r['seconds']:>8.3f} {r['peak_mb']:>8.0f} {tx:>7.2f} {mx:>6.2f}{extra}"
+            )
+            sys.stdout.flush()
+            if mode != "bare":
+                rows.append(
+                    {
+                        "figure": "call",
+                        "what": f"{mode} statistics (induction, duplicate token"
+                        + (", no argmax hits" if mode == "mass" else "")
+                        + ") in the attention call "
+                        f"vs bare SDPA forward, one {n}-token sequence ({args.config} shape, random "
+                        f"weights of scale {args.init}, {args.dtype or 'float32'})",
+                        "result": f"time {tx:.2f}x ({r['seconds']:.2f} vs {results['bare']['seconds']:.2f} s), "
+                        f"memory {mx:.2f}x",
+                        "target": "time <= 1.5x" if mode != "blocks" else "",
+                        "met": tx <= 1.5 if mode != "blocks" else None,
+                        "values": {"tokens": n, "config": args.config, "init": args.init, mode: r,
+                                   "bare": results["bare"], "agreement": agreement},
+                    }
+                )  # fmt: skip
+    dev = "cuda" if args.device and args.device.startswith("cuda") else "cpu"
+    record(f"bench_call_{args.config}_{dev}_init{args.init:g}", args.device, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Statistics inside the model's attention call: the fused kernel's log-sum-exp against
+``logsumexp`` of the scores, point masses against the softmax, argmax hits decided from
+points against a brute-force argmax, and the engine's choice of path per model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headmech import attention_call, engine
+from headmech.attention_call import LayerCall, Points, pattern_rows
+from headmech.engine import ProbeBatch, stream_statistics, target_reducer
+
+
+def _scores(q, k, scale, allowed):
+    s = (q * scale) @ k.transpose(-1, -2)
+    return s.masked_fill(~allowed, float("-inf"))
+
+
+def _call(seed=0, n_seqs=2, n_heads=3, n=24, d=8, window=None, pad=5, peaks=True):
+    """A causal call with padding at the end of sequence 1, an optional sliding window,
+    and planted peaks (each head attends hard to a key per row), LSE by logsumexp."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n_seqs, n_heads, n, d, generator=g)
+    k = torch.randn(n_seqs, n_heads, n, d, generator=g)
+    if peaks:  # head 0: previous token; head 1: first token; head 2: diffuse
+        for i in range(1, n):
+            q[:, 0, i] += 4 * k[:, 0, i - 1]
+        q[:, 1] += 4 * k[:, 1, :1]
+    pos = torch.arange(n)
+    allowed = pos[None, :] <= pos[:, None]
+    if window is not None:
+        allowed &= pos[:, None] - pos[None, :] < window
+    allowed = allowed[None, None].expand(n_seqs, 1, n, n).clone()
+    allowed[1, :, :, n - pad :] = False  # padding keys of sequence 1
+    scale = d**-0.5
+    lse = _scores(q, k, scale, allowed).logsumexp(-1)
+    return LayerCall(q, k, allowed, scale, None, None, True, lse), allowed
+
+
+def test_kernel_log_sum_exp_equals_logsumexp_of_the_scores():
+    """CPU flash attention's LSE and output, grouped-query keys, bool, additive and no
+    mask: LSE equals logsumexp of the masked scaled scores, the output SDPA's."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 16, 8, generator=g)
+    k, v = torch.randn(2, 2, 16, 8, generator=g), torch.randn(2, 2, 16, 8, generator=g)
+    module = torch.nn.Module()
+    module.is_causal = True
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()[None, None].expand(2, 1, 16, 16).clone()
+    causal[1, :, :, 12:] = False
+    additive = torch.zeros(causal.shape).masked_fill(~causal, torch.finfo(torch.float32).min)
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    for mask, allowed in ((causal, causal), (additive, causal), (None, causal[:1])):
+        fused = attention_call._with_lse(module, q, k, v, mask, 0.3)
+        assert fused is not None
+        out, lse = fused
+        want = _scores(q, kr, 0.3, allowed).logsumexp(-1)
+        torch.testing.assert_close(lse, want, atol=1e-5, rtol=1e-5)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, kr, vr, attn_mask=allowed, scale=0.3
+        )
+        torch.testing.assert_close(out, ref.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_point_masses_equal_the_softmax(window):
+    call, allowed = _call(window=window)
+    view = Points(call)
+    pattern = torch.softmax(_scores(call.q, call.k, call.scale, allowed), -1).nan_to_num(0.0)
+    torch.testing.assert_close(pattern_rows(call, slice(0, 24)), pattern, atol=1e-6, rtol=0)
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randint(0, 24, (2, 24), generator=g)  # some hidden: future, outside window
+    got = view.at(keys)
+    want = pattern.gather(-1, keys[:, None, :, None].expand(-1, 3, -1, 1))[..., 0]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert bool((got == 0).any()) and float(got.max()) > 0.5  # hidden keys and peaks met
+    b, qq = torch.tensor([0, 1, 1]), torch.tensor([3, 10, 20])
+    kk = torch.tensor([1, 10, 2])
+    torch.testing.assert_close(view.pairs(b, qq, kk), pattern[b, :, qq, kk], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_hits_decided_from_points_equal_the_argmax(window, monkeypatch):
+    """Targets: the previous token (head 0's peak), the first token (head 1's), a random
+    earlier key; and sets of keys. Hits equal the brute-force argmax's, and most rows are
+    decided without computing them whole."""
+    call, allowed = _call(window=window, n=40)
+    view = Points(call)
+    pattern = torch.softmax(_scores(call.q, call.k, call.scale, allowed), -1).nan_to_num(0.0)
+    top = pattern.argmax(-1)  # [batch, head, query]
+    rows = allowed[:, 0].any(-1) & torch.ones(2, 40, dtype=torch.bool)
+    rows[1, 35:] = False  # padding queries are not asked about
+    computed = []
+    real = Points.argmax
+    monkeypatch.setattr(
+        Points, "argmax", lambda self, r: computed.append(int(r.sum())) or real(self, r)
+    )
+    pos = torch.arange(40)
+    g = torch.Generator().manual_seed(3)
+    targets = {
+        "previous": (pos - 1).clamp(min=0).expand(2, -1),
+        "first": torch.zeros(2, 40, dtype=torch.long),
+        "random": (torch.rand(2, 40, generator=g) * (pos + 1)).long(),
+    }
+    for name, t in targets.items():
+        p = view.at(t)
+        hits = view.hits(p, lambda keys, t=t: keys == t[:, None], rows)
+        want = (top == t[:, None]) & rows[:, None]
+        assert torch.equal(hits, want), name
+    sets = torch.zeros(2, 40, 40, dtype=torch.bool)
+    sets[:, pos, (pos - 1).clamp(min=0)] = True
+    sets[:, pos, (pos - 3).clamp(min=0)] = True
+    b, qq, kk = sets.nonzero().unbind(-1)
+    best = torch.zeros(2, 40, 3).index_put_((b, qq), view.pairs(b, qq, kk), accumulate=False)
+    best = (
+        torch.zeros(2 * 40, 3)
+        .scatter_reduce_(0, (b * 40 + qq)[:, None].expand(-1, 3), view.pairs(b, qq, kk), "amax")
+        .view(2, 40, 3)
+        .transpose(1, 2)
+    )
+
+    def in_set(keys):
+        return sets[:, None].expand(-1, 3, -1, -1).gather(-1, keys[..., None])[..., 0]
+
+    hits = view.hits(best, in_set, rows)
+    assert torch.equal(hits, in_set(top) & rows[:, None])
+    asked = 4 * int(rows.sum()) * 3
+    assert sum(computed) < asked / 2, (sum(computed), asked)  # most decided from points
+
+
+def test_engine_reduces_inside_the_call_with_points(tiny_models, monkeypatch):
+    """On a tiny LLaMA the engine takes the call path; target reducers run from points
+    (no pattern block is built) and equal the eager pattern's statistics; a reducer
+    without points makes the pass build blocks."""
+    model = tiny_models["llama"]
+    assert engine._pattern_free(model) == ("call", None)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, int(model.cfg.d_vocab), (2, 30), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 24:] = 0
+    batch = ProbeBatch(ids, mask, mask == 0)
+
+    def previous(b):
+        return torch.arange(b.input_ids.shape[1]).expand_as(b.input_ids) - 1
+
+    def recent(b):  # the two keys before each query
+        n = b.input_ids.shape[1]
+        pos = torch.arange(n)
+        gap = pos[:, None] - pos[None, :]
+        return ((gap >= 1) & (gap <= 2)).expand(b.input_ids.shape[0], n, n)
+
+    reducers = [target_reducer("prev", previous), target_reducer("recent", recent)]
+    blocks = []
+    real = attention_call.pattern_rows
+    monkeypatch.setattr(attention_call, "pattern_rows", lambda c, r: blocks.append(r) or real(c, r))
+    got = stream_statistics(model, [batch], reducers, attention="blocks")
+    assert blocks == []  # every statistic from points
+    want = stream_statistics(model, [batch], reducers, attention="pattern")
+    for k in want.sums:
+        torch.testing.assert_close(got.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)
+    assert float(want.mean("prev.hit").max()) > 0  # hits happen, so the comparison bites
+
+    spy = engine.Reducer("spy", lambda p, b, pr, la, rows: {}, blockwise=True)
+    stream_statistics(model, [batch], [*reducers, spy], attention="blocks")
+    assert blocks  # a reducer without points: blocks for every reducer of the pass
