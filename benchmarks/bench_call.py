@@ -52,6 +52,7 @@ if importlib.util.find_spec("transformer_lens") is None:
 from common import add_arguments, clock, memory_mb, peak_mb, record, reset_peak, start  # noqa: E402
 
 from headmech import attention_call, engine  # noqa: E402
+from headmech.points import Points  # noqa: E402
 from headmech.reducers import target_reducer  # noqa: E402
 from headmech.stats import HeadStats, ProbeBatch  # noqa: E402
 
@@ -189,13 +190,13 @@ def time_one(args: argparse.Namespace, model: Any, mode: str, n: int, budget: in
             statistics(model, batch, reducers(half, mode), budget)
 
     counted: list[int] = []
-    real = attention_call.Points.argmax
+    real = Points.argmax
 
     def counting(self: Any, rows: torch.Tensor) -> torch.Tensor:
         counted.append(int(rows.sum()))
         return real(self, rows)
 
-    attention_call.Points.argmax = counting  # type: ignore[method-assign]
+    Points.argmax = counting  # type: ignore[method-assign]
     try:
         reset_peak(args.device)
         base = memory_mb(args.device)
@@ -203,7 +204,7 @@ def time_one(args: argparse.Namespace, model: Any, mode: str, n: int, budget: in
         run()
         seconds = clock(args.device) - t0
     finally:
-        attention_call.Points.argmax = real  # type: ignore[method-assign]
+        Points.argmax = real  # type: ignore[method-assign]
     # rows with a target, over the heads and layers, for each of the two statistics
     rows = 2 * model.config.num_attention_heads * model.config.num_hidden_layers * (n - 1 - half)
     return {
@@ -233,7 +234,7 @@ def main() -> None:
     start(args)
     model = build(args)
     budget = args.block_mb * 2**20
-    attention_call.Points.ROW_BYTES = budget  # rows the points leave open, a chunk at a time
+    Points.ROW_BYTES = budget  # rows the points leave open, a chunk at a time
     agreement = check(args, model, budget)
     print(json.dumps(agreement, indent=1))
     for mode in ("bare", "mass", "points", "blocks"):  # warm-up

@@ -22,15 +22,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from headmech.errors import HeadmechError, InputError
+from headmech.errors import ArgumentError, HeadIndexError, HeadmechError, InputError
 from headmech.placement import DTYPES, device, dtype
 
 # fmt: off
 __all__ = [
     "DTYPES", "MAX_N_RANDOM", "MIN_SENTENCES", "HeadmechWarning", "count", "device", "dtype",
     "fraction", "kinds", "lams", "lookup", "method_options", "number_list", "out_dir",
-    "probe_options", "prose_problem", "seed", "staged_output", "suggestion",
-    "too_few_sentences", "warn",
+    "probe_options", "prose_problem", "seed", "staged_output", "stream_arguments",
+    "suggestion", "too_few_sentences", "warn",
 ]
 # fmt: on
 
@@ -283,3 +283,22 @@ def prose_problem(tokenizer: Any, sentences: Sequence[str] | None = None) -> str
         f"the model's tokenizer reads {share:.0%} of the prose as its unknown token "
         f"{tokenizer.unk_token!r} (it knows no English words)"
     )
+
+
+def stream_arguments(model: Any, reducers: Sequence[Any], layers: Sequence[int] | None) -> None:
+    """:func:`headmech.engine.stream_statistics`' reducers (unique names) and layers (of
+    the model)."""
+    names = [r.name for r in reducers]
+    if len(set(names)) != len(names):
+        raise ArgumentError(f"reducer names must be unique, got {names}")
+    n_layers = int(model.cfg.n_layers)
+    if layers is not None and (
+        not layers
+        or any(
+            isinstance(la, bool) or not isinstance(la, int) or not 0 <= la < n_layers
+            for la in layers
+        )
+    ):
+        raise HeadIndexError(
+            f"layers {list(layers)!r}: give layers of the model, 0 to {n_layers - 1} (None: all)"
+        )

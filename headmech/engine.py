@@ -37,8 +37,10 @@ import torch
 from torch import Tensor
 
 from headmech import attention_call, blockwise, distributed
-from headmech.errors import ArgumentError, HeadIndexError
+from headmech.checks import stream_arguments
+from headmech.errors import ArgumentError
 from headmech.forward import bare_forward, fast_attention, pattern_hooked, run_blocks
+from headmech.points import Points
 from headmech.reducers import Reducer, Sums, merge_sums, target_reducer
 from headmech.stats import HeadStats, ProbeBatch
 
@@ -177,7 +179,7 @@ def _call_reducer(
 
     def on_call(layer: int, call: attention_call.LayerCall) -> None:
         if pointwise and call.lse is not None:
-            view = attention_call.Points(call)
+            view = Points(call)
             for r in pattern_reducers:
                 assert r.points is not None
                 out = r.points(view, state["batch"], state["prepared"][r.name], layer)
@@ -330,26 +332,6 @@ def _stream(
     return stats, state["sizes"]
 
 
-def _check_arguments(
-    model: TransformerBridge, reducers: Sequence[Reducer], layers: Sequence[int] | None
-) -> None:
-    """:func:`stream_statistics`' reducers (unique names) and layers (of the model)."""
-    names = [r.name for r in reducers]
-    if len(set(names)) != len(names):
-        raise ArgumentError(f"reducer names must be unique, got {names}")
-    n_layers = int(model.cfg.n_layers)
-    if layers is not None and (
-        not layers
-        or any(
-            isinstance(la, bool) or not isinstance(la, int) or not 0 <= la < n_layers
-            for la in layers
-        )
-    ):
-        raise HeadIndexError(
-            f"layers {list(layers)!r}: give layers of the model, 0 to {n_layers - 1} (None: all)"
-        )
-
-
 def stream_statistics(
     model: TransformerBridge,
     batches: Iterable[ProbeBatch],
@@ -392,7 +374,7 @@ def stream_statistics(
         streams its share of the batches and every rank returns the sum over all ranks
         (:mod:`headmech.distributed`).
     """
-    _check_arguments(model, reducers, layers)
+    stream_arguments(model, reducers, layers)
     mode, geom = _choose(model, reducers, attention)
     iterator: Iterable[ProbeBatch] = batches
     if progress and distributed.world()[0] == 0:

@@ -20,7 +20,7 @@ from headmech import blockwise
 from headmech.stats import ProbeBatch
 
 if TYPE_CHECKING:
-    from headmech.attention_call import Points
+    from headmech.points import Points
 
 __all__ = ["Reducer", "Sums", "merge_sums", "target_reducer"]
 
@@ -53,7 +53,7 @@ class Reducer:
             every query and key at once (one ``T x T`` block).
         points: the same sums from point masses, without pattern blocks:
             ``points(view, batch, prepared, layer)`` with ``view`` an
-            :class:`headmech.attention_call.Points` (probabilities of chosen (query, key)
+            :class:`headmech.points.Points` (probabilities of chosen (query, key)
             pairs from the fused kernel's log-sum-exp, and the argmax of the rows it
             names). Where every pattern reducer of a pass has it and the model's attention
             call returns the log-sum-exp, the engine computes no pattern rows but those.

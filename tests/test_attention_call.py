@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from headmech import attention_call, engine
-from headmech.attention_call import LayerCall, Points, pattern_rows
+from headmech.attention_call import LayerCall, pattern_rows
 from headmech.engine import ProbeBatch, stream_statistics, target_reducer
+from headmech.points import Points
 
 
 def _scores(q, k, scale, allowed):
