@@ -112,7 +112,6 @@ def test_hits_decided_from_points_equal_the_argmax(window, monkeypatch):
     sets[:, pos, (pos - 1).clamp(min=0)] = True
     sets[:, pos, (pos - 3).clamp(min=0)] = True
     b, qq, kk = sets.nonzero().unbind(-1)
-    best = torch.zeros(2, 40, 3).index_put_((b, qq), view.pairs(b, qq, kk), accumulate=False)
     best = (
         torch.zeros(2 * 40, 3)
         .scatter_reduce_(0, (b * 40 + qq)[:, None].expand(-1, 3), view.pairs(b, qq, kk), "amax")
