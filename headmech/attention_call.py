@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.forward import hf_attention_forward, pattern_hooked
+from headmech.forward import hf_attention_forward, masks_for, pattern_hooked
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -286,6 +286,26 @@ def reducing(
         raise ValueError(f"cannot reduce inside the attention call: {why}")
     _register()
     attns = [block.attn for block in model.blocks]
+    # SDPA's masks (None for plain causal attention) where every layer's output comes from
+    # the fused kernel; a layer run eager (soft-capping, sinks) needs eager's additive mask
+    eager = any(_variant(block.attn.original_component) for block in model.blocks)
+    with (
+        contextlib.nullcontext() if eager else masks_for(model, IMPLEMENTATION),
+        _calling(attns, layers, callback),
+    ):
+        yield
+
+
+def _variant(hf: Any) -> bool:
+    """Whether the Hugging Face attention module has a variant no fused kernel here takes."""
+    return any(getattr(hf, n, None) is not None for n in ("sinks", "attn_logit_softcapping"))
+
+
+@contextlib.contextmanager
+def _calling(
+    attns: list[Any], layers: Sequence[int], callback: Callable[[int, LayerCall], None]
+) -> Iterator[None]:
+    """Every layer's attention through ``"headmech_stats"``; the callback in ``layers``."""
     try:
         for layer, attn in enumerate(attns):
             # the bridge forwards setattr to the wrapped module: go through __dict__

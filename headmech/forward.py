@@ -167,10 +167,35 @@ def hf_attention_forward(attn: Any, implementation: str = "sdpa") -> Any:
 
 
 @contextlib.contextmanager
+def masks_for(model: TransformerBridge, implementation: str) -> Iterator[None]:
+    """Inside the block, the Hugging Face model builds its attention masks in the format of
+    ``implementation`` (transformers' mask interface), not eager's: SDPA's masks are None
+    for plain causal attention without padding, where eager's are a ``T x T`` float tensor
+    (256 MB at 8,192 tokens, 4 GB at 32,768) and the fused kernel reads every block of it
+    instead of skipping the blocks above the diagonal."""
+    configs = {id(c): c for b in model.blocks if (c := _hf_config(b.attn)) is not None}
+    old = {k: c._attn_implementation for k, c in configs.items()}
+    try:
+        for c in configs.values():
+            c._attn_implementation = implementation
+        yield
+    finally:
+        for k, c in configs.items():
+            c._attn_implementation = old[k]
+
+
+def _hf_config(attn: Any) -> Any:
+    hf = getattr(attn, "original_component", None)
+    return getattr(hf, "config", None)
+
+
+@contextlib.contextmanager
 def fast_attention(model: TransformerBridge, enable: bool = True) -> Iterator[bool]:
     """Inside the block, attention runs as fused SDPA in the Hugging Face module (when
     :func:`fast_attention_possible`; yields whether it is on). Forward values equal the
-    eager bridge's to float rounding; pattern hooks do not fire."""
+    eager bridge's to float rounding; pattern hooks do not fire. The masks stay eager's
+    (not :func:`masks_for`): a pass recorded here is replayed under eager attention when
+    an intervention hooks the pattern, and eager attention needs the mask."""
     on = enable and fast_attention_possible(model)
     attns = [block.attn for block in model.blocks] if on else []
     try:
@@ -286,10 +311,15 @@ def run_blocks(
 
 def bare_forward(model: TransformerBridge, batches: Any) -> None:
     """The same batches and blocks as :func:`headmech.engine.stream_statistics`, with no
-    hooks: the baseline the engine is timed against (the difference is the hooks' cost)."""
+    hooks: the baseline the engine is timed against (the difference is the hooks' cost).
+    Under :func:`fast_attention`, the masks are SDPA's (:func:`masks_for`), as a Hugging
+    Face model loaded for SDPA builds them."""
     device = next(model.parameters()).device
     n_layers = int(model.cfg.n_layers)
-    with torch.inference_mode():
+    sdpa = fast_attention_possible(model) and any(
+        "forward" in b.attn.__dict__ for b in model.blocks
+    )
+    with torch.inference_mode(), masks_for(model, "sdpa") if sdpa else contextlib.nullcontext():
         for batch in batches:
             batch = batch.to(device)
             run_blocks(model, batch.input_ids, batch.attention_mask, n_layers)
