@@ -23,7 +23,7 @@ PYTEST_WORKERS ?= 2
 COVERAGE ?=
 COV_ARGS := $(if $(COVERAGE),--cov=headmech --cov-report=term-missing:skip-covered --cov-report=json:coverage.json)
 
-.PHONY: setup demo test lint docs format bench catalog clean
+.PHONY: setup demo test lint docs format bench catalog site site-screenshots browser clean
 
 setup: $(STAMP)
 
@@ -48,17 +48,23 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports  # the layers in pyproject.toml ([tool.importlinter])
 
-# API reference from the docstrings (pdoc, Google style); any warning fails the build
+# API reference from the docstrings (pdoc, Google style): a page for every public module
+# (docs/build_api.py names them all; pdoc alone follows __all__); any warning fails the build
 docs: setup
 	rm -rf docs/api
-	$(PY) -W error -m pdoc headmech -d google -o docs/api
-	@echo "API reference: docs/api/index.html"
+	$(PY) -W error docs/build_api.py -o docs/api
 
 format: setup
 	$(VENV)/bin/ruff format headmech tests benchmarks
 	$(VENV)/bin/ruff check --fix headmech tests benchmarks
 
-test: setup lint docs
+# tests/test_site.py drives Debian's chromium (Playwright's own browser download cannot work
+# offline): installed here as root, else one line saying how
+browser:
+	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+		|| { echo "make browser: /usr/bin/chromium is missing; run: sudo apt-get install -y chromium"; exit 1; }
+
+test: setup lint docs browser
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(COV_ARGS) $(PYTEST_ARGS)
 	$(if $(COVERAGE),$(PY) tests/coverage_floor.py coverage.json)
 
@@ -72,6 +78,16 @@ CATALOG_ARGS ?=
 catalog: setup
 	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.publish --out catalog \
 		$(if $(CATALOG_MODELS),--models $(CATALOG_MODELS)) $(CATALOG_ARGS)
+	$(MAKE) site
+
+# The head atlas (catalog/site/, headmech.site): the attention examples of the labelled heads
+# where catalog/<model>/examples.json is missing or stale (seconds a model), then the pages
+site: setup
+	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.site --examples --catalog catalog
+
+# docs/screenshots/{index,head}.png for the README, taken by the browser test
+site-screenshots: setup browser
+	HEADMECH_SCREENSHOTS=docs/screenshots $(PY) -m pytest -n 0 -q tests/test_site.py -k hovering
 
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
 BENCH_ARGS ?=

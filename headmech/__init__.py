@@ -15,6 +15,7 @@ from headmech._version import __version__
 from headmech.classify import HeadCatalog, TypeResult, classify
 from headmech.engine import HeadStats, ProbeBatch, Reducer, stream_statistics, target_reducer
 from headmech.errors import HeadmechError
+from headmech.examples import show
 from headmech.heads import HeadIndex, HeadType, get_head_type, head_types
 from headmech.models import ModelInfo, list_models, load_hf, load_model, model_info
 
@@ -36,6 +37,7 @@ __all__ = [
     "load_hf",
     "load_model",
     "model_info",
+    "show",
     "stream_statistics",
     "target_reducer",
 ]

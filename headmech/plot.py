@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
@@ -22,12 +22,15 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "SCALE",
     "catalog_heatmap",
+    "criterion",
     "finish",
     "head_heatmap",
     "pattern_heatmap",
     "pruning_curve",
     "score_heatmap",
+    "type_heatmap",
 ]
 
 
@@ -58,6 +61,86 @@ def head_heatmap(
     ax.set_ylabel("layer")
     ax.set_title(title)
     return ax
+
+
+SCALE = (0.0, 1.0)
+"""The default colour scale of a head type's score (:func:`type_heatmap`): the same for
+every panel and model, so a colour means the same score everywhere."""
+
+
+def _outline(ax: Any, heads: Any, **style: Any) -> None:
+    for layer, head in heads:
+        ax.add_patch(plt.Rectangle((head, layer), 1, 1, fill=False, **style))
+
+
+def _mark_threshold(cbar: Any, threshold: float, lo: float, hi: float) -> None:
+    """A black line across the colour bar at ``threshold``, its tick labelled ``≥ t``."""
+    cbar.ax.axhline(threshold, color="black", lw=2, gid="threshold")
+    near = 0.08 * (hi - lo)  # ticks closer than this to the mark would overlap its label
+    ticks = [t for t in (lo, (lo + hi) / 2, hi) if abs(t - threshold) > near]
+    ticks = sorted([*ticks, threshold])
+    cbar.set_ticks(ticks, labels=[f"≥ {t:g}" if t == threshold else f"{t:g}" for t in ticks])
+
+
+def type_heatmap(
+    result: Any,
+    ax: Any = None,
+    title: str = "",
+    *,
+    scale: tuple[float, float] = SCALE,
+    cbar: bool = True,
+) -> Any:
+    """A head type's layer x head score on a fixed scale, as a reader can compare panels.
+
+    ``result`` is a :class:`~headmech.results.TypeResult` (or anything with ``score``,
+    ``threshold``, ``heads`` and ``borderline``). The colours run over ``scale`` (the
+    type's ``HeadType.score_range``: ``viridis`` over 0-1; ``RdBu_r``, white at 0, when the
+    range spans both signs), never over the panel's own range: a best score of 0.2 under a
+    threshold of 0.3 stays dark. Scores beyond the range get an arrow on the colour bar.
+    The threshold is a line on the colour bar (its tick ``≥ t``: the criterion); labelled
+    heads (score ≥ threshold) are outlined solid red, borderline heads (their 95% interval
+    contains the threshold) dashed orange. Returns the axes (its colour bar:
+    ``ax.collections[0].colorbar``).
+    """
+    ax = ax if ax is not None else plt.gca()
+    lo, hi = scale
+    signed = lo < 0 < hi  # symmetric: RdBu_r is white at 0 as it is; else seaborn recentres it
+    data = result.score.detach().float().cpu().numpy()
+    finite = data[~(data != data)]
+    over, under = bool((finite > hi).any()), bool((finite < lo).any())
+    extend = {(True, True): "both", (True, False): "max", (False, True): "min"}
+    kws = {"label": "score", "extend": extend.get((over, under), "neither")}
+    cmap = "RdBu_r" if signed else "viridis"
+    sns.heatmap(
+        data, ax=ax, vmin=lo, vmax=hi, center=0.0 if signed and lo != -hi else None,
+        cmap=cmap, cbar=cbar, cbar_kws=kws, xticklabels=True, yticklabels=True,
+    )  # fmt: skip
+    if cbar:
+        _mark_threshold(ax.collections[0].colorbar, float(result.threshold), lo, hi)
+    _outline(ax, result.heads, edgecolor="red", lw=1.8, gid="labelled")
+    _outline(ax, result.borderline, edgecolor="orange", lw=1.5, ls="--", gid="borderline")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    return ax
+
+
+CRITERION = (
+    "labelled (solid red): score ≥ threshold (the mark on the colour bar), and the type's "
+    "own test where it has one; borderline (dashed orange): 95% interval contains the threshold"
+)
+"""The caption every catalog figure carries."""
+
+
+def criterion(result: Any) -> str:
+    """How ``result``'s heads were labelled, for a title: ``score ≥ t``, and a note when the
+    labelled heads are not exactly those (a type with a further test, such as the name
+    mover's copy score, leaves some heads above the threshold unlabelled)."""
+    score = result.score.detach().float().cpu()
+    above = {(int(a), int(b)) for a, b in (score >= result.threshold).nonzero().tolist()}
+    rule = f"score ≥ {result.threshold:g}"
+    same = above == {(int(h[0]), int(h[1])) for h in result.heads}
+    return rule if same else f"{rule} and the type's own test"
 
 
 MAX_TOKEN_TICKS = 32
@@ -93,9 +176,13 @@ def pattern_heatmap(
     return ax
 
 
-def catalog_heatmap(catalog: Any, path: str | os.PathLike | None = None) -> Figure:
-    """One heatmap per head type of a :class:`~headmech.results.HeadCatalog`; labelled
-    heads outlined in red."""
+def catalog_heatmap(
+    catalog: Any,
+    path: str | os.PathLike | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+) -> Figure:
+    """One :func:`type_heatmap` per head type of a :class:`~headmech.results.HeadCatalog`,
+    each on its range in ``ranges`` (type name → ``(low, high)``; default :data:`SCALE`)."""
     n = len(catalog.types)
     cols = min(3, max(n, 1))
     rows = math.ceil(max(n, 1) / cols)
@@ -103,15 +190,16 @@ def catalog_heatmap(catalog: Any, path: str | os.PathLike | None = None) -> Figu
     fig, axes = plt.subplots(
         rows,
         cols,
-        figsize=(cols * (1.6 + 0.35 * h_heads), rows * (1.2 + 0.22 * h_layers)),
+        figsize=(cols * (2.4 + 0.35 * h_heads), rows * (1.7 + 0.22 * h_layers)),
         squeeze=False,
     )
     for ax, (name, r) in zip(axes.flat, catalog.types.items(), strict=False):
-        head_heatmap(r.score, ax=ax, title=f"{name} ({r.reference})", heads=r.heads)
+        title = f"{name} ({r.reference})\nlabelled: {criterion(r)}"
+        type_heatmap(r, ax=ax, title=title, scale=(ranges or {}).get(name, SCALE))
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    fig.suptitle(f"{catalog.model.name}: head scores by type (red: labelled)")
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.suptitle(f"{catalog.model.name}: head scores by type, fixed scale\n{CRITERION}")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return finish(fig, path, layout=False)
 
 

@@ -2,7 +2,8 @@
 
 A result a paper cites must say which weights, which probe data, which code and which
 settings produced it, and a rerun must give the same bytes. :func:`provenance` collects
-that record — schema version; headmech, torch, transformers and TransformerLens versions;
+that record — schema version; headmech, torch, transformers and TransformerLens versions
+and the git commit of the checkout headmech runs from (:func:`git_commit`);
 the model's name, shape, dtype, device and a SHA-256 of its weights; the probe generator,
 its options and a SHA-256 of the token ids it produced (and of the corpus file, when one
 was given); the seed and the thresholds — and :func:`dumps` writes JSON deterministically
@@ -13,9 +14,11 @@ writes the same bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
+import subprocess
 from collections.abc import Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -37,6 +40,7 @@ __all__ = [
     "check_weights",
     "data_hash",
     "dumps",
+    "git_commit",
     "provenance",
     "weights_hash",
 ]
@@ -53,6 +57,33 @@ def _version(dist: str) -> str:
         return version(dist)
     except PackageNotFoundError:
         return "not installed"
+
+
+@functools.cache
+def git_commit() -> dict[str, Any] | None:
+    """The git commit of the checkout headmech is imported from, and whether its
+    ``headmech/`` files differ from it (``{"commit": sha, "dirty": bool}``).
+
+    None when headmech is not run from a git checkout (an installed wheel, a copy, a
+    package inside someone else's repository) or git is not installed: never an error.
+    Read once a process, when first asked: the code a process runs is the code it imported.
+    """
+    package = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=package, capture_output=True, text=True, timeout=10, check=True
+        )
+        return done.stdout.strip()
+
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != package.parent:
+            return None
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--", ".") != ""  # cwd: the package
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
 
 
 def weights_hash(model: torch.nn.Module) -> str:
@@ -162,6 +193,8 @@ def provenance(
             "torch": torch.__version__,
             "transformers": _version("transformers"),
             "transformer_lens": _version("transformer-lens"),
+            # the environment's, like the versions: not compared across checkouts
+            "headmech_git": git_commit(),
         },
         "model": {
             "name": info.name,

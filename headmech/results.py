@@ -30,7 +30,7 @@ from headmech.provenance import SCHEMA_VERSION, check_weights, dumps
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["HeadCatalog", "TypeResult"]
+__all__ = ["HeadCatalog", "TypeResult", "score_ranges"]
 
 
 def _release(version: Any) -> tuple[int, ...]:
@@ -82,6 +82,15 @@ def _heads(pairs: Any, shape: tuple[int, int], what: str) -> list[HeadIndex]:
         if not (0 <= h.layer < shape[0] and 0 <= h.head < shape[1]):
             raise ValueError(f"{what} names head {list(h)} outside the model")
     return heads
+
+
+def score_ranges(names: Any) -> dict[str, tuple[float, float]]:
+    """The fixed range each of ``names`` is drawn on: its registered type's
+    ``HeadType.score_range``; (0, 1) for a name no type is registered under."""
+    from headmech.heads import head_types
+
+    known = head_types()
+    return {n: tuple(known[n].score_range) if n in known else (0.0, 1.0) for n in names}  # type: ignore[misc]
 
 
 @dataclass
@@ -315,10 +324,11 @@ class HeadCatalog:
         return "\n".join(lines)
 
     def heatmap(self, path: str | os.PathLike | None = None) -> Any:
-        """A seaborn layer x head heatmap per type; saved to ``path`` if given."""
+        """A seaborn layer x head heatmap per type on a fixed scale, the threshold marked
+        (:func:`headmech.plot.type_heatmap`); saved to ``path`` if given."""
         from headmech.plot import catalog_heatmap
 
-        return catalog_heatmap(self, path)
+        return catalog_heatmap(self, path, ranges=score_ranges(self.types))
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{k}: {len(v.heads)}" for k, v in self.types.items())

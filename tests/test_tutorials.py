@@ -4,6 +4,7 @@ shrinks their probes) and their assert cells on the published findings pass."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -46,7 +47,9 @@ def kernel_name(tmp_path_factory) -> str:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
     monkeypatch.setenv("HEADMECH_TUTORIAL_SMALL", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    # ipykernel's inline backend (headless, like Agg): figures become PNG outputs, which
+    # the rendered copy in the atlas shows
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     # the kernel imports headmech from this checkout, also when it is not installed
     root = str(TUTORIALS.parent)
     monkeypatch.setenv(
@@ -61,3 +64,29 @@ def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
     except CellExecutionError as e:
         # the failing cell and its error, without the kernel's ANSI traceback noise
         pytest.fail(f"{path.name}: {str(e).splitlines()[-1] if str(e) else e}\n{e}", pytrace=False)
+    _render(nb, path)
+
+
+SITE_TUTORIALS = TUTORIALS.parent / "catalog" / "site" / "tutorials"
+
+
+def _render(nb, path: Path) -> None:
+    """The executed notebook as HTML (images embedded) in the atlas, catalog/site/tutorials/,
+    so a reader sees every figure without running it; the source notebook stays stripped."""
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(embed_images=True)
+    body, _ = exporter.from_notebook_node(nb)
+    # the lab template loads MathJax and require.js from a CDN: the atlas works offline, so
+    # they go (the notebooks' figures are embedded PNGs, their math stays as TeX source)
+    body = re.sub(r'<script[^>]*src="https://cdnjs[^"]*"[^>]*>\s*</script>', "", body)
+    SITE_TUTORIALS.mkdir(parents=True, exist_ok=True)
+    out = SITE_TUTORIALS / f"{path.stem}.html"
+    out.write_text(body, encoding="utf-8")
+    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert body.count('src="data:image/png') >= pngs, f"{out}: figures not embedded"
+    if any("plt.show()" in c.source for c in nb.cells if c.cell_type == "code"):
+        assert pngs > 0, f"{path.name} shows figures, none was captured"
+    assert not re.search(r'(src|href)="https?://', body.split("<body")[0]), (
+        f"{out} loads from the web"
+    )

@@ -1,0 +1,5 @@
+import sys
+
+from headmech.site import main
+
+sys.exit(main())
