@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["readme"]
+__all__ = ["quote", "readme", "type_verdict"]
 
 
 def _heads_cell(t: dict[str, Any], most: int = 12) -> str:
@@ -38,8 +38,8 @@ def _validation_cell(v: dict[str, Any] | None) -> tuple[str, str]:
     if v.get("effect") is None:
         return "—", v.get("control_note", "")
     effect = f"{v['effect']:+.3g}"
-    if v.get("expected") == "lower":
-        effect += " (expected: lower)"
+    if v.get("expected") in ("lower", "little"):  # little: inactive heads, a pruning claim
+        effect += f" (expected: {v['expected']})"
     if v.get("effect_interval"):
         effect += " [{:+.3g}, {:+.3g}]".format(*v["effect_interval"])
     if v.get("random_median") is None:
@@ -48,6 +48,80 @@ def _validation_cell(v: dict[str, Any] | None) -> tuple[str, str]:
     where = {"same_layers": "same layers", "any_layer": "any layer"}.get(v["control"], "")
     n = len(v["random_effects"])
     return effect, f"{v['random_median']:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} sets, {where})"
+
+
+def type_verdict(t: dict[str, Any], n_layers: int, n_heads: int) -> str:
+    """A catalog entry's verdict (:func:`headmech.claims.verdict`); for records written
+    before verdicts were, the distinct control sets possible are counted from the
+    labelled heads and the model's shape."""
+    from headmech.claims import control_space, verdict
+
+    v = t["details"].get("validation")
+    if not v:
+        return "not run"
+    _, possible = control_space(t["heads"], n_layers, n_heads, v.get("control", "none"))
+    return verdict(v, possible)
+
+
+def quote(root: Path, model: str, name: str, part: str = "") -> str:
+    """How the project's README quotes a type's published validation:
+    ``catalog <model>/<type>: <effect [CI]> vs controls <median (range)>: <verdict>``
+    (``part="k_composition"``: ``catalog <model>/<type> k_composition: ...``, the
+    previous-token heads' K-composition record); tests/test_claims.py checks every such
+    quote against ``root/<model>/catalog.json``."""
+    data = json.loads((root / model / "catalog.json").read_text())
+    t, m = data["types"][name], data["model"]
+    v = t["details"].get("validation")
+    verdict = type_verdict(t, m["n_layers"], m["n_heads"])
+    if part:
+        v = {**v[part], "control": v["control"]}
+        verdict = v["verdict"]
+    effect, control = _validation_cell(v)
+    text = f"{effect} vs controls {control}" if control else effect
+    return f"catalog {model}/{name}{' ' + part if part else ''}: {text}: {verdict}"
+
+
+def _verdict_rows(data: dict[str, Any]) -> list[str]:
+    """Per type: which metric validated it, the effect [interval] against the controls'
+    median (range), and the verdict; then one line per type with degenerate controls."""
+    m = data["model"]
+    lines = [
+        "",
+        f"Validation verdicts ({m['name']}): *validated* — the labelled effect lies beyond "
+        "every control set's in the expected direction and its 95% interval excludes 0; "
+        "*degenerate controls* — fewer distinct control sets exist than were drawn, so the "
+        "labels are not judged against them.",
+        "",
+        "| type | validated on | effect [95% CI] | controls: median (range) | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    from headmech.claims import control_space
+
+    notes = []
+    for name, t in data["types"].items():
+        v = t["details"].get("validation") or {}
+        effect, control = _validation_cell(v or None)
+        how = v.get("metric", "")
+        if v.get("validation") != "direct_path" and v.get("mode"):
+            how += f" ({v['mode']} ablation)"
+        verdict = type_verdict(t, m["n_layers"], m["n_heads"])
+        lines.append(f"| `{name}` | {how} | {effect} | {control} | **{verdict}** |")
+        k = v.get("k_composition") or {}
+        if k.get("verdict"):  # previous-token heads: their writes into the induction keys
+            k_effect, k_control = _validation_cell({**k, "control": v["control"]})
+            receivers = ", ".join(f"L{a}H{b}" for a, b in k["receivers"])
+            lines.append(
+                f"| `{name}` (K-composition) | path patching into the keys of {receivers} "
+                f"| {k_effect} | {k_control} | **{k['verdict']}** |"
+            )
+        if verdict == "degenerate controls":
+            pool, n = control_space(t["heads"], m["n_layers"], m["n_heads"], v["control"])
+            notes.append(
+                f"- `{name}`: controls degenerate: only {n} distinct control set(s) exist "
+                f"({pool} unlabelled heads to draw from), {len(v['random_effects'])} drawn; "
+                "not judged against them."
+            )
+    return [*lines, *([""] + notes if notes else [])]
 
 
 def _model_section(folder: Path) -> list[str]:
@@ -77,6 +151,7 @@ def _model_section(folder: Path) -> list[str]:
             f"| [`{name}`]({m['name']}/heatmaps/{name}.png) | {t['threshold']:g} | "
             f"{len(t['heads'])} | {_heads_cell(t)} | {effect} | {control} | {metric} |"
         )
+    lines += _verdict_rows(data)
     by_reason: dict[str, list[str]] = {}
     for k, reason in run["skipped"].items():  # the same reason once, its types together
         by_reason.setdefault(reason.replace(f"head type '{k}' ", ""), []).append(f"`{k}`")
@@ -94,14 +169,24 @@ Which heads of each bundled model do what, computed by `make catalog`
 so nothing has to run to look them up. Per model, `<model>/catalog.json` is exactly what
 the command shown writes (scores with bootstrap intervals for every head, labels,
 type-specific evidence, provenance: versions, weights and probe-data SHA-256);
-`<model>/heatmaps/<type>.png` shows each type's score (labelled heads outlined in red).
+`<model>/heatmaps/<type>.png` shows each type's score on a fixed scale (0-1; a signed
+score diverging from 0), the threshold marked on the colour bar, labelled heads outlined
+solid, borderline heads (95% interval containing the threshold) dashed.
 
 **Validation** (`details.validation` in catalog.json): the labelled heads are ablated
 together (each type's ablation: zero, mean or uniform attention) and the type's task
 metric (a loss: higher is worse) is measured; the effect is ablated minus clean, with a
 95% bootstrap interval over probe examples. The same is done for random sets of as many
 unlabelled heads from the same layers; their median and range are the control. An effect
-well above the controls' range supports the label.
+well above the controls' range supports the label. Some types are validated on their
+paper's own claim instead (`validation.validation` and `validation.claim` say which and
+why): copy suppression on the log-probability of the in-context token the model predicts
+(McDougall et al.), name movers and negative name movers by path patching to the logits,
+with the backup heads that compensate (Wang et al.; `validation.backup`), previous-token
+heads on the induction task and by path patching into the induction heads' keys (Olsson et
+al.; `validation.k_composition`). Each model's verdict table says which labels their
+validation supports; where fewer distinct control sets exist than were drawn, the controls
+are degenerate and the labels are not judged against them.
 
 `<model>/check.json` is the same classification at a small size (no validation); the
 test suite (`tests/test_published_catalog.py`) regenerates it and compares it (labels

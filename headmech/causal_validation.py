@@ -9,6 +9,7 @@ is worse) each time; :func:`headmech.classify` runs it for every type with
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,10 +74,11 @@ def validate_heads(
     *,
     n_random: int = 5,
     mode: str | None = None,
+    task: str | None = None,
 ) -> dict[str, Any]:
     """Ablate the labelled heads, and ``n_random`` control sets of as many unlabelled
     heads from the same layers (per-layer counts matched), and measure the type's task
-    metric (higher is worse) each time.
+    metric (higher is worse) each time (``task``: another task than the type's).
 
     All sets ride in the same batched forward passes
     (:func:`headmech.interventions.run_variants`). The effect of the labelled heads is
@@ -88,7 +90,8 @@ def validate_heads(
         ``{"metric", "mode", "control", "control_note", "clean", "ablated", "effect",
         "effect_interval", "control_sets", "random_effects", "random_mean",
         "random_median", "random_range", "n_heads", "expected"}``; ``effect`` is ablated
-        minus clean; ``expected``: ``raise`` (the type serves the task) or ``lower``;
+        minus clean; ``expected``: ``raise`` (the type serves the task), ``lower``, or ``little``
+        (inactive heads; then also ``relative_effect``, effect / clean, and ``tolerance``);
         ``control`` is ``same_layers``, ``any_layer`` (fallback) or ``none``.
     """
     from headmech.ablation import ablation_variants
@@ -99,20 +102,22 @@ def validate_heads(
 
     mode = mode or head_type.ablation
     info = model_info(model)
-    task = get_task(head_type.task, model)
-    batches = task.batches(model, options)
+    t = get_task(task or head_type.task, model)
+    batches = t.batches(model, options)
     controls, kind, note = _controls(info, heads, n_random, options.seed)
     sets = [list(heads), *controls] if heads else []
     variants = ablation_variants(model, batches, sets, mode)
     desc = f"validate {head_type.name} (labelled + {len(controls)} control sets)"
     values, clean, sums, counts = run_variants(
-        model, task, batches, variants, per_unit=True, progress=desc if active() else False
+        model, t, batches, variants, per_unit=True, progress=desc if active() else False
     )
     interval = None
     if heads:
         paired = UnitValues(sums[1] - sums[0], counts[0]).interval(seed=options.seed)
         interval = None if paired is None else [float(paired[0]), float(paired[1])]
-    record = {"metric": task.description, "mode": mode, "control": kind, "control_note": note}
+        if interval is not None and interval[0] != interval[0]:  # NaN: no unit scored
+            interval = None
+    record = {"metric": t.description, "mode": mode, "control": kind, "control_note": note}
     return {**record, **_effects(head_type, heads, controls, values, clean, interval)}
 
 
@@ -128,6 +133,10 @@ def _effects(
     labelled heads) and the control sets' (the rest), each minus the clean metric."""
     ablated = float(values[0]) if heads else clean
     rand = sorted(float(v) - clean for v in values[1:])
+    little = {}
+    if head_type.expected() == "little":  # a pruning claim: the effect relative to clean
+        little["relative_effect"] = (ablated - clean) / abs(clean) if clean else None
+        little["tolerance"] = head_type.effect_tolerance
     return {
         "clean": clean,
         "ablated": ablated,
@@ -139,11 +148,12 @@ def _effects(
         "random_median": float(torch.tensor(rand).median()) if rand else None,
         "random_range": [rand[0], rand[-1]] if rand else None,
         "n_heads": len(heads),
-        "expected": "raise" if head_type.helps_task else "lower",
+        "expected": head_type.expected(),
+        **little,
     }
 
 
-def _validation(
+def _task_validation(
     model: TransformerBridge,
     head_type: HeadType,
     heads: Sequence[HeadIndex],
@@ -170,5 +180,146 @@ def _validation(
         "control_sets": [],
         "random_effects": [],
         "n_heads": len(heads),
-        "expected": "raise" if head_type.helps_task else "lower",
+        "expected": head_type.expected(),
     }
+
+
+def _validation(
+    model: TransformerBridge,
+    head_type: HeadType,
+    heads: Sequence[HeadIndex],
+    options: ProbeOptions,
+    n_random: int,
+    labelled: dict[str, list[HeadIndex]] | None = None,
+) -> dict[str, Any]:
+    """The type's validation (``head_type.validation``, :mod:`headmech.claims`): the
+    ablation on its task, or the direct path to the logits (with the backup heads), or
+    the ablation plus K-composition into the induction heads (``labelled["induction"]``,
+    the catalog's); then the record's claim, the control sets' accounting and the verdict."""
+    from headmech.tasks import is_causal
+
+    method = getattr(head_type, "validation", "ablation")
+    if method == "k_composition":  # the induction task: repeated halves that fit the context
+        fit = (int(model.cfg.n_ctx) - 2) // 2  # a BOS before, a separator after
+        options = dataclasses.replace(options, half_len=max(2, min(options.half_len, fit)))
+    if method == "direct_path" and is_causal(model):
+        record = _direct_path(model, head_type, heads, options, n_random)
+    elif method == "k_composition" and not is_causal(model):  # no induction task: the lm
+        record = validate_heads(model, head_type, heads, options, n_random=n_random, task="lm")
+    else:
+        record = _task_validation(model, head_type, heads, options, n_random)
+    if method == "k_composition" and is_causal(model) and record.get("effect") is not None:
+        receivers = list((labelled or {}).get("induction", []))
+        record["k_composition"] = _k_record(model, heads, record, receivers, options)
+    return _accounted(model, head_type, heads, record, method)
+
+
+def _direct_path(
+    model: TransformerBridge,
+    head_type: HeadType,
+    heads: Sequence[HeadIndex],
+    options: ProbeOptions,
+    n_random: int,
+) -> dict[str, Any]:
+    """Path patching to the logits: the labelled set and the control sets, each patched
+    from the corrupted prompts (:func:`headmech.claims.direct_path_values`)."""
+    from headmech.claims import backup_heads, direct_path_values
+    from headmech.tasks import get_task
+    from headmech.uncertainty import UnitValues
+
+    task: Any = get_task(head_type.task, model)
+    batches = task.batches(model, options)
+    controls, kind, note = _controls(model_info(model), heads, n_random, options.seed)
+    sets = [list(heads), *controls] if heads else []
+    clean, interval = 0.0, None
+    values = torch.zeros(0)
+    if sets:
+        values, clean, per = direct_path_values(model, task, batches, sets, options.seed)
+        paired = UnitValues(per[0], torch.ones(per.shape[1])).interval(seed=options.seed)
+        interval = None if paired is None else [float(paired[0]), float(paired[1])]
+    record = {
+        "metric": f"direct effect on the logits (path patching from the corrupted prompts): "
+        f"{task.description}",
+        "mode": "path patching to the logits",
+        "control": kind,
+        "control_note": note,
+    }
+    if not sets:
+        values = torch.tensor([clean])
+    out = {**record, **_effects(head_type, heads, controls, values, clean, interval)}
+    if heads and head_type.expected() == "raise":
+        out["backup"] = backup_heads(model, task, batches, list(heads), options.seed)
+    return out
+
+
+def _k_record(
+    model: TransformerBridge,
+    heads: Sequence[HeadIndex],
+    record: dict[str, Any],
+    receivers: list[HeadIndex],
+    options: ProbeOptions,
+) -> dict[str, Any]:
+    """The labelled heads' and the control sets' writes patched into the induction heads'
+    keys (:func:`headmech.claims.k_composition`), as a record."""
+    from headmech.claims import control_space, k_composition, verdict
+    from headmech.tasks import get_task
+
+    controls = [[HeadIndex(la, h) for la, h in s] for s in record.get("control_sets", [])]
+    senders = [list(heads), *controls]
+    usable = [r for r in receivers if any(h.layer < r.layer for h in heads)]
+    if not heads or not usable:
+        why = "no labelled heads" if not heads else "no induction head after a labelled head"
+        return {"receivers": [[r.layer, r.head] for r in receivers], "note": why}
+    task = get_task("induction", model)
+    batches = task.batches(model, options)
+    effects, interval = k_composition(model, senders, usable, batches, task, options.seed)
+    rand = sorted(effects[1:])
+    out = {
+        "receivers": [[r.layer, r.head] for r in usable],
+        "metric": f"{task.description}, with the senders' corrupted writes patched into the "
+        "receivers' keys only (first halves replaced)",
+        "effect": effects[0],
+        "effect_interval": interval,
+        "random_effects": effects[1:],
+        "random_median": float(torch.tensor(rand).median()) if rand else None,
+        "random_range": [rand[0], rand[-1]] if rand else None,
+        "n_heads": len(heads),
+        "expected": "raise",
+    }
+    info = model_info(model)
+    _, possible = control_space(heads, info.n_layers, info.n_heads, record["control"])
+    return {**out, "verdict": verdict(out, possible)}
+
+
+def _accounted(
+    model: TransformerBridge,
+    head_type: HeadType,
+    heads: Sequence[HeadIndex],
+    record: dict[str, Any],
+    method: str,
+) -> dict[str, Any]:
+    """The record with its claim, the control sets' pool, the distinct sets drawn and
+    possible, and the verdict (:func:`headmech.claims.verdict`); degenerate controls are
+    said in ``control_note``."""
+    from headmech.claims import control_space, n_distinct, verdict
+
+    info = model_info(model)
+    pool, possible = control_space(heads, info.n_layers, info.n_heads, record["control"])
+    drawn = len(record.get("random_effects") or [])
+    record.update(
+        validation=method,
+        claim=head_type.claim
+        or f"ablating the labelled heads changes the '{head_type.task}' "
+        f"task's metric ({record['metric']}) more than ablating as many random heads",
+        control_pool=pool,
+        n_possible_sets=possible,
+        n_distinct_controls=n_distinct(record.get("control_sets") or []),
+    )
+    if drawn and possible < drawn:
+        degenerate = (
+            f"controls degenerate: {possible} distinct set(s) of {len(heads)} exist in a pool "
+            f"of {pool} unlabelled heads, {drawn} drawn: not judged against them"
+        )
+        record["control_note"] = "; ".join(x for x in (record["control_note"], degenerate) if x)
+    record["verdict"] = verdict(record)
+    return record

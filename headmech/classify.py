@@ -263,7 +263,9 @@ def _classify(
         runnable = [t for t in runnable if t.name in results]
         for t in runnable if validate else []:
             heads = results[t.name].heads
-            v = unit(f"validate-{t.name}", partial(_validation, model, t, heads, options, n_random))
+            labelled = {n: r.heads for n, r in results.items()}  # induction heads: K-composition
+            run = partial(_validation, model, t, heads, options, n_random, labelled)
+            v = unit(f"validate-{t.name}", run)
             results[t.name].details["validation"] = v
     except (Exception, KeyboardInterrupt) as e:
         # keep what is finished: the types scored (and validated, with validation)

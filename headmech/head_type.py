@@ -69,6 +69,19 @@ class HeadType:
         ablation: how validation removes the heads (``zero``, ``mean``, ``uniform``).
         helps_task: True: ablating the heads should raise the task's metric (they serve
             the task); False: lower it (they work against it, as negative name movers do).
+        validation: how validation tests the label (:mod:`headmech.causal_validation`):
+            ``ablation`` (ablate the heads, measure ``task``), ``direct_path`` (path
+            patching to the logits, with the backup heads), ``k_composition`` (ablation on
+            ``task``, and path patching into the induction heads' keys).
+        claim: one line: what the validation tests and why that metric (the paper's).
+        expected_effect: what validation expects of ablating the heads, when it is not
+            what ``helps_task`` says: ``"little"`` (inactive heads: zeroing them changes the
+            metric by at most ``effect_tolerance`` of its clean value, and less than as many
+            random heads do); None: ``"raise"`` or ``"lower"`` from ``helps_task``.
+        score_range: the fixed range figures draw :meth:`score` on, the same for every
+            model: ``(0, 1)`` for a share of attention or a rate; a signed score (a
+            difference, as a function vector's indirect effect) spans both signs and is
+            drawn diverging, white at 0.
         threshold: the threshold in use (constructor argument, else the default).
         The constructor also takes ``probe`` to measure the type on another probe.
     """
@@ -83,6 +96,11 @@ class HeadType:
     task: ClassVar[str] = "lm"
     ablation: ClassVar[str] = "zero"
     helps_task: ClassVar[bool] = True
+    expected_effect: ClassVar[str | None] = None
+    effect_tolerance: ClassVar[float] = 0.01  # "little": within 1% of the clean metric
+    validation: ClassVar[str] = "ablation"
+    claim: ClassVar[str] = ""
+    score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def __init__(self, threshold: float | None = None, *, probe: str | None = None) -> None:
         self.threshold = (
@@ -158,6 +176,11 @@ class HeadType:
     def report(self, details: dict[str, Any]) -> list[str]:
         """Lines of type-specific evidence for the command line (default: none)."""
         return []
+
+    def expected(self) -> str:
+        """What ablating the heads should do to the task's metric: ``raise``, ``lower``
+        or ``little``."""
+        return self.expected_effect or ("raise" if self.helps_task else "lower")
 
     def check_model(self, info: ModelInfo) -> str | None:
         """Why this type cannot run on the model, or None."""

@@ -42,7 +42,7 @@ attention reads the raw residual (it has no input norm).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import networkx as nx
 import torch
@@ -50,10 +50,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.attribution.patching import patching_pairs
-from headmech.engine import ProbeBatch, run_blocks
+from headmech.direct_effects import direct_writes as _direct_writes
+from headmech.engine import ProbeBatch
 from headmech.errors import HeadmechError
 from headmech.heads import HeadIndex
-from headmech.interventions import Intervention, PathPatch, recording, run_variants
+from headmech.interventions import Intervention, PathPatch, run_variants
 from headmech.probes import ProbeOptions
 from headmech.tasks import Task, get_task, is_causal
 
@@ -118,47 +119,6 @@ def _targets(
             )
         out.setdefault(HeadIndex(int(la), int(h) // group), []).append(int(h))
     return out
-
-
-def _layer_z(
-    model: TransformerBridge, batch: ProbeBatch, layer: int, post: bool = False
-) -> tuple[Float[Tensor, "batch pos n_heads d_head"], Tensor | None]:
-    """``hook_z`` of one layer, running only the blocks up to it; with ``post``, also the
-    attention output that the block's post-attention norm receives."""
-    names = [f"blocks.{layer}.attn.hook_z"] + ([f"blocks.{layer}.ln1_post.hook_in"] * post)
-    dev = next(model.parameters()).device
-    with torch.no_grad(), recording(model, names) as store:
-        run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev), layer + 1)
-    return store[names[0]].detach(), store[names[-1]].detach() if post else None
-
-
-def _post_norm(model: TransformerBridge, layer: int) -> Any:
-    """The norm between block ``layer``'s attention and the residual stream (Gemma 2/3's
-    sandwich norm, OLMo 2's post-norm), as the wrapped module (no hooks fire), or None."""
-    post = getattr(model.blocks[layer], "ln1_post", None)
-    return None if post is None else getattr(post, "original_component", None) or post
-
-
-def _direct_writes(
-    model: TransformerBridge,
-    base: ProbeBatch,
-    source: ProbeBatch,
-    layer: int,
-    senders: list[HeadIndex],
-) -> list[Float[Tensor, "batch pos d_model"]]:
-    """Per sender, how its block's write to the residual stream changes when only the
-    sender's output is the source run's: ``(z_src - z_base) @ W_O``, or, where a norm
-    follows the attention, ``norm(a + (z_src - z_base) @ W_O) - norm(a)`` with ``a`` the
-    base run's attention output (the norm recomputed, not frozen)."""
-    norm = _post_norm(model, layer)
-    z_base, a = _layer_z(model, base, layer, post=norm is not None)
-    dz = _layer_z(model, source, layer)[0] - z_base
-    W_O = model.blocks[layer].attn.W_O  # [n_heads, d_head, d_model]
-    writes = [dz[:, :, s.head].to(W_O) @ W_O[s.head] for s in senders]
-    if norm is None or a is None:
-        return writes
-    with torch.no_grad():
-        return [norm(a + w.to(a)) - norm(a) for w in writes]
 
 
 def _prepare(

@@ -14,7 +14,13 @@ An hour of work is not lost to a crash or Ctrl-C: each model's finished units (e
 probe's scores, every type's validation, :mod:`headmech.resume`) are kept in
 ``catalog/<model>/.headmech-partial/publish/`` until its files are written, and
 ``make catalog CATALOG_ARGS=--resume`` (``--resume``) continues from them; ``--force``
-starts over.
+starts over. ``--heatmaps`` redraws every ``heatmaps/`` from its ``catalog.json`` alone.
+
+``--types a,b --update`` recomputes only those types' validations in the published
+catalogs (:mod:`headmech.catalog_update`: the other types' entries keep their bytes,
+the update is recorded in the provenance and ``run.json``) and regenerates the README;
+``--types a,b --add`` adds types the published catalogs lack (a type registered since:
+:func:`headmech.catalog_update.add_types`), with their heatmaps, and the README.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ __all__ = [
     "main",
     "publish_model",
     "readme",
+    "redraw_heatmaps",
 ]
 
 MODELS = ("smollm2-135m", "gemma3-270m", "minilm-l6", "toy-induction")
@@ -199,17 +206,20 @@ def check_json(model: TransformerBridge) -> str:
 
 
 def _heatmap(name: str, r: TypeResult, model: str, path: Path) -> None:
-    """One type's score as a seaborn heatmap, labelled heads outlined in red."""
+    """One type's score as a seaborn heatmap on the fixed scale (:func:`headmech.plot.type_heatmap`:
+    the threshold marked on the colour bar, labelled heads solid, borderline heads dashed)."""
     import matplotlib.pyplot as plt
 
-    from headmech.plot import head_heatmap
+    from headmech.plot import CRITERION, criterion, type_heatmap
+    from headmech.results import score_ranges
 
     n_layers, n_heads = r.score.shape
-    fig, ax = plt.subplots(figsize=(2.2 + 0.4 * n_heads, 1.4 + 0.22 * n_layers))
-    title = f"{model}: {name}\n{r.reference}; threshold {r.threshold:g}; red: labelled"
-    head_heatmap(r.score, ax=ax, title=title, heads=r.heads, cbar_kws={"label": "score"})
+    fig, ax = plt.subplots(figsize=(3.2 + 0.4 * n_heads, 2.0 + 0.22 * n_layers))
+    title = f"{model}: {name} ({r.reference})\nlabelled: {criterion(r)}"
+    type_heatmap(r, ax=ax, title=title, scale=score_ranges([name])[name])
     ax.title.set_fontsize(9)
-    fig.tight_layout()
+    fig.text(0.5, 0.01, CRITERION.replace("; ", ";\n"), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     # no "Software" entry: the PNG's bytes do not change with matplotlib's version
     fig.savefig(path, dpi=90, metadata={"Software": None})
     plt.close(fig)
@@ -223,6 +233,16 @@ def write_heatmaps(catalog: HeadCatalog, folder: Path) -> None:
             old.unlink()
     for name, r in catalog.types.items():
         _heatmap(name, r, catalog.model.name, folder / f"{name}.png")
+
+
+def redraw_heatmaps(root: Path, names: list[str]) -> None:
+    """``--heatmaps``: each model's ``heatmaps/`` drawn again from its committed
+    ``catalog.json`` (no model runs: after a change to the figures alone)."""
+    from headmech.results import HeadCatalog
+
+    for name in names:
+        write_heatmaps(HeadCatalog.load(root / name / "catalog.json"), root / name / "heatmaps")
+        print(f"redrew {root / name / 'heatmaps'}", file=sys.stderr)
 
 
 def _store(name: str, out: Path, *, resume: bool, force: bool) -> Any:
@@ -301,8 +321,68 @@ def readme(root: Path) -> str:
     return markdown(root, MODELS)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m headmech.publish [--models a,b] [--out catalog]``."""
+def _update(names: list[str], types: list[str], out: Path) -> int:
+    """``--types ... --update``: each model's validations of ``types`` recomputed
+    (:func:`headmech.catalog_update.update_validations`), then the README."""
+    from headmech.catalog_update import update_validations
+
+    for name in names:
+        size = FULL[name]
+        command = f"python -m headmech.publish --models {name} --types {','.join(types)} --update"
+        try:
+            record = update_validations(
+                name,
+                out,
+                types,
+                probe_options=size.probe_options(),
+                n_random=size.n_random,
+                type_options=size.type_options,
+                command=command,
+            )
+        except InputError as e:
+            print(f"python -m headmech.publish: {e}", file=sys.stderr)
+            return 1
+        print(f"{name}: updated {', '.join(types)} {record['seconds']}", file=sys.stderr)
+    _readmes(out)
+    return 0
+
+
+def _add(names: list[str], types: list[str], out: Path) -> int:
+    """``--types ... --add``: ``types`` added to each model's published catalog
+    (:func:`headmech.catalog_update.add_types`), their heatmaps drawn, then the README."""
+    from headmech.catalog_update import add_types
+    from headmech.models import load_model
+
+    for name in names:
+        command = f"python -m headmech.publish --models {name} --types {','.join(types)} --add"
+        try:
+            model = load_model(name)
+            kept, skipped = applicable_types(model)
+            record, full = add_types(
+                model, out / name, types, skipped=skipped, named=kept is not None,
+                size=FULL[name], check=CHECK, command=command,
+            )  # fmt: skip
+        except InputError as e:
+            print(f"python -m headmech.publish: {e}", file=sys.stderr)
+            return 1
+        for t, r in (full.types if full is not None else {}).items():
+            _heatmap(t, r, name, out / name / "heatmaps" / f"{t}.png")
+        print(f"{name}: added {record['added']}, skipped {record['skipped']}", file=sys.stderr)
+    _readmes(out)
+    return 0
+
+
+def _readmes(out: Path) -> None:
+    """``out/README.md``, and the cross-model table in the project's README beside it."""
+    (out / "README.md").write_text(readme(out))
+    print(f"wrote {out}/README.md", file=sys.stderr)
+    front = out.resolve().parent / "README.md"  # the project's README, beside catalog/
+    if front.is_file() and BEGIN in (text := front.read_text()):
+        front.write_text(replace_block(text, readme_block(out)))
+        print(f"updated the cross-model table in {front}", file=sys.stderr)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m headmech.publish", description=__doc__)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated models")
     parser.add_argument("--out", default="catalog", type=Path, help="the catalog folder")
@@ -313,11 +393,40 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument(
         "--force", action="store_true", help="start over, dropping a stopped run's finished units"
     )
+    parser.add_argument(
+        "--heatmaps", action="store_true", help="only redraw heatmaps/ from each catalog.json"
+    )
+    parser.add_argument("--types", default="", help="comma-separated types (--update, --add)")
+    change = parser.add_mutually_exclusive_group()
+    change.add_argument(
+        "--update",
+        action="store_true",
+        help="recompute only --types' validations in the published catalogs",
+    )
+    change.add_argument(
+        "--add", action="store_true", help="add --types, which the published catalogs lack"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m headmech.publish [--models a,b] [--out catalog]``."""
+    parser = _parser()
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
     if unknown or not names:
         parser.error(f"unknown model(s) {', '.join(unknown)}; have {', '.join(MODELS)}")
+    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    if (args.update or args.add) != bool(types):
+        parser.error("--update and --add need --types, and --types needs one of them")
+    if args.update:
+        return _update(names, types, args.out)
+    if args.add:
+        return _add(names, types, args.out)
+    if args.heatmaps:
+        redraw_heatmaps(args.out, names)
+        return 0
     try:
         for name in names:  # every model's staging area is checked before any work
             _store(name, args.out / name, resume=args.resume, force=args.force)
@@ -337,12 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 130 if isinstance(cause, KeyboardInterrupt) else 1
         print(f"{name}: {record['seconds']}", file=sys.stderr)
-    (args.out / "README.md").write_text(readme(args.out))
-    print(f"wrote {args.out}/README.md", file=sys.stderr)
-    front = args.out.resolve().parent / "README.md"  # the project's README, beside catalog/
-    if front.is_file() and BEGIN in (text := front.read_text()):
-        front.write_text(replace_block(text, readme_block(args.out)))
-        print(f"updated the cross-model table in {front}", file=sys.stderr)
+    _readmes(args.out)
     return 0
 
 

@@ -332,11 +332,15 @@ PROBES: Registry[Any] = Registry(
         "headmech.probes.ordinal",
         "headmech.probes.ioi",
         "headmech.probes.icl",
+        "headmech.probes.domains",
+        "headmech.probes.words",
     ),
     error=InputError,
 )
 TASKS: Registry[Any] = Registry(
-    "tasks", builtins=("headmech.tasks", "headmech.task_data"), error=UnknownTaskError
+    "tasks",
+    builtins=("headmech.tasks", "headmech.task_data", "headmech.task_words"),
+    error=UnknownTaskError,
 )
 METHODS: Registry[Any] = Registry(
     "methods", builtins=("headmech.attribution",), error=UnknownMethodError

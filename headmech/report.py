@@ -55,6 +55,10 @@ def validation_line(v: dict[str, Any] | None) -> str | None:
         text += f" (median {v['random_median']:+.4f}, range {lo:+.4f} to {hi:+.4f})"
     if v.get("control") == "any_layer" and note:
         text += f"; {note}"
+    elif "controls degenerate" in note:  # fewer distinct control sets than drawn
+        text += "; " + note[note.index("controls degenerate") :]
+    if v.get("verdict"):
+        text += f"; verdict: {v['verdict']}"
     return text
 
 

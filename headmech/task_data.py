@@ -12,9 +12,13 @@
 * ``ioi`` — minus the logit difference IO − S at the end of IOI prompts (Wang et al.
   2022); corrupted into their ABC prompts (three other names, none repeated);
 * ``icl`` — the answer's loss after 8 in-context examples (antonyms, country capitals,
-  capitalisation; Todd et al. 2023); corrupted by shuffling the examples' answers.
+  capitalisation; Todd et al. 2023); corrupted by shuffling the examples' answers;
+* ``copy_suppression`` — on prose, at positions where the clean model's top prediction
+  is a token already in the context (up to and including the current one), that token's
+  log-probability (McDougall et al. 2023: copy suppression lowers it; ablating the heads
+  raises it). Higher is worse: the naive copy the heads should have suppressed.
 
-Importing this module registers the six in :data:`headmech.registry.TASKS`.
+Importing this module registers the seven in :data:`headmech.registry.TASKS`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
+from headmech.engine import ProbeBatch, run_blocks
 from headmech.probes import random_token_ids
 from headmech.probes.needle import needle_spans
 from headmech.registry import TASKS
@@ -39,8 +43,9 @@ from headmech.tasks import (
     corrupt_prose,
     is_causal,
 )
+from headmech.unembedding import unembed
 
-__all__ = ["corrupt_prose", "icl_task"]
+__all__ = ["CopyTask", "copy_candidates", "corrupt_prose", "icl_task"]
 
 
 def _select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
@@ -208,6 +213,60 @@ def _retrieval(model: Any) -> Task:
     )
 
 
+ROW_CHUNK = 256  # rows of full-vocabulary logits at a time (Gemma 3: 262k columns)
+
+
+def copy_candidates(
+    model: Any, batch: ProbeBatch
+) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """Where the clean model's top next-token prediction is a token already in the context
+    (an ordinary token at or before the position), and that token: the copy a
+    copy-suppression head acts against (McDougall et al. 2023)."""
+    dev = next(model.parameters()).device
+    ids, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev)
+    query, _ = _select_lm(batch.to(dev))
+    with torch.no_grad():
+        resid = run_blocks(model, ids, mask, rows=query)[query]
+        top = torch.cat([unembed(model, r).argmax(-1) for r in resid.split(ROW_CHUNK)])
+    pred = torch.zeros_like(ids)
+    pred[query] = top
+    seen = (ids[:, None, :] == pred[:, :, None]) & ~batch.special.to(dev)[:, None, :]
+    seen &= torch.ones_like(seen[0]).tril()[None]  # key position <= query position
+    return query & seen.any(-1), pred
+
+
+class CopyTask(TokenLossTask):
+    """The ``copy_suppression`` task: the log-probability of the in-context token the clean
+    model predicts, at the positions where it predicts one (:func:`copy_candidates`,
+    computed once per batch with no intervention and kept in the batch's extras)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "copy_suppression",
+            "prose",
+            lambda b: (b.extras["copy_query"], b.extras["copy_target"]),
+            "log-probability of the in-context token the clean model predicts, where its top "
+            "prediction is already in the context (prose probe)",
+            corrupt_prose,
+        )
+
+    def batches(self, model, options):
+        out = []
+        for batch in super().batches(model, options):
+            query, target = copy_candidates(model, batch)
+            extras = {**batch.extras, "copy_query": query.cpu(), "copy_target": target.cpu()}
+            out.append(replace(batch, extras=extras))
+        return out
+
+    def metric(self, model, batch, *, copies=1, reference=None, linear=False):
+        sums, counts = super().metric(model, batch, copies=copies, reference=reference)
+        return -sums, counts  # minus the loss: the copy's log-probability
+
+
+def _copy_suppression(model: Any) -> Task:
+    return CopyTask()
+
+
 TASKS.register(
     "lm", _lm, summary="next-token loss (decoders), 1 - cos of the sentence embedding (encoders)"
 )
@@ -222,3 +281,8 @@ TASKS.register(
     "icl", _icl, summary="answer loss of in-context prompts: antonyms, capitals, ... (decoders)"
 )
 TASKS.register("succession", _succession, summary="next-item loss on ordinal sequences (decoders)")
+TASKS.register(
+    "copy_suppression",
+    _copy_suppression,
+    summary="log-probability of the in-context token the model predicts, on prose (decoders)",
+)

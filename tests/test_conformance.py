@@ -200,6 +200,49 @@ def _function_vector(batch: ProbeBatch, model) -> Targets:
     return out
 
 
+def _concept(batch: ProbeBatch, model) -> Targets:
+    """The token before each multi-token word of the second copy attends to the last token
+    of the same word in the first copy (Feucht et al. 2025)."""
+    out = []
+    rows = zip(
+        _rows(batch),
+        *(batch.extras[k].tolist() for k in ("word_pos", "copy", "word_len")),
+        strict=True,
+    )
+    for (ids, _, _), word, copy, length in rows:
+        where: dict[tuple[int, int], list[int]] = {}
+        for i in range(len(ids)):
+            if word[i] >= 0:
+                where.setdefault((copy[i], word[i]), []).append(i)
+        row: list[set[int]] = [set() for _ in ids]
+        for (c, w), positions in where.items():
+            if c == 1 and length[positions[0]] >= 2:
+                row[positions[0] - 1] = {max(where[(0, w)])}
+        out.append(row)
+    return out
+
+
+def _semantic(batch: ProbeBatch, model) -> Targets:
+    """The token before a relation's tail attends to the head word's last token, when the
+    head word comes earlier and not just before (Ren et al. 2024)."""
+    labels = list(batch.extras["dep_labels"])
+    rels = {"nsubj", "dobj", "amod", "advmod", "det", "pobj", "poss", "aux", "mark"}
+    out = []
+    for r, (ids, _, _) in enumerate(_rows(batch)):
+        words = batch.extras["word_ids"][r].tolist()
+        heads, deps = batch.extras["word_heads"][r].tolist(), batch.extras["word_deps"][r].tolist()
+        row: list[set[int]] = [set() for _ in ids]
+        for w in sorted({x for x in words if x >= 0}):
+            pos = [i for i, x in enumerate(words) if x == w]
+            h = heads[w]
+            if 0 <= deps[w] < len(labels) and labels[deps[w]] in rels and 0 <= h < w:
+                head_pos = [i for i, x in enumerate(words) if x == h]
+                if head_pos and head_pos[-1] < pos[0] - 1:
+                    row[pos[0] - 1] = {head_pos[-1]}
+        out.append(row)
+    return out
+
+
 HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "previous_token": _previous,
     "positional": _previous,  # its perfect head is a previous-token head (offset -1)
@@ -215,12 +258,16 @@ HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "copy_suppression": _copy_suppression,
     "successor": _successor,
     "function_vector": _function_vector,
+    "inactive": _sink,  # a dormant head parks its attention on the first token
+    "concept_induction": _concept,
+    "semantic_induction": _semantic,
 }
 # types whose score reads the attention pattern (the others score weights or effects:
 # their targets only shape the pattern a user plants)
 ATTENTION_SCORED = [
     "previous_token", "positional", "duplicate_token", "induction", "attention_sink",
     "rare_word", "syntactic", "retrieval", "name_mover", "negative_name_mover", "s_inhibition",
+    "concept_induction", "semantic_induction",
 ]  # fmt: skip
 
 

@@ -155,6 +155,14 @@ TABLE_HEAD = (
     "random heads: median (range) | metric (ablation) |"
 )
 
+VERDICT_INTRO = (
+    "Validation verdicts ({model}): *validated* — the labelled effect lies beyond every "
+    "control set's in the expected direction and its 95% interval excludes 0; *degenerate "
+    "controls* — fewer distinct control sets exist than were drawn, so the labels are not "
+    "judged against them."
+)
+VERDICT_HEAD = "| type | validated on | effect [95% CI] | controls: median (range) | verdict |"
+
 SMOLLM2_SECTION = [
     "## smollm2-135m (2 layers x 2 heads)",
     "",
@@ -173,6 +181,21 @@ SMOLLM2_SECTION = [
     "none (best L0H1 0.45) | no labelled heads |  | next-token loss (mean) |",
     "| [`retrieval`](smollm2-135m/heatmaps/retrieval.png) | 0.1 | 0 | none | not validated |  |  |",
     "",
+    VERDICT_INTRO.format(model="smollm2-135m"),
+    "",
+    VERDICT_HEAD,
+    "|---|---|---|---|---|",
+    # layer 1 of 2 heads fully labelled: no same-layer control set exists, 3 were drawn
+    "| `induction` | next-token loss (zero ablation) | +1.5 [+1.25, +1.75] | "
+    "+0.2 (+0.1 … +0.3; 3 sets, same layers) | **degenerate controls** |",
+    "| `negative_name_mover` | logit difference (mean ablation) | -0.5 (expected: lower) | "
+    "no control | **no control** |",
+    "| `attention_sink` | next-token loss (mean ablation) | no labelled heads |  | **no heads** |",
+    "| `retrieval` |  | not validated |  | **not run** |",
+    "",
+    "- `induction`: controls degenerate: only 0 distinct control set(s) exist (0 unlabelled "
+    "heads to draw from), 3 drawn; not judged against them.",
+    "",
 ]
 MINILM_SECTION = [
     "## minilm-l6 (2 layers x 2 heads)",
@@ -189,6 +212,18 @@ MINILM_SECTION = [
     "1 - cos (zero) |",
     "| [`duplicate_token`](minilm-l6/heatmaps/duplicate_token.png) | 0.5 | 1 | L1H0 0.70 | — | "
     f"{NOT_APPLICABLE} | next-token loss (zero) |",
+    "",
+    VERDICT_INTRO.format(model="minilm-l6"),
+    "",
+    VERDICT_HEAD,
+    "|---|---|---|---|---|",
+    # 1 labelled of 4 heads, any layer: 3 possible sets of one head, 5 drawn
+    "| `positional` | 1 - cos (zero ablation) | +0.0167 [+0.0155, +0.018] | "
+    "+0.00459 (+0.00416 … +0.00543; 5 sets, any layer) | **degenerate controls** |",
+    f"| `duplicate_token` | next-token loss (zero ablation) | — | {NOT_APPLICABLE} | **not run** |",
+    "",
+    "- `positional`: controls degenerate: only 3 distinct control set(s) exist (3 unlabelled "
+    "heads to draw from), 5 drawn; not judged against them.",
     "",
     "Not applicable:",
     "",
@@ -208,6 +243,14 @@ TOY_SECTION = [
     "|---|---|---|---|---|---|---|",
     "| [`induction`](toy-induction/heatmaps/induction.png) | 0.4 | 1 | L1H2 0.80 | +2 | "
     "+0.05 (+0.01 … +0.1; 3 sets, same layers) | next-token loss (zero) |",
+    "",
+    VERDICT_INTRO.format(model="toy-induction"),
+    "",
+    VERDICT_HEAD,
+    "|---|---|---|---|---|",
+    # 3 possible single-head sets in layer 1, 3 drawn; no interval: nothing excludes 0
+    "| `induction` | next-token loss (zero ablation) | +2 | +0.05 (+0.01 … +0.1; 3 sets, same "
+    "layers) | **not validated** |",
     "",
 ]
 
@@ -257,7 +300,8 @@ def test_readme_cross_model_section(root):
     for name, row in rows.items():
         assert row in lines, (name, [line for line in lines if f"`{name}`" in line])
     # every type, published or in the literature, has a row, in name order
-    table = [line.split(" | ")[0][3:-1] for line in lines if line.startswith("| `")]
+    across = text.split("\n## smollm2-135m")[0].split("\n")  # not the verdict tables below
+    table = [line.split(" | ")[0][3:-1] for line in across if line.startswith("| `")]
     assert table == sorted(set(LITERATURE) | set(rows))
     assert (
         "Types with labelled heads in both decoders (smollm2-135m): `induction`, "

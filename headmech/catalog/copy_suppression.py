@@ -30,9 +30,11 @@ class CopySuppressionHead(HeadType):
     Threshold: the authors publish none; 0.5, a majority of tokens suppressed, well below
     L10H7's 84.7% and over 2,000 times chance for a 50k vocabulary.
 
-    Behavioural metric: next-token loss on prose (the ``lm`` task); McDougall et al.
-    measure the head's effect on the logit of the copied token (its ablation raises the
-    loss on tokens the model over-predicts from context).
+    Behavioural metric (the ``copy_suppression`` task, McDougall et al.'s own): on prose,
+    at the positions where the clean model's top prediction is a token already in the
+    context, that token's log-probability; ablating copy-suppression heads should raise it
+    (the naive copy is no longer suppressed). Average next-token loss is not the claim:
+    a head that suppresses over-predicted copies can leave it almost unchanged.
 
     References:
         McDougall, Conmy, Rushing, McGrath, Nanda 2023, "Copy Suppression:
@@ -51,7 +53,11 @@ class CopySuppressionHead(HeadType):
     probe = "prose"
     default_threshold = 0.5
     causal_only = True  # the unembedding of the bundled encoder is not trained
-    task = "lm"
+    task = "copy_suppression"
+    claim = (
+        "McDougall et al.: ablating the heads raises the log-probability of the in-context "
+        "token the model predicts (the copy they suppress), more than ablating random heads"
+    )
 
     def __init__(
         self, threshold: float | None = None, n_tokens: int = N_TOKENS, *, probe: str | None = None

@@ -54,6 +54,9 @@ class FunctionVectorHead(HeadType):
     description = "its mean output at the query carries an in-context task (antonyms, capitals)"
     probe = "icl"
     default_threshold = 0.01
+    # patched minus shuffled probability; a quarter of the answer's probability moved by
+    # one head's mean is beyond any head Todd et al. report (GPT-J's best: about 0.05)
+    score_range = (-0.25, 0.25)
     causal_only = True
     task = "icl"
     ablation = "mean"

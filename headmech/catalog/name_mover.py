@@ -46,8 +46,12 @@ class NameMoverHead(HeadType):
     attention on the IO; 0.3 is about 5x uniform attention over a 16-token prompt);
     copy score 0.5 (theirs are above 0.95: a majority of names, far above chance 5/vocab).
 
-    Behavioural metric: the IOI logit difference (the ``ioi`` task: logit(S) - logit(IO)
-    at the last token, higher is worse), which ablating name movers should lower.
+    Behavioural metric: Wang et al.'s path patching to the logits: the labelled heads'
+    outputs on the ABC prompts (three other names) reach the logits, along the direct
+    path only, and the IOI logit difference (the ``ioi`` task: logit(S) - logit(IO) at the
+    last token, higher is worse) is measured against control sets patched the same way.
+    The validation record also names the *backup* name movers: heads whose own direct
+    effect on the logit difference rises when the labelled heads are knocked out.
 
     References:
         Wang, Variengien, Conmy, Shlegeris, Steinhardt 2022, "Interpretability in the
@@ -66,6 +70,11 @@ class NameMoverHead(HeadType):
     default_threshold = 0.3
     causal_only = True
     task = "ioi"
+    validation = "direct_path"
+    claim = (
+        "Wang et al.: the heads' direct effect on the IOI logit difference (path patching "
+        "to the logits from ABC prompts) exceeds random heads'; backups compensate"
+    )
     copy_key = "copy"  # which weight statistic must reach copy_threshold
 
     def __init__(

@@ -19,9 +19,9 @@ class NegativeNameMoverHead(NameMoverHead):
 
     Threshold: as name movers (0.3 IO mass; negative copy score 0.5).
 
-    Behavioural metric: the IOI logit difference (``ioi`` task); these heads work
-    against it, so ablating them should *raise* the logit difference — validation
-    reports a negative effect for them.
+    Behavioural metric: as name movers, path patching to the logits on the IOI logit
+    difference (``ioi`` task); these heads work against it, so patching their direct
+    path should *raise* the logit difference — validation reports a negative effect.
 
     References:
         Wang, Variengien, Conmy, Shlegeris, Steinhardt 2022, "Interpretability in the
@@ -39,3 +39,7 @@ class NegativeNameMoverHead(NameMoverHead):
     description = "at the end of an IOI prompt, attends to the indirect object and lowers its logit"
     copy_key = "negative_copy"
     helps_task = False  # ablating them should raise the logit difference
+    claim = (
+        "Wang et al.: the heads' direct effect (path patching to the logits from ABC "
+        "prompts) lowers the IOI logit difference, beyond random heads"
+    )

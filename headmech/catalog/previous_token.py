@@ -19,6 +19,13 @@ class PreviousTokenHead(HeadType):
     head's argmax hit rate on i-1 is kept as evidence. This is the ``previous_token_head``
     pattern of TransformerLens' head detector; ``<name>.rows`` reproduces its "mul" score.
 
+    Behavioural metric (Olsson et al.): previous-token heads matter through the induction
+    heads whose keys they feed (K-composition). Validation ablates them on the induction
+    task (loss on the repeated half of random-token sequences), and patches their writes
+    from a run with fresh first halves into the induction heads' keys only (path
+    patching), each against the control sets. On an encoder (no induction task) the
+    ``lm`` task stands in.
+
     References:
         Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits";
         Olsson et al. 2022, "In-context Learning and Induction Heads";
@@ -35,6 +42,12 @@ class PreviousTokenHead(HeadType):
     probe = "prose"
     # headmech's choice (the detector has no threshold): the majority of the head's attention.
     default_threshold = 0.5
+    task = "induction"
+    validation = "k_composition"
+    claim = (
+        "Olsson et al.: ablating the heads hurts induction (repeated-half loss) more than "
+        "random heads, and their writes reach the induction heads' keys (K-composition)"
+    )
 
     def targets(self, batch: ProbeBatch) -> Tensor:
         pos = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)

@@ -12,18 +12,8 @@ from torch import Tensor
 
 from headmech.engine import HeadStats, ProbeBatch, Reducer
 from headmech.heads import HeadIndex, HeadType
+from headmech.probes.relations import RELATIONS
 
-RELATIONS: tuple[str, ...] = (
-    "nsubj",
-    "dobj",  # spaCy's label for a direct object (UD's "obj")
-    "amod",
-    "advmod",
-    "det",
-    "pobj",
-    "poss",
-    "aux",
-    "mark",
-)
 DIRECTIONS: tuple[str, ...] = ("dep_to_head", "head_to_dep")
 # Word offsets the positional baseline may pick; a relation whose partners are further apart
 # has a weaker baseline than any in-range offset would give, never a stronger one.
@@ -88,6 +78,7 @@ class SyntacticHead(HeadType):
     )
     probe = "prose"
     default_threshold = 0.10  # Voita et al.: at least 10 points above the positional baseline
+    score_range = (-1.0, 1.0)  # accuracy minus the positional baseline
 
     def __init__(
         self,

@@ -1,0 +1,272 @@
+"""Validation on each type's own claim (headmech.claims, headmech.direct_effects, the
+copy_suppression task): each metric against a hand computation on a tiny model, control
+sets counted, verdicts, degenerate controls on toy-induction, and the partial update of a
+published catalog."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from headmech.claims import control_space, n_distinct, verdict
+from headmech.heads import HeadIndex, get_head_type
+from headmech.interventions import capture_z
+from headmech.probes import ProbeOptions, build_probe
+from headmech.tasks import get_task
+from headmech.testing import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1] / "catalog"
+SMALL = ProbeOptions(n_sentences=8, n_sequences=4, half_len=8)
+DEAD = HeadIndex(1, 2)  # its output projection zeroed in the model below
+
+
+@pytest.fixture(scope="module")
+def dead_head_model():
+    """A tiny LLaMA (2 layers, 4 heads, GQA) whose head L1H2 writes nothing: its columns
+    of the output projection are 0."""
+    m = tiny_model("causal", seed=33)
+    attn = m.blocks[DEAD.layer].attn
+    d_head = int(m.cfg.d_head)
+    with torch.no_grad():
+        o = attn._original_component.o_proj
+        o.weight[:, DEAD.head * d_head : (DEAD.head + 1) * d_head] = 0.0
+    return m
+
+
+def _ioi(model):
+    task = get_task("ioi", model)
+    batch = task.batches(model, SMALL)[0]
+    return task, batch, task.corrupt(batch, model, 0)
+
+
+def test_direct_path_effect_is_the_hand_computed_logit_difference(dead_head_model):
+    """Path patching to the logits = the head's corrupted-minus-clean write at the last
+    token, added to the final residual, through the final norm and W_U, by hand."""
+    from headmech.direct_effects import direct_path_effects
+    from headmech.engine import run_blocks
+
+    m = dead_head_model
+    task, batch, corrupt = _ioi(m)
+    query, good, bad = task.contrast(batch)
+    sets = [[HeadIndex(1, 0)], [HeadIndex(0, 3), HeadIndex(1, 1)], [DEAD]]
+    clean, effects = direct_path_effects(m, batch, corrupt, (query, good, bad), sets)
+    z, z_src = capture_z(m, batch), capture_z(m, corrupt)  # [layers, batch, pos, heads, d]
+    with torch.no_grad():
+        resid = run_blocks(m, batch.input_ids, batch.attention_mask)[query]  # [n, d_model]
+        full = m(batch.input_ids, attention_mask=batch.attention_mask)[query]
+        g, b = good[query], bad[query]
+        rows = torch.arange(len(g))
+        assert torch.allclose(clean, full[rows, b] - full[rows, g], atol=1e-4)
+        for heads, got in zip(sets, effects, strict=True):
+            delta = sum(
+                (z_src[h.layer][query][:, h.head] - z[h.layer][query][:, h.head])
+                @ m.blocks[h.layer].attn.W_O[h.head]
+                for h in heads
+            )
+            logits = m.ln_final(resid + delta) @ m.W_U + m.b_U
+            want = logits[rows, b] - logits[rows, g] - clean
+            assert torch.allclose(got, want, atol=1e-4)
+    assert effects[0].abs().max() > 1e-4  # a live head moves the logit difference
+    assert effects[2].abs().max() < 1e-6  # the dead head does not
+
+
+def test_head_direct_effects_by_hand_and_zero_for_a_dead_head(dead_head_model):
+    from headmech.direct_effects import head_direct_effects
+    from headmech.engine import run_blocks
+
+    m = dead_head_model
+    task, batch, _ = _ioi(m)
+    query, good, bad = task.contrast(batch)
+    de = head_direct_effects(m, batch, (query, good, bad))  # [n, layers, heads]
+    z = capture_z(m, batch)
+    with torch.no_grad():
+        resid = run_blocks(m, batch.input_ids, batch.attention_mask)[query]
+        g, b, rows = good[query], bad[query], torch.arange(int(query.sum()))
+
+        def ld(r):
+            logits = m.ln_final(r) @ m.W_U + m.b_U
+            return logits[rows, g] - logits[rows, b]
+
+        w = z[1][query][:, 0] @ m.blocks[1].attn.W_O[0]
+        assert torch.allclose(de[:, 1, 0], ld(resid) - ld(resid - w), atol=1e-4)
+    assert de[:, DEAD.layer, DEAD.head].abs().max() < 1e-6
+    assert de.abs().max() > 1e-4
+
+
+def test_copy_task_is_the_in_context_tokens_log_probability_by_hand():
+    """On toy-induction's repeated sequences the model predicts tokens of the first half:
+    the copy task selects exactly the positions whose argmax is already in context, and
+    its metric is minus their cross-entropy, by hand from the full logits."""
+    import headmech
+    from headmech.task_data import CopyTask, copy_candidates
+
+    toy = headmech.load_model("toy-induction")
+    batch = build_probe("repeated_random", toy, ProbeOptions(n_sequences=4)).batches[0]
+    query, target = copy_candidates(toy, batch)
+    with torch.no_grad():
+        logits = toy(batch.input_ids, attention_mask=batch.attention_mask)
+    pred = logits.argmax(-1)
+    ids, n = batch.input_ids, batch.input_ids.shape[1]
+    want = torch.zeros_like(query)
+    for r in range(ids.shape[0]):
+        for i in range(n - 1):
+            seen = zip(ids[r, : i + 1], batch.special[r, : i + 1], strict=True)
+            earlier = {int(t) for t, s in seen if not s}
+            want[r, i] = bool(batch.attention_mask[r, i + 1]) and int(pred[r, i]) in earlier
+    assert torch.equal(query, want) and query.sum() > 10
+    assert torch.equal(target[query], pred[query])
+    task = CopyTask()
+    extras = {**batch.extras, "copy_query": query, "copy_target": target}
+    from dataclasses import replace
+
+    sums, counts = task.metric(toy, replace(batch, extras=extras))
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, pred[..., None])[..., 0]
+    assert torch.allclose(sums[0], (logp * query).sum(1), atol=1e-3)
+    assert torch.equal(counts[0], query.sum(1).float())
+
+
+def test_ablating_a_dead_head_leaves_the_claims_unchanged(dead_head_model):
+    """Zero-ablating a head that writes nothing changes the induction metric (previous
+    token's claim) and the copy task by 0; its direct path to the logits is 0."""
+    from headmech.causal_validation import _validation
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prev = _validation(
+            dead_head_model,
+            get_head_type("previous_token")(),
+            [DEAD],
+            SMALL,
+            2,
+            {"induction": []},
+        )
+        nm = _validation(dead_head_model, get_head_type("name_mover")(), [DEAD], SMALL, 2)
+    assert abs(prev["effect"]) < 1e-6 and prev["metric"].startswith("mean loss on the repeated")
+    assert prev["k_composition"]["note"] == "no induction head after a labelled head"
+    assert abs(nm["effect"]) < 1e-6 and nm["validation"] == "direct_path"
+    assert nm["backup"]["labelled_direct_effect"] == 0.0
+    assert nm["verdict"] == "not validated" and nm["claim"].startswith("Wang et al.")
+
+
+def test_k_composition_patches_only_the_receivers_keys(dead_head_model):
+    """A sender that writes nothing reaches no key (0); a live layer-0 head's write,
+    patched into a layer-1 key, moves the induction metric."""
+    from headmech.claims import k_composition
+
+    m = dead_head_model
+    task = get_task("induction", m)
+    batches = task.batches(m, SMALL)
+    live = [HeadIndex(0, h) for h in range(4)]
+    receivers = [HeadIndex(1, 0), HeadIndex(1, 3)]
+    effects, interval = k_composition(m, [live, []], receivers, batches, task, 0)
+    assert abs(effects[1]) < 1e-7 and abs(effects[0]) > 1e-6
+    assert interval is not None and interval[0] <= effects[0] <= interval[1]
+
+
+def test_control_space_and_verdicts():
+    # toy-induction: all 4 heads of layer 1 labelled, 2 x 4 heads: one possible control set
+    layer1 = [[1, h] for h in range(4)]
+    assert control_space(layer1, 2, 4, "any_layer") == (4, 1)
+    assert control_space([[24, 4]], 30, 9, "same_layers") == (8, 8)
+    assert control_space([[23, 0], [23, 1], [20, 0]], 30, 9, "same_layers") == (15, 21 * 8)
+    assert n_distinct([[[0, 1], [0, 2]], [[0, 2], [0, 1]], [[0, 3], [0, 1]]]) == 2
+    base = {"n_heads": 2, "effect": 1.0, "effect_interval": [0.5, 1.5], "expected": "raise"}
+    rand = {"random_effects": [0.1, 0.9, 0.2]}
+    assert verdict({**base, **rand}) == "validated"
+    assert verdict({**base, **rand, "random_effects": [0.1, 1.2]}) == "not validated"
+    assert verdict({**base, **rand, "effect_interval": [-0.1, 1.5]}) == "not validated"
+    assert verdict({**base, **rand}, n_possible=1) == "degenerate controls"
+    assert verdict({**base, "random_effects": []}) == "no control"
+    low = {**base, "effect": -1.0, "effect_interval": [-1.5, -0.2], "expected": "lower"}
+    assert verdict({**low, **rand}) == "validated"
+    assert verdict({"n_heads": 0, "effect": 0.0}) == "no heads"
+
+
+def test_degenerate_controls_on_toy_induction_are_said(capsys):
+    """Toy-induction's induction heads fill layer 1: every control set is layer 0's four
+    heads. The record counts one possible set, the verdict does not judge against it,
+    and the report's line says so."""
+    import headmech
+    from headmech.causal_validation import _validation
+    from headmech.report import validation_line
+
+    toy = headmech.load_model("toy-induction")
+    heads = [HeadIndex(1, h) for h in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        v = _validation(toy, get_head_type("induction")(), heads, ProbeOptions(n_sequences=4), 3)
+    assert (v["control_pool"], v["n_possible_sets"], v["n_distinct_controls"]) == (4, 1, 1)
+    assert v["verdict"] == "degenerate controls"
+    assert len(set(v["random_effects"])) == 1
+    line = validation_line(v)
+    assert "controls degenerate: 1 distinct set(s) of 4 exist in a pool of 4" in line
+    assert line.endswith("verdict: degenerate controls")
+
+
+def test_update_keeps_the_other_types_bytes(tmp_path):
+    """``--types induction --update`` on toy-induction's published catalog: only that
+    type's validation and the update records change."""
+    from headmech.publish import main
+
+    shutil.copytree(ROOT / "toy-induction", tmp_path / "toy-induction")
+    before = json.loads((tmp_path / "toy-induction" / "catalog.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["--models", "toy-induction", "--types", "induction", "--update", "--out", str(tmp_path)]) == 0  # fmt: skip
+    after = json.loads((tmp_path / "toy-induction" / "catalog.json").read_text())
+    for name, entry in before["types"].items():
+        if name != "induction":
+            assert json.dumps(after["types"][name]) == json.dumps(entry)
+    for key in ("heads", "score", "threshold"):
+        assert after["types"]["induction"][key] == before["types"]["induction"][key]
+    assert after["types"]["induction"]["details"]["validation"]["verdict"] == "degenerate controls"
+    update = after["provenance"]["validation_updates"][-1]
+    assert update["types"] == ["induction"] and update["seconds"]["induction"] > 0
+    run = json.loads((tmp_path / "toy-induction" / "run.json").read_text())
+    assert run["updates"][-1] == update
+    readme = (tmp_path / "README.md").read_text()
+    assert (
+        "controls degenerate: only 1 distinct control set(s) exist (4 unlabelled heads to draw from), 5 drawn"
+        in readme
+    )
+
+
+def test_update_refuses_a_type_the_catalog_lacks(tmp_path, capsys):
+    from headmech.publish import main
+
+    shutil.copytree(ROOT / "toy-induction", tmp_path / "toy-induction")
+    assert main(["--models", "toy-induction", "--types", "name_mover", "--update", "--out", str(tmp_path)]) == 1  # fmt: skip
+    assert "has no type(s) name_mover" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--models", "toy-induction", "--update"])
+
+
+def test_readme_findings_quote_the_published_catalogs():
+    """Every validation the project's README quotes (``catalog <model>/<type>: ...``) is
+    the published catalog's, verdict included; the findings table quotes one per
+    validated SmolLM2 row and names only heads the catalog labels."""
+    import re
+
+    from headmech.catalog_readme import quote
+
+    text = (ROOT.parent / "README.md").read_text()
+    verdicts = "not validated|validated|degenerate controls|no control|no heads|not run"
+    found = re.findall(rf"catalog ([\w.-]+)/(\w+)(?: (k_composition))?: .+?: (?:{verdicts})", text)
+    quoted = re.findall(rf"(catalog [\w.-]+/\w+(?: k_composition)?: .+?: (?:{verdicts}))", text)
+    assert len(found) >= 8
+    for (model, name, part), q in zip(found, quoted, strict=True):
+        want = quote(ROOT, model, name, part)
+        assert q == want, f"README quotes {q!r}; the catalog says otherwise"
+    rows = [line for line in text.splitlines() if re.match(r"\| [\w.-]+-\w+ \| \w+ \|", line)]
+    for line in rows:
+        model, name, heads = (c.strip() for c in line.split("|")[1:4])
+        data = json.loads((ROOT / model / "catalog.json").read_text())
+        labelled = {f"L{a}H{b}" for a, b in data["types"][name]["heads"]}
+        assert set(re.findall(r"L\d+H\d+", heads)) <= labelled, f"{model}/{name}: {heads}"
+        if model == "smollm2-135m" and labelled:
+            assert f"catalog {model}/{name}: " in line, f"{model}/{name} quotes no catalog"
