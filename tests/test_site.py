@@ -127,7 +127,7 @@ def _ids(path_url: str) -> set[str]:
     return set(re.findall(r'id="([^"]+)"', _path(path_url).read_text()))
 
 
-def test_model_pages_show_every_type_with_its_labelled_heads(site, page):
+def test_model_pages_show_every_type_with_its_labelled_heads_and_verdict(site, page):
     for name in MODELS:
         catalog = json.loads((CATALOG / name / "catalog.json").read_text())
         page.goto((site / "models" / f"{name}.html").as_uri())
@@ -138,6 +138,9 @@ def test_model_pages_show_every_type_with_its_labelled_heads(site, page):
             assert shown == {f"L{la}H{h}" for la, h in result["heads"]}, (name, t)
             if (CATALOG / name / "heatmaps" / f"{t}.png").exists():
                 assert section.locator("img.heatmap").count() == 1
+            said = (result["details"].get("validation") or {}).get("verdict")
+            if said is not None:  # the catalog's verdict, as catalog/README.md shows it
+                assert section.locator("b.verdict").inner_text() == said, (name, t)
 
 
 def test_hovering_a_token_shows_the_weights_of_examples_json(site, page):

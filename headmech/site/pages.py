@@ -96,12 +96,24 @@ def head_row(t: dict[str, Any], head: list[int] | tuple[int, int]) -> dict[str, 
     }
 
 
-def validation(t: dict[str, Any]) -> dict[str, Any] | None:
-    """The labelled set's ablation effect and its controls, or None if not validated."""
+def validation(t: dict[str, Any], shape: tuple[int, int] | None = None) -> dict[str, Any] | None:
+    """The labelled set's ablation effect, its controls and the verdict
+    (:func:`headmech.claims.verdict`; for a record written before verdicts were, the
+    distinct control sets possible are counted from the model's ``shape``), or None if not
+    validated."""
+    from headmech.claims import control_space, verdict
+
     v = t.get("details", {}).get("validation")
     if not v:
         return None
+    said = v.get("verdict")
+    if said is None:
+        possible = None
+        if shape is not None:
+            _, possible = control_space(t["heads"], *shape, v.get("control", "none"))
+        said = verdict(v, possible)
     return {
+        "verdict": said,
         "effect": v.get("effect"),
         "interval": v.get("effect_interval"),
         "median": v.get("random_median"),
@@ -129,7 +141,7 @@ def model_types(m: Model, page_dir: Path) -> list[dict[str, Any]]:
                 "threshold": t.get("threshold"),
                 "heads": sorted(heads, key=lambda r: -(r["score"] or 0.0)),
                 "borderline": [head_row(t, h) for h in t.get("borderline", [])],
-                "validation": validation(t),
+                "validation": validation(t, (n_layers, n_heads)),
                 "heatmap": os.path.relpath(png, page_dir).replace(os.sep, "/")
                 if png.exists()
                 else None,
