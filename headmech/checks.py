@@ -41,6 +41,10 @@ MAX_PROBE_TOKENS = 50_000_000  # repeated random tokens: n_sequences * (2 * half
 MAX_CORPUS_BYTES = 100_000_000  # spaCy splits the whole file; a probe samples a few hundred
 UNKNOWN_SHARE = 0.5  # above: the tokenizer does not read the prose (a word-level toy vocabulary)
 PROSE_PROBES = frozenset({"prose", "needle", "ordinal", "ioi", "icl"})  # built from English words
+# probes that also read the corpus's English words (the inactive type's domains: prose beside
+# code and random tokens; concept induction's repeated multi-token words): the command line
+# skips their types with the prose types when the tokenizer knows no English
+WORD_PROBES = PROSE_PROBES | {"domains", "repeated_words"}
 TMP_PREFIX = ".headmech-tmp-"
 _PROSE = ("The cat sat on the mat because it was warm.", "She opened the window and smiled.")
 

@@ -280,11 +280,11 @@ def _fit_types(
     from headmech.heads import resolve_types
 
     types = resolve_types(names)
-    prose = [t.name for t in types if t.probe in V.PROSE_PROBES]
+    prose = [t.name for t in types if t.probe in V.WORD_PROBES]
     problem = V.prose_problem(tokenizer, sentences) if prose else None
     if problem is None:
         return names, {}
-    others = [t for t in resolve_types(None) if t.probe not in V.PROSE_PROBES]
+    others = [t for t in resolve_types(None) if t.probe not in V.WORD_PROBES]
     if names is not None:
         raise InputError(
             f"head type(s) {', '.join(prose)} are measured on English prose, but {problem}; "

@@ -25,10 +25,10 @@ def _fail_on(name, error):
     """A ``_validation`` that raises ``error`` for type ``name``, else validates."""
     real = classify_module._validation
 
-    def validation(model, t, heads, options, n_random):
+    def validation(model, t, heads, options, n_random, *rest):
         if t.name == name:
             raise error
-        return real(model, t, heads, options, n_random)
+        return real(model, t, heads, options, n_random, *rest)
 
     return validation
 
