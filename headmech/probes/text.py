@@ -39,6 +39,7 @@ from headmech.probes.corpus import _normalize_space as _normalize_space
 from headmech.probes.corpus import _prose_paragraphs as _prose_paragraphs
 from headmech.probes.corpus import default_corpus as default_corpus
 from headmech.probes.corpus import parser_available as parser_available
+from headmech.probes.corpus import parser_problem as parser_problem
 from headmech.probes.corpus import read_corpus as read_corpus
 from headmech.probes.corpus import sample_sentences as sample_sentences
 from headmech.probes.corpus import split_sentences as split_sentences
@@ -56,6 +57,7 @@ __all__ = [
     "encode_parsed",
     "parse_sentences",
     "parser_available",
+    "parser_problem",
     "read_corpus",
     "sample_sentences",
     "split_sentences",
