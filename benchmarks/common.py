@@ -162,8 +162,11 @@ def machine(device: str | None) -> dict[str, Any]:
     return out
 
 
-def record(script: str, device: str | None, rows: list[dict[str, Any]]) -> None:
-    """Replace ``script``'s rows in ``results.json``.
+def record(
+    script: str, device: str | None, rows: list[dict[str, Any]], where: dict | None = None
+) -> None:
+    """Replace ``script``'s rows in ``results.json`` (``where``: the machine the figures
+    were measured on, when not this one: a GPU machine's record, say).
 
     Each row: ``figure`` (the issue's number, or a name), ``what``, ``result`` (text with
     the ratio), ``target`` (text or ""), ``met`` (True, False or None) and ``values`` (the
@@ -174,7 +177,7 @@ def record(script: str, device: str | None, rows: list[dict[str, Any]]) -> None:
         data = json.loads(RESULTS.read_text())
     data["runs"][script] = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine(device),
+        "machine": where or machine(device),
         "rows": rows,
     }
     RESULTS.write_text(json.dumps(data, indent=1) + "\n")

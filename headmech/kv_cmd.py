@@ -68,7 +68,7 @@ def _check_kv_plan(args: argparse.Namespace) -> tuple[Path, Any, Any]:
     V.device(args.device)
     model_name(args.model)
     from headmech.bundled import BUNDLED_MODELS
-    from headmech.kv.plan import NOT_A_DECODER
+    from headmech.kv.budget import NOT_A_DECODER
 
     if args.model in BUNDLED_MODELS and not BUNDLED_MODELS[args.model].causal:
         raise InputError(NOT_A_DECODER.format(args.model))  # a bundled encoder: before loading

@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,14 +177,23 @@ def expected_types(model: TransformerBridge) -> list[str]:
     return sorted(n for n in head_types() if n not in skipped)
 
 
-def build_catalog(model: TransformerBridge, size: Size, *, progress: bool = False) -> HeadCatalog:
-    """Classify every applicable type at ``size`` (every sampler is seeded from the probe
-    options, not the global generators: the same bytes every run)."""
+def build_catalog(
+    model: TransformerBridge,
+    size: Size,
+    *,
+    progress: bool = False,
+    only: Collection[str] | None = None,
+) -> HeadCatalog:
+    """Classify every applicable type at ``size``, or those of them named in ``only``
+    (every sampler is seeded from the probe options, not the global generators: the same
+    bytes every run)."""
     from headmech.classify import classify
     from headmech.heads import resolve_types
     from headmech.models import model_info
 
-    names, _ = applicable_types(model)
+    names, skipped = applicable_types(model)
+    if only is not None:
+        names = [t.name for t in resolve_types(None) if t.name in only and t.name not in skipped]
     types: list[Any] | None = names
     info = model_info(model)
     runnable = [t for t in resolve_types(names) if t.check_model(info) is None]
@@ -200,9 +210,10 @@ def build_catalog(model: TransformerBridge, size: Size, *, progress: bool = Fals
     )
 
 
-def check_json(model: TransformerBridge) -> str:
-    """The text of ``check.json``: the catalog at :data:`CHECK` size."""
-    return dumps(build_catalog(model, CHECK).to_json())
+def check_json(model: TransformerBridge, only: Collection[str] | None = None) -> str:
+    """The text of ``check.json``: the catalog at :data:`CHECK` size (of the types in
+    ``only``: the part of the file those types write)."""
+    return dumps(build_catalog(model, CHECK, only=only).to_json())
 
 
 def _heatmap(name: str, r: TypeResult, model: str, path: Path) -> None:

@@ -16,10 +16,16 @@ TYPES = "positional,previous_token,attention_sink,syntactic"
 
 
 def _run(args: list[str], nproc: int | None) -> None:
-    launcher = [sys.executable, "-m", "headmech"]
-    if nproc:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        launcher += ["--nproc-per-node", str(nproc), "-m", "headmech"]
+    """The command in this process (``nproc`` None: the single-process reference, without
+    the ~10 s of a fresh interpreter's imports), or under torchrun with ``nproc``
+    processes."""
+    if not nproc:
+        from headmech.cli import main
+
+        assert main(args) == 0
+        return
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher += ["--nproc-per-node", str(nproc), "-m", "headmech"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([*launcher, *args], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -66,13 +66,17 @@ def test_gemma3_bridge_equals_hf(gemma3):
     ones), with the shape the model card gives."""
     hf, tok = models.load_hf("gemma3-270m")
     assert tok("x").input_ids[0] == tok.bos_token_id  # Gemma needs <bos>: the tokenizer adds it
-    ids = tok(["The capital of Germany is " * 120, "Hello"], return_tensors="pt", padding=True)
-    assert ids["input_ids"].shape[1] > 600
+    ids = tok(["The capital of Germany is " * 110, "Hello"], return_tensors="pt", padding=True)
+    assert ids["input_ids"].shape[1] > 512 + 32  # 40 positions past the window
     with torch.no_grad():
         want = hf(**ids).logits
         got = gemma3(ids["input_ids"], attention_mask=ids["attention_mask"])
     real = ids["attention_mask"].bool()
-    torch.testing.assert_close(got[real], want[real], atol=2e-4, rtol=1e-4)
+    # assert_close(atol=2e-4, rtol=1e-4) in place: its diagnostics took 9 s of CPU on these
+    # 145M logits (262k-token vocabulary)
+    got, want = got[real], want[real]
+    diff = (got - want).abs_()
+    assert bool((diff <= want.abs().mul_(1e-4).add_(2e-4)).all()), float(diff.max())
     info = headmech.model_info(gemma3)
     assert (info.n_layers, info.n_heads, info.n_kv_heads, info.d_head) == (18, 4, 1, 256)
     assert int(gemma3.cfg.d_vocab) == 262_144

@@ -170,13 +170,58 @@ def toy_induction():
     return headmech.load_model("toy-induction")
 
 
+# The three costliest types at the check size are regenerated on one real model each, the
+# one where they cost less (CPU seconds on one thread): function vectors (a suffix pass per
+# head: SmolLM2's 270 heads 77 s, Gemma 3's 72 heads 33 s) on Gemma 3; name movers (23 s
+# against 36 s) and copy suppression (21 s against 35 s; vocabulary-wide OV circuits, Gemma
+# 3's 262k tokens) on SmolLM2. Every other type, and every type of the other models, on
+# each; `make catalog` regenerates them all.
+NOT_REGENERATED = {
+    "smollm2-135m": {"function_vector"},
+    "gemma3-270m": {"copy_suppression", "name_mover"},
+}
+
+
+def _part(data: dict[str, Any], types: set[str], probes: set[str]) -> dict[str, Any]:
+    """What the ``types`` (on the ``probes``) write in a check.json: their results, the
+    settings and the probes' records."""
+    out = json.loads(json.dumps(data))
+    out["types"] = {k: v for k, v in out["types"].items() if k in types}
+    settings = out["provenance"]["settings"]
+    settings["types"] = {k: v for k, v in settings["types"].items() if k in types}
+    out["provenance"]["probes"] = {
+        k: v for k, v in out["provenance"]["probes"].items() if k in probes
+    }
+    return out
+
+
+def test_every_type_of_check_json_is_regenerated_on_some_model():
+    published = {n: set(_read(n, "check.json")["types"]) for n in MODELS}
+    regenerated = set().union(*(t - NOT_REGENERATED.get(n, set()) for n, t in published.items()))
+    assert regenerated == set().union(*published.values())
+    for name, left in NOT_REGENERATED.items():
+        assert left <= published[name], name  # names of types that are there to leave out
+    data = _read("smollm2-135m", "check.json")
+    part = _part(data, {"induction"}, {"repeated_random"})
+    assert list(part["types"]) == ["induction"] and list(part["provenance"]["probes"]) == [
+        "repeated_random"
+    ]
+    assert _first_difference(part, _part(data, {"induction", "positional"}, set())) != ""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_check_json_regenerates(name, request):
-    """The CI diff: the committed small-size catalog equals what the code produces now."""
+    """The CI diff: the committed small-size catalog equals what the code produces now
+    (but for the types of :data:`NOT_REGENERATED`, checked on the other real model)."""
     model = request.getfixturevalue(FIXTURES[name])
     committed = _without_environment(json.loads((ROOT / name / "check.json").read_text()))
-    now = _without_environment(json.loads(check_json(model)))
+    only = None
+    if name in NOT_REGENERATED:
+        only = set(committed["types"]) - NOT_REGENERATED[name]
+    now = _without_environment(json.loads(check_json(model, only)))
+    if only is not None:
+        committed = _part(committed, only, set(now["provenance"]["probes"]))
     if (where := _first_difference(committed, now)) != "":
         _stale(name, f"check.json differs from what the code produces now ({where})")
 

@@ -8,6 +8,8 @@ a recent window. Three parts:
   provenance (``headmech kv-plan``);
 * :mod:`~headmech.kv.masks`: exact evaluation by per-head masks (needle recall and
   answer log-probability over contexts and depths, perplexity on long prose);
+* :mod:`~headmech.kv.importance`: :func:`kv_importance`, each KV head's measured cost
+  when it alone is windowed, the ranking of importance plans (:meth:`KVPlan.from_ranking`);
 * :mod:`~headmech.kv.cache`: :class:`PlanCache`, a transformers ``Cache`` that stores
   only the kept entries, for generation; its outputs equal the masked model's.
 
@@ -17,13 +19,16 @@ References:
 """
 
 from headmech.kv.attention import allowed_keys, hf_model, planned
+from headmech.kv.budget import model_windows
 from headmech.kv.cache import Generation, PlanCache, cache_nbytes, generate
+from headmech.kv.importance import KVImportance, kv_importance
 from headmech.kv.masks import KVEval, evaluate, needle_batches, prose_batches
 from headmech.kv.plan import KVPlan, kv_ranking, split_budget
 
 __all__ = [
     "Generation",
     "KVEval",
+    "KVImportance",
     "KVPlan",
     "PlanCache",
     "allowed_keys",
@@ -31,7 +36,9 @@ __all__ = [
     "evaluate",
     "generate",
     "hf_model",
+    "kv_importance",
     "kv_ranking",
+    "model_windows",
     "needle_batches",
     "planned",
     "prose_batches",

@@ -34,7 +34,14 @@ from torch import Tensor
 
 from headmech.errors import InputError
 from headmech.heads import HeadIndex
-from headmech.kv.budget import _positive, kv_ranking, split_budget
+from headmech.kv.budget import (
+    _positive,
+    _shape,
+    kv_ranking,
+    model_windows,
+    split_beyond_windows,
+    split_budget,
+)
 from headmech.provenance import check_weights, dumps
 
 if TYPE_CHECKING:
@@ -43,28 +50,6 @@ if TYPE_CHECKING:
 __all__ = ["PLAN_SCHEMA", "KVPlan", "kv_ranking", "split_budget"]
 
 PLAN_SCHEMA = "1"
-
-
-NOT_A_DECODER = (
-    "{} is an encoder (bidirectional attention, no generation): it has no KV cache to "
-    "compress; a KV plan needs a decoder"
-)
-
-
-def _shape(model: Any) -> tuple[str, int, int, int]:
-    """``(name, n_layers, n_heads, n_kv_heads)`` of a bridge or a Hugging Face model."""
-    if hasattr(model, "cfg"):
-        from headmech.models import model_info
-
-        i = model_info(model)
-        if not i.causal:
-            raise InputError(NOT_A_DECODER.format(i.name))
-        return i.name, i.n_layers, i.n_heads, i.n_kv_heads
-    cfg = model.config
-    n_heads = int(getattr(cfg, "num_attention_heads", None) or cfg.n_head)
-    n_kv = int(getattr(cfg, "num_key_value_heads", None) or n_heads)
-    n_layers = int(getattr(cfg, "num_hidden_layers", None) or cfg.n_layer)
-    return str(getattr(cfg, "name_or_path", "") or "model"), n_layers, n_heads, n_kv
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,6 +67,9 @@ class KVPlan:
         model: the model's name.
         source: how the plan was chosen (kind, catalog, types, seed, budget, ...).
         provenance: the model's weights and versions (:func:`headmech.provenance.provenance`).
+        windows: per layer, the model's own sliding window (0: global; empty: no layer
+            has one, :func:`~headmech.kv.budget.model_windows`). Such a layer caches only
+            its window whatever the plan says, and the plan's sizes count that.
     """
 
     full: Bool[Tensor, "n_layers n_kv_heads"]
@@ -91,6 +79,7 @@ class KVPlan:
     model: str = "model"
     source: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    windows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _positive(self.sinks, "sinks", 0)
@@ -99,6 +88,10 @@ class KVPlan:
         if full.dim() != 2 or min(full.shape) < 1 or self.n_heads % full.shape[1]:
             raise InputError(f"a KV plan needs [n_layers, n_kv_heads] dividing {self.n_heads}")
         object.__setattr__(self, "full", full)
+        windows = tuple(int(w) for w in self.windows) if any(self.windows) else ()
+        if windows and len(windows) != full.shape[0]:
+            raise InputError(f"a KV plan of {full.shape[0]} layers needs as many windows")
+        object.__setattr__(self, "windows", windows)
 
     # --- shape ---------------------------------------------------------------------
     @property
@@ -133,14 +126,28 @@ class KVPlan:
         """Full KV heads in each layer."""
         return [int(n) for n in self.full.sum(1)]
 
+    def _own(self, layer: int, seen: int) -> int:
+        """Positions layer ``layer`` caches per KV head with the whole cache."""
+        w = self.windows[layer] if self.windows else 0
+        return min(seen, w) if w else seen
+
     def cache_entries(self, seen: int) -> int:
         """Cached positions over all layers and KV heads after ``seen`` tokens."""
-        kept = min(seen, self.sinks + self.window)
-        return self.n_full * seen + (self.full.numel() - self.n_full) * kept
+        total = 0
+        for layer, n in enumerate(self.per_layer()):
+            own = self._own(layer, seen)
+            total += n * own + (self.n_kv_heads - n) * min(own, self.sinks + self.window)
+        return total
+
+    def own_entries(self, seen: int) -> int:
+        """Cached positions of the model's own cache (its sliding windows kept)."""
+        return self.n_kv_heads * sum(self._own(la, seen) for la in range(self.n_layers))
 
     def kv_fraction(self, seen: int) -> float:
-        """The cache's size after ``seen`` tokens as a fraction of the whole cache's."""
-        return self.cache_entries(seen) / (self.full.numel() * max(seen, 1))
+        """The cache's size after ``seen`` tokens as a fraction of the model's own cache
+        (the whole cache, or for a model with sliding-window layers, those layers'
+        windows and the other layers' whole cache: what the plan saves beyond them)."""
+        return self.cache_entries(seen) / max(self.own_entries(seen), 1)
 
     def check_model(self, model: Any, *, force: bool = False) -> None:
         """Refuse a model of another shape or (unless ``force``) other weights."""
@@ -172,7 +179,8 @@ class KVPlan:
                 raise InputError(f"head L{layer}H{head} is not in a {n_layers}x{n_heads} model")
             full[int(layer), int(head) // (n_heads // n_kv)] = True
         src = {"kind": "heads"} if source is None else dict(source)
-        return cls(full, n_heads, sinks, window, name, src, _provenance(model))
+        windows = model_windows(model)
+        return cls(full, n_heads, sinks, window, name, src, _provenance(model), windows)
 
     @classmethod
     def windowed(cls, model: Any, *, sinks: int = 4, window: int = 256) -> KVPlan:
@@ -236,8 +244,45 @@ class KVPlan:
             return cls.from_heads(model, heads, sinks=sinks, window=w, source=src)
         if fill != "heads":
             raise InputError(f"fill is 'heads' or 'window', got {fill!r}")
-        k, w = split_budget(budget, context, n_layers * n_kv, sinks, window)
-        heads = [HeadIndex(la, kv * group) for la, kv in kv_ranking(cat, types, group)[:k]]
+        ranking = kv_ranking(cat, types, group)
+        return cls.from_ranking(
+            model, ranking, budget, context, sinks=sinks, window=window, source=src
+        )
+
+    @classmethod
+    def from_ranking(
+        cls,
+        model: Any,
+        ranking: Sequence[tuple[int, int]],
+        budget: float,
+        context: int,
+        *,
+        sinks: int = 4,
+        window: int = 256,
+        source: dict[str, Any] | None = None,
+    ) -> KVPlan:
+        """The best-ranked KV heads full within ``budget`` (a fraction of the model's own
+        cache at ``context`` tokens), as many as leave every other KV head ``sinks +
+        window``; the others' window then widens to spend the rest (:func:`split_budget`).
+
+        ``ranking`` lists ``(layer, kv_head)`` pairs, best first. A layer with its own
+        sliding window (:func:`~headmech.kv.budget.model_windows`) keeps it: the plan
+        chooses among the other layers' KV heads, and the budget is what is left after
+        the windowed layers' caches.
+        """
+        _, n_layers, n_heads, n_kv = _shape(model)
+        windows = model_windows(model) or (0,) * n_layers
+        glob, k, w = split_beyond_windows(budget, context, windows, n_kv, sinks, window, ranking)
+        group = n_heads // n_kv
+        heads = [
+            HeadIndex(la, kv * group)
+            for la in range(n_layers)
+            if la not in glob
+            for kv in range(n_kv)
+        ]
+        heads += [HeadIndex(la, kv * group) for la, kv in ranking if la in glob][:k]
+        src: dict[str, Any] = {"kind": "ranking"} if source is None else dict(source)
+        src.update(budget=budget, context=context)
         return cls.from_heads(model, heads, sinks=sinks, window=w, source=src)
 
     def random_matched(self, generator: torch.Generator, draw: int | None = None) -> KVPlan:
@@ -246,7 +291,10 @@ class KVPlan:
         for layer, n in enumerate(self.per_layer()):
             full[layer, torch.randperm(self.n_kv_heads, generator=generator)[:n]] = True
         src = {"kind": "random_matched", "matched": dict(self.source), "draw": draw}
-        return KVPlan(full, self.n_heads, self.sinks, self.window, self.model, src, self.provenance)
+        return KVPlan(
+            full, self.n_heads, self.sinks, self.window, self.model, src, self.provenance,
+            self.windows,
+        )  # fmt: skip
 
     # --- JSON ----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -254,15 +302,18 @@ class KVPlan:
         from headmech._version import __version__
 
         contexts = (2048, 4096, 8192, 32768)
+        model: dict[str, Any] = {
+            "name": self.model,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+        }
+        if self.windows:
+            model["windows"] = list(self.windows)
         data = {
             "schema_version": PLAN_SCHEMA,
             "headmech_version": __version__,
-            "model": {
-                "name": self.model,
-                "n_layers": self.n_layers,
-                "n_heads": self.n_heads,
-                "n_kv_heads": self.n_kv_heads,
-            },
+            "model": model,
             "sinks": self.sinks,
             "window": self.window,
             "full": [list(p) for p in self.full_heads()],
@@ -300,6 +351,7 @@ class KVPlan:
             return cls(
                 full, n_heads, int(data["sinks"]), int(data["window"]), str(m["name"]),
                 dict(data.get("source", {})), dict(data.get("provenance", {})),
+                tuple(int(w) for w in m.get("windows", ())),
             )  # fmt: skip
         except FileNotFoundError:
             raise InputError(f"no KV plan at {p}") from None

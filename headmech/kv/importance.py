@@ -1,0 +1,138 @@
+"""Which KV heads a long context needs, measured: the exact increase of the task loss
+when one KV head alone is restricted to its sinks and window.
+
+DuoAttention (Xiao et al. 2024) learns a gate per KV head that mixes full and streaming
+attention, optimised so that the streaming heads change the model's outputs least on a
+synthetic passkey task. :func:`kv_importance` measures the quantity those gates stand
+for directly: for every KV head, the whole model is run with that head alone windowed
+(:func:`~headmech.kv.masks.evaluate`, an exact mask inside the model's attention) and
+the answer NLL of needle trials and the per-token NLL of long prose are compared with
+the full cache. A plan then keeps the whole cache for the heads whose restriction costs
+most (:meth:`KVImportance.ranking`, :meth:`~headmech.kv.plan.KVPlan.from_ranking`).
+
+Measure on calibration trials and prose, and judge the plans on other ones: the ranking
+is fitted to the data it is measured on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headmech.engine import ProbeBatch
+from headmech.errors import InputError
+from headmech.kv.budget import _shape, model_windows
+from headmech.kv.masks import KVEval, evaluate
+from headmech.kv.plan import KVPlan
+
+__all__ = ["KVImportance", "kv_importance"]
+
+
+@dataclass
+class KVImportance:
+    """Per KV head, what restricting it alone to ``sinks`` + ``window`` costs.
+
+    Attributes:
+        needle: ``[n_layers, n_kv_heads]``: increase of the needle answers' mean NLL (nats
+            per answer token); NaN for a layer with its own sliding window (not measured:
+            a plan leaves it as it is).
+        prose: the same for the prose's mean next-token NLL.
+        base_needle, base_prose: the full cache's values.
+        sinks, window: the restriction measured.
+        seconds: time of the measurement.
+    """
+
+    needle: Float[Tensor, "n_layers n_kv_heads"]
+    prose: Float[Tensor, "n_layers n_kv_heads"]
+    base_needle: float
+    base_prose: float
+    sinks: int
+    window: int
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> Float[Tensor, "n_layers n_kv_heads"]:
+        """The loss the ranking uses: needle answer NLL plus prose NLL, both increases
+        (nats per token; a task left out counts 0)."""
+        return torch.nan_to_num(self.needle, nan=0.0) + torch.nan_to_num(self.prose, nan=0.0)
+
+    def ranking(self) -> list[tuple[int, int]]:
+        """Measured ``(layer, kv_head)`` pairs, costliest first (ties by position)."""
+        measured = torch.isfinite(self.needle) | torch.isfinite(self.prose)
+        score = self.score
+        pairs = [(la, k) for la, k in measured.nonzero().tolist()]
+        return sorted(pairs, key=lambda p: (-float(score[p[0], p[1]]), p[0], p[1]))
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready: the per-head increases (None where not measured)."""
+
+        def rows(x: Tensor) -> list[list[float | None]]:
+            return [[None if math.isnan(v) else round(v, 6) for v in r] for r in x.tolist()]
+
+        return {
+            "needle": rows(self.needle),
+            "prose": rows(self.prose),
+            "base_needle": self.base_needle,
+            "base_prose": self.base_prose,
+            "sinks": self.sinks,
+            "window": self.window,
+            "ranking": [list(p) for p in self.ranking()],
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def _needle_nll(ev: KVEval) -> float:
+    return sum(t["nll"] for t in ev.trials) / len(ev.trials) if ev.trials else float("nan")
+
+
+def _prose_nll(ev: KVEval) -> float:
+    return ev.nll_sum / ev.n_tokens if ev.n_tokens else float("nan")
+
+
+def kv_importance(
+    model: Any,
+    needle: Sequence[ProbeBatch] = (),
+    prose: Sequence[ProbeBatch] = (),
+    *,
+    sinks: int = 4,
+    window: int = 256,
+    progress: bool = False,
+) -> KVImportance:
+    """Restrict each KV head alone to ``sinks`` + ``window`` and measure the loss it adds.
+
+    One masked run of the model per KV head outside the model's own sliding-window
+    layers, on every needle trial and prose sequence given (:func:`headmech.kv.evaluate`).
+
+    Raises:
+        InputError: no needle trials and no prose.
+    """
+    if not needle and not prose:
+        raise InputError("kv_importance needs needle trials or prose to measure on")
+    t0 = time.perf_counter()
+    name, n_layers, n_heads, n_kv = _shape(model)
+    windows = model_windows(model) or (0,) * n_layers
+    base = evaluate(model, None, needle, prose)
+    out_needle = torch.full((n_layers, n_kv), float("nan"))
+    out_prose = torch.full((n_layers, n_kv), float("nan"))
+    heads = [(la, k) for la in range(n_layers) if not windows[la] for k in range(n_kv)]
+    for i, (la, k) in enumerate(heads):
+        full = torch.ones(n_layers, n_kv, dtype=torch.bool)
+        full[la, k] = False
+        plan = KVPlan(full, n_heads, sinks, window, name, {"kind": "one_windowed"})
+        ev = evaluate(model, plan, needle, prose)
+        out_needle[la, k] = _needle_nll(ev) - _needle_nll(base)
+        out_prose[la, k] = _prose_nll(ev) - _prose_nll(base)
+        if progress:
+            print(f"kv_importance {i + 1}/{len(heads)} L{la}KV{k}: "
+                  f"needle {float(out_needle[la, k]):+.4f} prose {float(out_prose[la, k]):+.5f}")  # fmt: skip
+    return KVImportance(
+        out_needle, out_prose, _needle_nll(base), _prose_nll(base), sinks, window,
+        time.perf_counter() - t0,
+    )  # fmt: skip

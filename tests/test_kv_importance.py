@@ -1,0 +1,110 @@
+"""Measured KV-head importance (headmech.kv.kv_importance), plans from a ranking
+(KVPlan.from_ranking) and the model's own sliding windows (model_windows)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from headmech.errors import InputError
+from headmech.kv import (
+    KVPlan,
+    evaluate,
+    kv_importance,
+    model_windows,
+    needle_batches,
+    prose_batches,
+)
+from headmech.kv.budget import split_beyond_windows
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from headmech.testing import tiny_model
+
+    return tiny_model("causal")  # LLaMA, 2 layers, 4 query heads, 2 KV heads, 256 positions
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    """A tiny Gemma 3 (plain Hugging Face): layer 0 has a 6-token window, layer 1 none."""
+    import transformers
+
+    from headmech.families import WINDOW, build_tiny
+
+    path = build_tiny("gemma3", tmp_path_factory.mktemp("gemma3"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    assert hf.config.sliding_window == WINDOW
+    return hf
+
+
+def test_model_windows(llama, gemma3):
+    assert model_windows(llama) == (0, 0)
+    assert model_windows(gemma3) == (6, 0)
+
+
+def test_budget_beyond_the_models_own_windows(gemma3, tmp_path):
+    # own cache at 40 tokens: 2 KV heads x (6 + 40) = 92 entries, 12 of them layer 0's
+    plan = KVPlan.from_ranking(gemma3, [(1, 1), (0, 0), (1, 0)], 0.75, 40, sinks=1, window=4)
+    assert plan.windows == (6, 0)
+    assert plan.full.tolist() == [[True, True], [False, True]]  # layer 0 keeps its window
+    assert plan.window == 16  # (0.75 * 92 - 12 - 40) - 1 sink
+    assert plan.own_entries(40) == 92
+    assert plan.cache_entries(40) == 12 + 40 + 17
+    assert plan.kv_fraction(40) == pytest.approx(0.75)
+    assert plan.kv_fraction(3) == 1.0  # nothing evicted yet
+    windowed = KVPlan.from_ranking(gemma3, [], 0.75, 40, sinks=1, window=4)
+    assert windowed.full.tolist() == [[True, True], [False, False]]
+    assert windowed.kv_fraction(40) <= 0.75 and windowed.window == 27
+    assert KVPlan.load(plan.save(tmp_path / "plan.json")) == plan
+    with pytest.raises(InputError, match="sliding windows hold"):
+        KVPlan.from_ranking(gemma3, [(1, 0)], 0.1, 40)
+
+
+def test_split_beyond_windows_without_windows_is_split_budget():
+    from headmech.kv import split_budget
+
+    ranking = [(la, k) for la in range(3) for k in range(2)]
+    glob, k, w = split_beyond_windows(0.5, 100, (0, 0, 0), 2, 4, 16, ranking)
+    assert glob == {0, 1, 2} and (k, w) == split_budget(0.5, 100, 6, 4, 16)
+    with pytest.raises(InputError, match="every layer"):
+        split_beyond_windows(0.5, 100, (8, 8), 2, 4, 16, ranking)
+
+
+def test_importance_is_the_loss_one_windowed_head_adds(llama):
+    needle = needle_batches(llama, 100, depths=(0.5,))
+    prose = prose_batches(llama, 60, n=1)
+    imp = kv_importance(llama, needle, prose, sinks=1, window=3)
+    base = evaluate(llama, None, needle, prose)
+    for layer, kv in [(0, 1), (1, 0)]:
+        heads = [(la, h) for la in range(2) for h in range(4) if (la, h // 2) != (layer, kv)]
+        ev = evaluate(llama, KVPlan.from_heads(llama, heads, sinks=1, window=3), needle, prose)
+        want_prose = ev.nll_sum / ev.n_tokens - base.nll_sum / base.n_tokens
+        want_needle = ev.trials[0]["nll"] - base.trials[0]["nll"]
+        assert float(imp.prose[layer, kv]) == pytest.approx(want_prose, abs=1e-5)
+        assert float(imp.needle[layer, kv]) == pytest.approx(want_needle, abs=1e-5)
+    assert bool((imp.prose.abs() > 1e-6).any())  # the window bites somewhere
+    score = imp.score
+    ranked = [float(score[la, k]) for la, k in imp.ranking()]
+    assert ranked == sorted(ranked, reverse=True) and len(ranked) == 4
+    data = imp.to_json()
+    assert data["ranking"] == [list(p) for p in imp.ranking()]
+    # a window as long as the context restricts nothing: no loss at all
+    wide = kv_importance(llama, prose=prose, sinks=0, window=60)
+    assert wide.prose.abs().max() == 0 and math.isnan(wide.base_needle)
+
+
+def test_importance_leaves_the_models_windowed_layers_alone(gemma3):
+    from types import SimpleNamespace
+
+    from headmech.families import tiny_tokenizer
+
+    shim = SimpleNamespace(tokenizer=tiny_tokenizer(True), cfg=SimpleNamespace(n_ctx=512))
+    prose = prose_batches(shim, 40, n=1)
+    imp = kv_importance(gemma3, prose=prose, sinks=1, window=3)
+    assert torch.isnan(imp.prose[0]).all() and torch.isfinite(imp.prose[1]).all()
+    assert {la for la, _ in imp.ranking()} == {1}
+    with pytest.raises(InputError, match="needs needle trials or prose"):
+        kv_importance(gemma3)
