@@ -47,7 +47,10 @@ def _validation_cell(v: dict[str, Any] | None) -> tuple[str, str]:
     lo, hi = v["random_range"]
     where = {"same_layers": "same layers", "any_layer": "any layer"}.get(v["control"], "")
     n = len(v["random_effects"])
-    return effect, f"{v['random_median']:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} sets, {where})"
+    return (
+        effect,
+        f"{v['random_median']:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} set{'s' if n != 1 else ''}, {where})",
+    )
 
 
 def type_verdict(t: dict[str, Any], n_layers: int, n_heads: int) -> str:
@@ -89,7 +92,7 @@ def _verdict_rows(data: dict[str, Any]) -> list[str]:
         "",
         f"Validation verdicts ({m['name']}): *validated* — the labelled effect lies beyond "
         "every control set's in the expected direction and its 95% interval excludes 0; "
-        "*degenerate controls* — fewer distinct control sets exist than were drawn, so the "
+        "*degenerate controls* — fewer distinct control sets exist than were asked for, so the "
         "labels are not judged against them.",
         "",
         "| type | validated on | effect [95% CI] | controls: median (range) | verdict |",
@@ -118,8 +121,9 @@ def _verdict_rows(data: dict[str, Any]) -> list[str]:
             pool, n = control_space(t["heads"], m["n_layers"], m["n_heads"], v["control"])
             notes.append(
                 f"- `{name}`: controls degenerate: only {n} distinct control set(s) exist "
-                f"({pool} unlabelled heads to draw from), {len(v['random_effects'])} drawn; "
-                "not judged against them."
+                f"({pool} unlabelled heads to draw from), "
+                f"{v.get('n_controls_asked', len(v['random_effects']))} asked for, "
+                f"{len(v['random_effects'])} drawn; not judged against them."
             )
     return [*lines, *([""] + notes if notes else [])]
 
@@ -185,7 +189,7 @@ why): copy suppression on the log-probability of the in-context token the model 
 with the backup heads that compensate (Wang et al.; `validation.backup`), previous-token
 heads on the induction task and by path patching into the induction heads' keys (Olsson et
 al.; `validation.k_composition`). Each model's verdict table says which labels their
-validation supports; where fewer distinct control sets exist than were drawn, the controls
+validation supports; where fewer distinct control sets exist than were asked for, the controls
 are degenerate and the labels are not judged against them.
 
 `<model>/check.json` is the same classification at a small size (no validation); the

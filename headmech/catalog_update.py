@@ -182,6 +182,7 @@ def add_types(
     size: Any,
     check: Any,
     command: str = "",
+    replace: bool = False,
 ) -> tuple[dict[str, Any], HeadCatalog | None]:
     """Add ``types`` to ``folder/catalog.json`` (classified at ``size``, validated if
     ``size.validate``) and ``folder/check.json`` (at ``check``), both sizes being
@@ -193,14 +194,23 @@ def add_types(
         The addition's record and the full-size catalog of the types classified (None
         when every type was skipped), for their heatmaps.
 
+    ``replace``: the types may be in the catalog already; their entries are replaced
+    (a changed score: ``publish --rescore``), and the record says ``rescored``.
+
     Raises:
-        InputError: a type the catalog already holds, a missing catalog, other weights.
+        InputError: a type the catalog already holds (unless ``replace``), a missing
+            catalog, other weights.
     """
     from headmech.provenance import weights_hash
 
     data, checked = _read(folder / "catalog.json"), _read(folder / "check.json")
     run = json.loads((folder / "run.json").read_text())
     have = [t for t in types if t in data["types"] or t in run["skipped"]]
+    if replace and types:
+        for d in (data, checked):
+            for t in types:
+                d["types"].pop(t, None)
+        have = []
     if have or not types:
         raise InputError(f"{folder} already has type(s) {', '.join(have)} (--update revalidates)")
     if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
@@ -221,7 +231,8 @@ def add_types(
         t1 = time.perf_counter()
         _merge(checked, json.loads(dumps(_classified(model, added, check).to_json())))
         seconds["check"] = round(time.perf_counter() - t1, 1)
-    record = {"added": added, "skipped": left, **_run_record(command, seconds, t0, c0)}
+    done = "rescored" if replace else "added"
+    record = {done: added, "skipped": left, **_run_record(command, seconds, t0, c0)}
     data["provenance"].setdefault("type_additions", []).append(record)
     (folder / "catalog.json").write_text(dumps(data))
     (folder / "check.json").write_text(dumps(checked))

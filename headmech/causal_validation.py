@@ -34,8 +34,6 @@ def _controls(
     control. Returns ``(sets, kind, note)``."""
     import warnings
 
-    from headmech.ablation import random_heads
-
     free = info.n_layers * info.n_heads - len(set(heads))
     if not heads or n_random < 1:
         return [], "none", "no labelled heads" if not heads else "n_random is 0"
@@ -59,11 +57,35 @@ def _controls(
             "from every layer"
         )
         warnings.warn(note, stacklevel=3)
-    sets = [
-        random_heads(info.n_layers, info.n_heads, len(heads), exclude=heads, generator=g, like=like)
-        for _ in range(n_random)
-    ]
-    return sets, kind, note
+    return _distinct_sets(info, heads, n_random, g, like, kind), kind, note
+
+
+def _distinct_sets(
+    info: ModelInfo,
+    heads: Sequence[HeadIndex],
+    n_random: int,
+    generator: torch.Generator,
+    like: list[HeadIndex] | None,
+    kind: str,
+) -> list[list[HeadIndex]]:
+    """``n_random`` control sets, no two the same set of heads; as many as exist where
+    fewer do (:func:`headmech.claims.control_space`)."""
+    from headmech.ablation import random_heads
+    from headmech.claims import control_space
+
+    _, possible = control_space(heads, info.n_layers, info.n_heads, kind)
+    sets: list[list[HeadIndex]] = []
+    seen: set[frozenset[HeadIndex]] = set()
+    for _ in range(100 * n_random):  # redraws: only a small pool ever repeats a set
+        if len(sets) == min(n_random, possible):
+            break
+        s = random_heads(
+            info.n_layers, info.n_heads, len(heads), exclude=heads, generator=generator, like=like
+        )
+        if frozenset(s) not in seen:
+            seen.add(frozenset(s))
+            sets.append(s)
+    return sets
 
 
 def validate_heads(
@@ -117,8 +139,15 @@ def validate_heads(
         interval = None if paired is None else [float(paired[0]), float(paired[1])]
         if interval is not None and interval[0] != interval[0]:  # NaN: no unit scored
             interval = None
-    record = {"metric": t.description, "mode": mode, "control": kind, "control_note": note}
+    record: dict[str, Any] = {"metric": t.description, "mode": mode, "control": kind}
+    record["control_note"] = note
+    record |= _asked(controls, n_random)
     return {**record, **_effects(head_type, heads, controls, values, clean, interval)}
+
+
+def _asked(controls: Sequence[Any], n_random: int) -> dict[str, int]:
+    """``n_controls_asked`` where fewer distinct control sets exist than were asked for."""
+    return {"n_controls_asked": n_random} if controls and len(controls) < n_random else {}
 
 
 def _effects(
@@ -243,7 +272,7 @@ def _direct_path(
         "mode": "path patching to the logits",
         "control": kind,
         "control_note": note,
-    }
+    } | _asked(controls, n_random)
     if not sets:
         values = torch.tensor([clean])
     out = {**record, **_effects(head_type, heads, controls, values, clean, interval)}
@@ -306,6 +335,7 @@ def _accounted(
     info = model_info(model)
     pool, possible = control_space(heads, info.n_layers, info.n_heads, record["control"])
     drawn = len(record.get("random_effects") or [])
+    asked = int(record.get("n_controls_asked", drawn))
     record.update(
         validation=method,
         claim=head_type.claim
@@ -315,10 +345,11 @@ def _accounted(
         n_possible_sets=possible,
         n_distinct_controls=n_distinct(record.get("control_sets") or []),
     )
-    if drawn and possible < drawn:
+    if drawn and possible < asked:
         degenerate = (
             f"controls degenerate: {possible} distinct set(s) of {len(heads)} exist in a pool "
-            f"of {pool} unlabelled heads, {drawn} drawn: not judged against them"
+            f"of {pool} unlabelled heads, {asked} asked for, {drawn} drawn: not judged "
+            "against them"
         )
         record["control_note"] = "; ".join(x for x in (record["control_note"], degenerate) if x)
     record["verdict"] = verdict(record)

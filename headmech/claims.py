@@ -91,7 +91,8 @@ def verdict(v: dict[str, Any] | None, n_possible: int | None = None) -> str:
     """One of :data:`VERDICTS` for a validation record: ``validated`` when the labelled
     effect lies beyond every control set's (in the expected direction) and its interval
     excludes 0; ``degenerate controls`` when fewer distinct control sets exist than were
-    drawn (``n_possible``, else the record's ``n_possible_sets``; the labels are not judged
+    asked for (the record's ``n_controls_asked``, else as many as were drawn; possible:
+    ``n_possible``, else the record's ``n_possible_sets``; the labels are not judged
     against them); ``no control`` when none could be drawn. ``little`` (inactive heads):
     validated when the relative effect is within the tolerance and below every control."""
     if not v:
@@ -104,7 +105,7 @@ def verdict(v: dict[str, Any] | None, n_possible: int | None = None) -> str:
     if not rand:
         return "no control"
     possible = v.get("n_possible_sets", n_possible)
-    if possible is not None and possible < len(rand):
+    if possible is not None and possible < int(v.get("n_controls_asked", len(rand))):
         return "degenerate controls"
     e, expected = float(v["effect"]), v.get("expected", "raise")
     iv = v.get("effect_interval")

@@ -20,7 +20,9 @@ starts over. ``--heatmaps`` redraws every ``heatmaps/`` from its ``catalog.json`
 catalogs (:mod:`headmech.catalog_update`: the other types' entries keep their bytes,
 the update is recorded in the provenance and ``run.json``) and regenerates the README;
 ``--types a,b --add`` adds types the published catalogs lack (a type registered since:
-:func:`headmech.catalog_update.add_types`), with their heatmaps, and the README.
+:func:`headmech.catalog_update.add_types`), with their heatmaps, and the README;
+``--types a,b --rescore`` classifies and validates types the catalogs hold again (after
+a change to their score), replacing their entries.
 """
 
 from __future__ import annotations
@@ -358,27 +360,30 @@ def _update(names: list[str], types: list[str], out: Path) -> int:
     return 0
 
 
-def _add(names: list[str], types: list[str], out: Path) -> int:
+def _add(names: list[str], types: list[str], out: Path, rescore: bool = False) -> int:
     """``--types ... --add``: ``types`` added to each model's published catalog
-    (:func:`headmech.catalog_update.add_types`), their heatmaps drawn, then the README."""
+    (:func:`headmech.catalog_update.add_types`), their heatmaps drawn, then the README;
+    ``--rescore``: the same for types the catalog holds, their old entries replaced."""
     from headmech.catalog_update import add_types
     from headmech.models import load_model
 
     for name in names:
-        command = f"python -m headmech.publish --models {name} --types {','.join(types)} --add"
+        verb = "--rescore" if rescore else "--add"
+        command = f"python -m headmech.publish --models {name} --types {','.join(types)} {verb}"
         try:
             model = load_model(name)
             kept, skipped = applicable_types(model)
             record, full = add_types(
                 model, out / name, types, skipped=skipped, named=kept is not None,
-                size=FULL[name], check=CHECK, command=command,
+                size=FULL[name], check=CHECK, command=command, replace=rescore,
             )  # fmt: skip
         except InputError as e:
             print(f"python -m headmech.publish: {e}", file=sys.stderr)
             return 1
         for t, r in (full.types if full is not None else {}).items():
             _heatmap(t, r, name, out / name / "heatmaps" / f"{t}.png")
-        print(f"{name}: added {record['added']}, skipped {record['skipped']}", file=sys.stderr)
+        done = "rescored" if rescore else "added"
+        print(f"{name}: {done} {record[done]}, skipped {record['skipped']}", file=sys.stderr)
     _readmes(out)
     return 0
 
@@ -407,7 +412,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--heatmaps", action="store_true", help="only redraw heatmaps/ from each catalog.json"
     )
-    parser.add_argument("--types", default="", help="comma-separated types (--update, --add)")
+    parser.add_argument(
+        "--types", default="", help="comma-separated types (--update, --add, --rescore)"
+    )
     change = parser.add_mutually_exclusive_group()
     change.add_argument(
         "--update",
@@ -416,6 +423,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     change.add_argument(
         "--add", action="store_true", help="add --types, which the published catalogs lack"
+    )
+    change.add_argument(
+        "--rescore",
+        action="store_true",
+        help="classify and validate --types again (a changed score), replacing their entries",
     )
     return parser
 
@@ -429,12 +441,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not names:
         parser.error(f"unknown model(s) {', '.join(unknown)}; have {', '.join(MODELS)}")
     types = [t.strip() for t in args.types.split(",") if t.strip()]
-    if (args.update or args.add) != bool(types):
-        parser.error("--update and --add need --types, and --types needs one of them")
+    if (args.update or args.add or args.rescore) != bool(types):
+        parser.error("--update, --add and --rescore need --types, and --types needs one of them")
     if args.update:
         return _update(names, types, args.out)
-    if args.add:
-        return _add(names, types, args.out)
+    if args.add or args.rescore:
+        return _add(names, types, args.out, rescore=args.rescore)
     if args.heatmaps:
         redraw_heatmaps(args.out, names)
         return 0

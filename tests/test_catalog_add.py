@@ -69,3 +69,14 @@ def test_add_records_what_a_full_run_records(toy, tmp_path, monkeypatch, capsys)
     assert publish.main([*add, "--types", "semantic_induction"]) == 1
     assert "already has type(s) semantic_induction (--update" in capsys.readouterr().err
     assert (folder / "check.json").read_bytes() == full["check.json"]
+    # --rescore: a type the catalog holds, classified and validated again, replaces its
+    # entries; the type's code unchanged, they are the same
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rescore = ["--models", NAME, "--out", str(tmp_path), "--rescore", "--types", "induction"]
+        assert publish.main(rescore) == 0
+    again = json.loads((folder / "catalog.json").read_text())
+    assert again["provenance"]["type_additions"][-1]["rescored"] == ["induction"]
+    assert again["types"] == after["types"]
+    assert (folder / "check.json").read_bytes() == full["check.json"]
+    assert "toy-induction: rescored ['induction']" in capsys.readouterr().err

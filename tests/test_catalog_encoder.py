@@ -175,6 +175,27 @@ def test_rare_word_targets_and_chance():
     assert float(chance[0]) / float(n) == pytest.approx(0.5)  # 2 targets among 4 keys
 
 
+def test_rare_word_counts_only_the_queries_that_see_a_target():
+    """A decoder: the queries before the rarest token cannot attend to it and are not
+    counted; chance is the target's share of the keys each query sees."""
+    # BOS a b c d: counts 5, 4, 1, 3 -> target c (position 3); queries a, b, d
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    special = torch.tensor([[1, 0, 0, 0, 0]], dtype=torch.bool)
+    batch = ProbeBatch(
+        ids, torch.ones_like(ids), special, {"token_count": torch.tensor([[-1, 5, 4, 1, 3]])}
+    )
+    pattern = torch.ones(1, 2, 5, 5, dtype=torch.float64).tril()
+    pattern = pattern / pattern.sum(-1, keepdim=True)
+    pattern[0, 0, 4] = torch.tensor([0.1, 0.1, 0.1, 0.6, 0.1])  # head 0 picks c from d
+    t = RareWordHead()
+    out = _totals(t.reducers()[0](pattern, batch, t._prepare(batch), 0))
+    hit, n = out["hit"]
+    assert float(n) == 1  # only d sees c
+    assert hit.tolist() == [1.0, 0.0]
+    chance, _ = out["chance"]
+    assert float(chance[0]) == pytest.approx(1 / 4)  # d sees a, b, c, d
+
+
 # --- all-MiniLM-L6-v2 -------------------------------------------------------------------
 
 N_SENTENCES = 256  # poss needs this many to reach 20 cases

@@ -189,8 +189,8 @@ def test_control_space_and_verdicts():
 
 def test_degenerate_controls_on_toy_induction_are_said(capsys):
     """Toy-induction's induction heads fill layer 1: every control set is layer 0's four
-    heads. The record counts one possible set, the verdict does not judge against it,
-    and the report's line says so."""
+    heads. One distinct set is drawn of the 3 asked for, the record counts one possible
+    set, the verdict does not judge against it, and the report's line says so."""
     import headmech
     from headmech.causal_validation import _validation
     from headmech.report import validation_line
@@ -202,9 +202,10 @@ def test_degenerate_controls_on_toy_induction_are_said(capsys):
         v = _validation(toy, get_head_type("induction")(), heads, ProbeOptions(n_sequences=4), 3)
     assert (v["control_pool"], v["n_possible_sets"], v["n_distinct_controls"]) == (4, 1, 1)
     assert v["verdict"] == "degenerate controls"
-    assert len(set(v["random_effects"])) == 1
+    assert len(v["random_effects"]) == 1 and v["n_controls_asked"] == 3
     line = validation_line(v)
     assert "controls degenerate: 1 distinct set(s) of 4 exist in a pool of 4" in line
+    assert "3 asked for, 1 drawn" in line
     assert line.endswith("verdict: degenerate controls")
 
 
@@ -231,8 +232,8 @@ def test_update_keeps_the_other_types_bytes(tmp_path):
     assert run["updates"][-1] == update
     readme = (tmp_path / "README.md").read_text()
     assert (
-        "controls degenerate: only 1 distinct control set(s) exist (4 unlabelled heads to draw from), 5 drawn"
-        in readme
+        "controls degenerate: only 1 distinct control set(s) exist (4 unlabelled heads to "
+        "draw from), 5 asked for, 1 drawn" in readme
     )
 
 

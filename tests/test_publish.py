@@ -158,7 +158,7 @@ TABLE_HEAD = (
 VERDICT_INTRO = (
     "Validation verdicts ({model}): *validated* — the labelled effect lies beyond every "
     "control set's in the expected direction and its 95% interval excludes 0; *degenerate "
-    "controls* — fewer distinct control sets exist than were drawn, so the labels are not "
+    "controls* — fewer distinct control sets exist than were asked for, so the labels are not "
     "judged against them."
 )
 VERDICT_HEAD = "| type | validated on | effect [95% CI] | controls: median (range) | verdict |"
@@ -194,7 +194,7 @@ SMOLLM2_SECTION = [
     "| `retrieval` |  | not validated |  | **not run** |",
     "",
     "- `induction`: controls degenerate: only 0 distinct control set(s) exist (0 unlabelled "
-    "heads to draw from), 3 drawn; not judged against them.",
+    "heads to draw from), 3 asked for, 3 drawn; not judged against them.",
     "",
 ]
 MINILM_SECTION = [
@@ -223,7 +223,7 @@ MINILM_SECTION = [
     f"| `duplicate_token` | next-token loss (zero ablation) | — | {NOT_APPLICABLE} | **not run** |",
     "",
     "- `positional`: controls degenerate: only 3 distinct control set(s) exist (3 unlabelled "
-    "heads to draw from), 5 drawn; not judged against them.",
+    "heads to draw from), 5 asked for, 5 drawn; not judged against them.",
     "",
     "Not applicable:",
     "",

@@ -31,8 +31,13 @@ class RareWordHead(HeadType):
     are the other ordinary tokens. A query is a hit when the head's argmax over the
     sentence's ordinary tokens (special tokens excluded, as Voita et al. exclude EOS; in
     BERT the [SEP]/[CLS] maximum is a no-op) is a target. Chance for a query is the share
-    of targets among those keys. Score: the hit rate; a head is labelled when the rate is
-    at least ``threshold`` and at least ``min_ratio`` times the chance rate.
+    of targets among those keys. Only what the query can see counts: a key the layer's
+    attention gives exactly 0 (a later token in a decoder, a token outside a sliding
+    window) is neither a target nor a key for it, and a query that sees no target is not
+    counted. Without this a decoder's queries before the sentence's rarest token could
+    never hit, and every decoder head's rate would be bounded well below 1. Score: the
+    hit rate; a head is labelled when the rate is at least ``threshold`` and at least
+    ``min_ratio`` times the chance rate.
 
     Defaults: ``threshold=0.3`` and ``min_ratio=3``. Voita et al. give no cut-off; their
     one rare-word head picks the rarest token 66% (OpenSubtitles) and over 50% (WMT) of the
@@ -80,29 +85,27 @@ class RareWordHead(HeadType):
         return query[:, :, None] & rare[:, None, :]
 
     # --- engine -------------------------------------------------------------------
-    def _prepare(self, batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        target = self.targets(batch)  # [batch, query_pos, key_pos]
+    def _prepare(self, batch: ProbeBatch) -> tuple[Tensor, Tensor]:
         keys = ~batch.special & (batch.extras["token_count"] >= 0)  # [batch, key_pos]
-        query = target.any(-1)  # [batch, query_pos]
-        n_keys = keys.sum(-1, keepdim=True).clamp(min=1)  # [batch, 1]
-        chance = target.sum(-1) / n_keys  # [batch, query_pos]
-        return target, keys, query, chance
+        return self.targets(batch), keys
 
     def _reduce(
         self,
         pattern: Float[Tensor, "batch head_index query_pos key_pos"],
         batch: ProbeBatch,
-        prepared: tuple[Tensor, Tensor, Tensor, Tensor],
+        prepared: tuple[Tensor, Tensor],
         layer: int,
         rows: slice,
     ) -> dict[str, tuple[Tensor, Tensor]]:
-        target, keys, query, chance = prepared
-        target, query, chance = target[:, rows], query[:, rows], chance[:, rows]  # this block
-        top = blockwise.top1(pattern, keys)[1][..., None]  # [batch, head_index, query_pos, 1]
+        target, keys = prepared
         width = pattern.shape[-1]  # keys after the block's last query are left out
-        hit = (
-            target[:, None, :, :width].expand_as(pattern).gather(-1, top)[..., 0]
-        )  # [batch, head, query]
+        visible = pattern.amax(1) > 0  # [batch, query, key]: what the layer can attend to
+        target = target[:, rows, :width] & visible  # [batch, query, key]
+        seen = keys[:, None, :width] & visible
+        query = target.any(-1)  # [batch, query]: queries that see a target
+        chance = target.sum(-1) / seen.sum(-1).clamp(min=1)  # [batch, query]
+        top = blockwise.top1(pattern, keys)[1][..., None]  # [batch, head_index, query_pos, 1]
+        hit = target[:, None].expand_as(pattern).gather(-1, top)[..., 0]  # [batch, head, query]
         hit = hit & query[:, None]
         n = query.sum(1).double()  # per sequence
         n_heads = pattern.shape[1]
