@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from headmech.claims import control_space
 from headmech.cli import main
 
 
@@ -87,7 +88,9 @@ def test_classify_validate_and_evidence(capsys, tiny_dirs, tmp_path, model):
         v = t["details"]["validation"]
         if model == "bert":
             assert v["clean"] == 0.0  # encoder: embedding distortion against itself
-        assert len(v["random_effects"]) == (2 if t["heads"] else 0)
+        m = data["model"]
+        _, possible = control_space(t["heads"], m["n_layers"], m["n_heads"], v["control"])
+        assert len(v["random_effects"]) == (min(2, possible) if t["heads"] else 0)
         # the toy labels every head of its layer 1: no same-layer control exists, so the
         # controls fall back to any layer, and the record says so
         fallback = model == "toy-induction" and name == "induction"
