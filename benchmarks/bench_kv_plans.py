@@ -149,7 +149,7 @@ def rankings_for(hf: Any, catalog: Any, importance: list) -> dict[str, list]:
 
 # --- the run ---------------------------------------------------------------------------
 def run(args: argparse.Namespace, store: dict, save: Any) -> None:
-    from headmech.kv import evaluate, kv_importance
+    from headmech.kv import kv_importance
     from headmech.results import HeadCatalog
 
     hf, shim = load(args)
@@ -162,6 +162,10 @@ def run(args: argparse.Namespace, store: dict, save: Any) -> None:
         needle, prose, copies = batches(args, shim, context, 1)
         ctx.update(corpus_repeats=copies, needle_trials=sum(b.input_ids.shape[0] for b in needle),
                    prose_sequences=len(prose), sinks=args.sinks, window=args.window)  # fmt: skip
+        if "importance" not in ctx and args.ranking_from:  # another length's ranking
+            src = store[str(args.ranking_from)]["importance"]
+            ctx["importance"] = {"ranking": src["ranking"], "from_context": args.ranking_from}
+            print(f"{context}: importance ranking of {args.ranking_from} tokens: {src['ranking']}")
         if "importance" not in ctx:
             imp = kv_importance(hf, calib_needle, calib_prose, sinks=args.sinks,
                                 window=args.window, progress=args.progress)  # fmt: skip
@@ -174,28 +178,47 @@ def run(args: argparse.Namespace, store: dict, save: Any) -> None:
             (k, b, d) for b in budgets for k in args.plans.split(",")
             for d in range(args.draws if k == "random" else 1)
         ]  # fmt: skip
-        for kind, budget, draw in cells:
-            name = f"{kind}/{budget:g}/{draw}"
-            if name in ctx["evals"]:
-                continue
+        pending = [c for c in cells if f"{c[0]}/{c[1]:g}/{c[2]}" not in ctx["evals"]]
+        for budget in dict.fromkeys(b for _, b, _ in pending):  # one shared run per budget
             if time.perf_counter() - t_start > args.max_seconds:
                 print(f"stopping after {args.max_seconds:.0f}s; run again to continue")
                 return
-            try:
-                plan = plan_of(hf, kind, budget, context, rankings, draw, args)
-            except Exception as e:  # a budget below the model's own windows
-                ctx["evals"][name] = {"error": str(e)}
-                continue
-            ev = evaluate(hf, plan, needle, prose)
-            row = ev.to_json() | {"seconds": round(ev.seconds, 2)}
-            if plan is not None:
-                row["plan"]["full_heads"] = plan.full_heads()
-            ctx["evals"][name] = row
+            group = [c for c in pending if c[1] == budget]
+            evaluate_group(args, hf, group, context, rankings, needle, prose, ctx)
             save()
-            print(f"{context} {name:>18}: recall {ev.recall:.2f} ppl {ev.perplexity:7.3f} "
-                  f"kv {row['plan']['kv_fraction']:.3f} ({ev.seconds:.1f}s)")  # fmt: skip
         if args.generate:
             generation(args, hf, shim, context, rankings, ctx, save)
+
+
+def evaluate_group(
+    args, hf: Any, group: list, context: int, rankings: dict, needle: list, prose: list, ctx: dict
+) -> None:
+    """The cells of one budget, evaluated together (:func:`headmech.kv.evaluate_many`:
+    layers where plans agree run once; identical plans once). ``seconds`` is a cell's
+    share of the group's time."""
+    from headmech.kv import evaluate_many
+
+    names, plans = [], []
+    for kind, budget, draw in group:
+        name = f"{kind}/{budget:g}/{draw}"
+        try:
+            plans.append(plan_of(hf, kind, budget, context, rankings, draw, args))
+            names.append(name)
+        except Exception as e:  # a budget below the model's own windows
+            ctx["evals"][name] = {"error": str(e)}
+    if not plans:
+        return
+    t0 = time.perf_counter()
+    evs = evaluate_many(hf, plans, needle, prose, progress=args.progress)
+    took = time.perf_counter() - t0
+    for name, plan, ev in zip(names, plans, evs, strict=True):
+        row = ev.to_json() | {"seconds": round(ev.seconds, 2), "device": args.device or "cpu",
+                              "group": {"plans": len(plans), "seconds": round(took, 1)}}  # fmt: skip
+        if plan is not None:
+            row["plan"]["full_heads"] = plan.full_heads()
+        ctx["evals"][name] = row
+        print(f"{context} {name:>18}: recall {ev.recall:.2f} ppl {ev.perplexity:7.3f} "
+              f"kv {row['plan']['kv_fraction']:.3f} (group of {len(plans)}: {took:.0f}s)")  # fmt: skip
 
 
 def generation(args, hf: Any, shim: Any, context: int, rankings: dict, ctx: dict, save) -> None:
@@ -353,6 +376,12 @@ def main() -> None:
     ap.add_argument(
         "--calib-seeds", default="100", help="needle seeds the importance is measured on"
     )
+    ap.add_argument(
+        "--ranking-from",
+        type=int,
+        default=None,
+        help="use the importance ranking measured at this context (not measured anew)",
+    )
     ap.add_argument("--prose", type=int, default=2, help="held-out prose sequences per context")
     ap.add_argument("--sinks", type=int, default=4)
     ap.add_argument("--window", type=int, default=256)
@@ -370,9 +399,16 @@ def main() -> None:
     if args.report:
         name = f"bench_kv_plans {store.get('model', args.model)}"
         name += " cpu" if store_path.stem.endswith("_cpu") else ""
-        record(name, store.get("device"), report(args, store), store.get("machine"))
+        where = store.get("machines") or store.get("machine")
+        record(name, store.get("device"), report(args, store), where)
         return
-    store.update(model=args.model, device=args.device or "cpu", machine=machine(args.device))
+    dev = args.device or "cpu"
+    if "machine" in store and "machines" not in store:  # a store from one machine
+        store["machines"] = {store.get("device", "cpu"): store["machine"]}
+    store.setdefault("machines", {})[dev] = machine(args.device)  # cells name their device
+    store.setdefault("model", args.model)
+    store.setdefault("device", dev)
+    store.setdefault("machine", store["machines"][dev])
 
     def save() -> None:
         store_path.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")

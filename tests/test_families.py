@@ -657,7 +657,7 @@ def _hf_windowed_nll(fam: Built, b: ProbeBatch, window: int) -> tuple[float, int
 
 def test_kv_plan_masks_equal_a_hand_written_mask(fam):
     _needs(fam)
-    from headmech.kv import KVPlan, evaluate
+    from headmech.kv import KVPlan, evaluate, evaluate_many
     from headmech.kv.masks import needle_batches, prose_batches
 
     if not fam.causal:
@@ -681,6 +681,11 @@ def test_kv_plan_masks_equal_a_hand_written_mask(fam):
     needle = needle_batches(fam.model, 100, depths=(0.5,))
     result = evaluate(fam.model, mixed, needle=needle, prose=prose)
     assert math.isfinite(result.logprob) and math.isfinite(result.perplexity)
+    # many plans at once, sharing layers, give each plan's own numbers in every family
+    many = evaluate_many(fam.model, [None, plan, mixed], needle=needle, prose=prose)
+    for ev, alone in zip(many, [full, got, result], strict=True):
+        assert ev.nll_sum == pytest.approx(alone.nll_sum, rel=METRIC_TOL)
+    assert many[2].logprob == pytest.approx(result.logprob, rel=METRIC_TOL)
     MATRIX[fam.name]["kv-plan"] = "✓"
 
 
@@ -771,7 +776,7 @@ through every analysis. ✓ means the check passed on numbers where a reference 
   Gemma 2/3 and OLMo 2, the sender's write is that norm's output change);
 - **pruning**: one Michel step; the pruned model's metric vs the hand-written ablation;
 - **kv-plan**: the full plan's prose NLL vs the model's, a windowed plan's vs an additive
-  4D mask; a mixed plan with a needle runs;
+  4D mask; a mixed plan with a needle runs; `evaluate_many` of the three equals each;
 - **discover**: runs; its first-token mass equals the eager weights';
 - **LRP**: conservation, logit = R(input) + R(bias) + R(softmax), to 1e-5;
 - **classify**: every head type that applies (decoders skip only the types whose probe

@@ -8,6 +8,8 @@ a recent window. Three parts:
   provenance (``headmech kv-plan``);
 * :mod:`~headmech.kv.masks`: exact evaluation by per-head masks (needle recall and
   answer log-probability over contexts and depths, perplexity on long prose);
+* :mod:`~headmech.kv.shared`: :func:`evaluate_many`, many plans at once, each layer run
+  once per distinct prefix of plans (equal to :func:`evaluate` of each);
 * :mod:`~headmech.kv.importance`: :func:`kv_importance`, each KV head's measured cost
   when it alone is windowed, the ranking of importance plans (:meth:`KVPlan.from_ranking`);
 * :mod:`~headmech.kv.cache`: :class:`PlanCache`, a transformers ``Cache`` that stores
@@ -24,6 +26,7 @@ from headmech.kv.cache import Generation, PlanCache, cache_nbytes, generate
 from headmech.kv.importance import KVImportance, kv_importance
 from headmech.kv.masks import KVEval, evaluate, needle_batches, prose_batches
 from headmech.kv.plan import KVPlan, kv_ranking, split_budget
+from headmech.kv.shared import evaluate_many
 
 __all__ = [
     "Generation",
@@ -34,6 +37,7 @@ __all__ = [
     "allowed_keys",
     "cache_nbytes",
     "evaluate",
+    "evaluate_many",
     "generate",
     "hf_model",
     "kv_importance",

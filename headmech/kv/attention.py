@@ -235,8 +235,14 @@ def planned_attention(
     out = query.new_empty(*query.shape[:3], value_dim(full_v, win_v))
     if lp.full_q.numel():
         sel = lp.full_q.to(query.device)
-        causal = _causal(q_pos, length, pad)
-        out[:, sel] = _sdpa(_pick(query, sel), full_k, full_v, causal, scale, extras.pick(sel))
+        own = _own_window(module, kwargs, pad, n_q, length)
+        if own is not None:  # the model's own sliding window: only the band is computed
+            out[:, sel] = _local(query[:, sel], full_k, full_v, q_pos, own, pad, scale,
+                                 extras.pick(sel))  # fmt: skip
+        else:
+            causal = _causal(q_pos, length, pad)
+            out[:, sel] = _sdpa(_pick(query, sel), full_k, full_v, causal, scale,
+                                extras.pick(sel))  # fmt: skip
     if lp.win_q.numel():
         sel = lp.win_q.to(query.device)
         if win_pos.numel() == length and n_q > 2 * _BLOCK and lp.window < length // 4:
@@ -248,6 +254,23 @@ def planned_attention(
             band = band if pad is None else band & pad[..., win_pos]
             out[:, sel] = _sdpa(query[:, sel], win_k, win_v, band, scale, extras.pick(sel))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _own_window(
+    module: Any, kwargs: dict[str, Any], pad: Tensor | None, n_q: int, length: int
+) -> LayerPlan | None:
+    """For a layer with its own sliding window (Gemma 2/3, Mistral), over a whole sequence
+    much longer than the window: a band at least as wide as the model's window (no sinks),
+    which the model's own mask ``pad`` then cuts to exactly its window
+    (:func:`_local` intersects the two). None where the plain path is as cheap, or where
+    the model passed no mask to cut with."""
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if not window or pad is None or n_q != length or n_q <= 2 * _BLOCK:
+        return None
+    if int(window) >= length // 4:
+        return None
+    none = torch.zeros(0, dtype=torch.long)
+    return LayerPlan(none, none, none, none, 0, int(window))
 
 
 def _local(

@@ -29,8 +29,9 @@ from torch import Tensor
 from headmech.engine import ProbeBatch
 from headmech.errors import InputError
 from headmech.kv.budget import _shape, model_windows
-from headmech.kv.masks import KVEval, evaluate
+from headmech.kv.masks import KVEval
 from headmech.kv.plan import KVPlan
+from headmech.kv.shared import evaluate_many
 
 __all__ = ["KVImportance", "kv_importance"]
 
@@ -108,7 +109,9 @@ def kv_importance(
     """Restrict each KV head alone to ``sinks`` + ``window`` and measure the loss it adds.
 
     One masked run of the model per KV head outside the model's own sliding-window
-    layers, on every needle trial and prose sequence given (:func:`headmech.kv.evaluate`).
+    layers, on every needle trial and prose sequence given; the runs share the layers
+    before their head's (:func:`~headmech.kv.shared.evaluate_many`, equal to
+    :func:`headmech.kv.evaluate` of each plan).
 
     Raises:
         InputError: no needle trials and no prose.
@@ -118,20 +121,18 @@ def kv_importance(
     t0 = time.perf_counter()
     name, n_layers, n_heads, n_kv = _shape(model)
     windows = model_windows(model) or (0,) * n_layers
-    base = evaluate(model, None, needle, prose)
-    out_needle = torch.full((n_layers, n_kv), float("nan"))
-    out_prose = torch.full((n_layers, n_kv), float("nan"))
     heads = [(la, k) for la in range(n_layers) if not windows[la] for k in range(n_kv)]
-    for i, (la, k) in enumerate(heads):
+    plans: list[KVPlan | None] = [None]
+    for la, k in heads:
         full = torch.ones(n_layers, n_kv, dtype=torch.bool)
         full[la, k] = False
-        plan = KVPlan(full, n_heads, sinks, window, name, {"kind": "one_windowed"})
-        ev = evaluate(model, plan, needle, prose)
+        plans.append(KVPlan(full, n_heads, sinks, window, name, {"kind": "one_windowed"}))
+    base, *evals = evaluate_many(model, plans, needle, prose, progress=progress)
+    out_needle = torch.full((n_layers, n_kv), float("nan"))
+    out_prose = torch.full((n_layers, n_kv), float("nan"))
+    for (la, k), ev in zip(heads, evals, strict=True):
         out_needle[la, k] = _needle_nll(ev) - _needle_nll(base)
         out_prose[la, k] = _prose_nll(ev) - _prose_nll(base)
-        if progress:
-            print(f"kv_importance {i + 1}/{len(heads)} L{la}KV{k}: "
-                  f"needle {float(out_needle[la, k]):+.4f} prose {float(out_prose[la, k]):+.5f}")  # fmt: skip
     return KVImportance(
         out_needle, out_prose, _needle_nll(base), _prose_nll(base), sinks, window,
         time.perf_counter() - t0,

@@ -163,10 +163,10 @@ def _logits(hf: Any, hidden: Tensor) -> Tensor:
     return cap * torch.tanh(logits / cap) if cap else logits
 
 
-def _needle_trial(hf: Any, batch: ProbeBatch) -> list[dict[str, float]]:
+def needle_scores(hf: Any, batch: ProbeBatch, hidden: Tensor) -> list[dict[str, float]]:
+    """Per needle trial of ``batch``, its answer's scores from the final hidden states."""
     from headmech.probes.needle import needle_spans
 
-    hidden = _hidden(hf, batch)
     answer_pos, _, valid, _ = needle_spans(batch)
     out = []
     for row in range(hidden.shape[0]):
@@ -189,8 +189,9 @@ def _needle_trial(hf: Any, batch: ProbeBatch) -> list[dict[str, float]]:
     return out
 
 
-def _prose_nll(hf: Any, batch: ProbeBatch) -> tuple[float, int]:
-    hidden = _hidden(hf, batch)
+def prose_nll(hf: Any, batch: ProbeBatch, hidden: Tensor) -> tuple[float, int]:
+    """The next-token NLL summed over ``batch``'s prose positions, and their count, from
+    the final hidden states."""
     ids = batch.input_ids.to(hidden.device)
     mask = batch.attention_mask.to(hidden.device).bool()
     total, count = 0.0, 0
@@ -240,9 +241,9 @@ def evaluate(
     t0 = time.perf_counter()
     with planned(model, plan) as hf, torch.inference_mode():
         for batch in needle:
-            result.trials += _needle_trial(hf, batch)
+            result.trials += needle_scores(hf, batch, _hidden(hf, batch))
         for batch in prose:
-            nll, n = _prose_nll(hf, batch)
+            nll, n = prose_nll(hf, batch, _hidden(hf, batch))
             result.nll_sum += nll
             result.n_tokens += n
     result.seconds = time.perf_counter() - t0
