@@ -118,3 +118,26 @@ def test_the_models_own_window_computed_as_a_band_is_exact(gemma3, monkeypatch):
     for g, p in zip(got2, plans, strict=True):
         _same(g, evaluate(gemma3, p, prose=prose))
     assert got2[1].nll_sum != pytest.approx(got2[0].nll_sum, rel=1e-6)
+
+
+def test_a_wide_window_over_a_long_sequence_runs_in_blocks_exactly(llama, monkeypatch):
+    """A window wider than a quarter of the sequence goes through the dense band mask,
+    unless that mask would be too large (``_DENSE`` entries: 1 GiB at 32k tokens); then
+    through blocks of queries. Both give the same logits."""
+    import headmech.kv.attention as attention
+
+    monkeypatch.setattr(attention, "_BLOCK", 16)
+    plan = KVPlan.windowed(llama, sinks=2, window=40)
+    ids = torch.randint(0, 1000, (1, 100), generator=torch.Generator().manual_seed(1))
+    calls = []
+    real = attention._local
+    monkeypatch.setattr(attention, "_local", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.inference_mode(), planned(llama, plan) as hf:
+        dense = hf(ids).logits
+        assert not calls
+        monkeypatch.setattr(attention, "_DENSE", 100 * 99)
+        blocks = hf(ids).logits
+    assert calls
+    assert (dense - blocks).abs().max() < 1e-5
+    with torch.inference_mode():
+        assert (dense - llama(ids)).abs().max() > 1e-3  # the window bites

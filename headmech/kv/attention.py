@@ -48,6 +48,9 @@ __all__ = [
 
 IMPLEMENTATION = "headmech_kv"
 _BLOCK = 256  # query rows per block of windowed attention over a whole sequence
+# the most query x key entries a windowed head's mask may have as one tensor (8k x 8k):
+# beyond it the blocks run even for a wide window (a 32k-token mask is 1 GiB, its gaps 8)
+_DENSE = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -245,7 +248,8 @@ def planned_attention(
                                 extras.pick(sel))  # fmt: skip
     if lp.win_q.numel():
         sel = lp.win_q.to(query.device)
-        if win_pos.numel() == length and n_q > 2 * _BLOCK and lp.window < length // 4:
+        blocks = lp.window < length // 4 or n_q * length > _DENSE  # cheaper, or smaller
+        if win_pos.numel() == length and n_q > 2 * _BLOCK and blocks:
             out[:, sel] = _local(
                 query[:, sel], win_k, win_v, q_pos, lp, pad, scale, extras.pick(sel)
             )
