@@ -200,7 +200,10 @@ def prose_nll(hf: Any, batch: ProbeBatch, hidden: Tensor) -> tuple[float, int]:
         logits = _logits(hf, hidden[:, start:stop])  # [batch, rows, d_vocab]
         target = ids[:, start + 1 : stop + 1]
         keep = mask[:, start + 1 : stop + 1]
-        nll = F.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+        # rows x vocabulary, contiguous: over a transposed [batch, vocab, rows] view the
+        # reduction is strided, 7x slower at a 262k-word vocabulary (Gemma 3)
+        flat = logits.reshape(-1, logits.shape[-1])
+        nll = F.cross_entropy(flat, target.reshape(-1), reduction="none").view(target.shape)
         total += float(nll[keep].sum())
         count += int(keep.sum())
     return total, count
