@@ -179,12 +179,19 @@ def run(args: argparse.Namespace, store: dict, save: Any) -> None:
             for d in range(args.draws if k == "random" else 1)
         ]  # fmt: skip
         pending = [c for c in cells if f"{c[0]}/{c[1]:g}/{c[2]}" not in ctx["evals"]]
-        for budget in dict.fromkeys(b for _, b, _ in pending):  # one shared run per budget
+        # one shared run per budget; the full cache rides with the first (layers shared)
+        full = [c for c in pending if c[0] == "full"]
+        for i, budget in enumerate(dict.fromkeys(b for k, b, _ in pending if k != "full")):
             if time.perf_counter() - t_start > args.max_seconds:
                 print(f"stopping after {args.max_seconds:.0f}s; run again to continue")
                 return
-            group = [c for c in pending if c[1] == budget]
+            group = (full if i == 0 else []) + [
+                c for c in pending if c[1] == budget and c[0] != "full"
+            ]
             evaluate_group(args, hf, group, context, rankings, needle, prose, ctx)
+            save()
+        if full and len(pending) == len(full):  # nothing else to run
+            evaluate_group(args, hf, full, context, rankings, needle, prose, ctx)
             save()
         if args.generate:
             generation(args, hf, shim, context, rankings, ctx, save)
