@@ -195,6 +195,7 @@ def _tree(
             for i in members:
                 yield i, out
             return
+        del out  # only the branch point's hidden state is kept while descending
         for sub in split(members, stop):
             yield from descend(sub, stop, kept[0])
 
