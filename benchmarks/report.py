@@ -17,6 +17,8 @@ HERE = Path(__file__).parent
 
 
 def describe(m: dict[str, Any]) -> str:
+    if "device" not in m:  # several machines (bench_kv_plans: cells name their device)
+        return "; ".join(f"[{name}] {describe(one)}" for name, one in m.items())
     where = f"{m['device']}" + (f" ({m['gpu']})" if "gpu" in m else "")
     threads = m.get("threads")
     where += f", {threads} torch thread{'s' if threads != 1 else ''}" if threads else ""
