@@ -15,23 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
 from common import add_arguments, record, start
-
-
-def plans_of(hf, sinks: int, window: int) -> list:
-    from headmech.kv import KVPlan
-    from headmech.kv.budget import _shape, model_windows
-
-    name, n_layers, n_heads, n_kv = _shape(hf)
-    windows = model_windows(hf) or (0,) * n_layers
-    out: list = [None]
-    for la in range(n_layers):
-        for k in range(n_kv if not windows[la] else 0):
-            full = torch.ones(n_layers, n_kv, dtype=torch.bool)
-            full[la, k] = False
-            out.append(KVPlan(full, n_heads, sinks, window, name, {"kind": "one_windowed"}))
-    return out
 
 
 def main() -> None:
@@ -48,7 +32,9 @@ def main() -> None:
     hf = hf_model(bridge)
     needle = needle_batches(bridge, args.context, depths=(0.5,))
     prose = prose_batches(bridge, args.context, n=1)
-    plans = plans_of(hf, 4, args.window)
+    from headmech.kv.importance import one_windowed_plans
+
+    plans = [None, *one_windowed_plans(hf, 4, args.window)[1]]
     t0 = time.perf_counter()
     shared = evaluate_many(hf, plans, needle, prose)
     t_shared = time.perf_counter() - t0

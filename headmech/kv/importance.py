@@ -97,6 +97,22 @@ def _prose_nll(ev: KVEval) -> float:
     return ev.nll_sum / ev.n_tokens if ev.n_tokens else float("nan")
 
 
+def one_windowed_plans(
+    model: Any, sinks: int = 4, window: int = 256
+) -> tuple[list[tuple[int, int]], list[KVPlan]]:
+    """``(heads, plans)``: every KV head outside the model's own sliding-window layers, as
+    ``(layer, kv_head)``, and for each the plan that windows it alone."""
+    name, n_layers, n_heads, n_kv = _shape(model)
+    windows = model_windows(model) or (0,) * n_layers
+    heads = [(la, k) for la in range(n_layers) if not windows[la] for k in range(n_kv)]
+    plans = []
+    for la, k in heads:
+        full = torch.ones(n_layers, n_kv, dtype=torch.bool)
+        full[la, k] = False
+        plans.append(KVPlan(full, n_heads, sinks, window, name, {"kind": "one_windowed"}))
+    return heads, plans
+
+
 def kv_importance(
     model: Any,
     needle: Sequence[ProbeBatch] = (),
@@ -119,15 +135,9 @@ def kv_importance(
     if not needle and not prose:
         raise InputError("kv_importance needs needle trials or prose to measure on")
     t0 = time.perf_counter()
-    name, n_layers, n_heads, n_kv = _shape(model)
-    windows = model_windows(model) or (0,) * n_layers
-    heads = [(la, k) for la in range(n_layers) if not windows[la] for k in range(n_kv)]
-    plans: list[KVPlan | None] = [None]
-    for la, k in heads:
-        full = torch.ones(n_layers, n_kv, dtype=torch.bool)
-        full[la, k] = False
-        plans.append(KVPlan(full, n_heads, sinks, window, name, {"kind": "one_windowed"}))
-    base, *evals = evaluate_many(model, plans, needle, prose, progress=progress)
+    _, n_layers, _, n_kv = _shape(model)
+    heads, plans = one_windowed_plans(model, sinks, window)
+    base, *evals = evaluate_many(model, [None, *plans], needle, prose, progress=progress)
     out_needle = torch.full((n_layers, n_kv), float("nan"))
     out_prose = torch.full((n_layers, n_kv), float("nan"))
     for (la, k), ev in zip(heads, evals, strict=True):
