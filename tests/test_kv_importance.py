@@ -63,6 +63,40 @@ def test_budget_beyond_the_models_own_windows(gemma3, tmp_path):
         KVPlan.from_ranking(gemma3, [(1, 0)], 0.1, 40)
 
 
+def test_plan_cache_keeps_the_models_own_windows(gemma3):
+    """On a model with sliding-window layers the compressed cache generates what the
+    masked model does, and holds layer 0's own window (6 - 1 positions, as transformers'
+    sliding-window cache) beside the plan's full and windowed KV heads of layer 1."""
+    from headmech.kv import PlanCache, generate, planned
+
+    plan = KVPlan.from_ranking(gemma3, [(1, 1)], 0.75, 40, sinks=1, window=4)
+    ids = torch.randint(
+        3, gemma3.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0)
+    )
+    gen = generate(gemma3, plan, ids, max_new_tokens=6)
+    out, logits = ids, []
+    with planned(gemma3, plan) as hf, torch.inference_mode():
+        for _ in range(6):  # the masked model over the whole sequence at every step
+            logits.append(hf(out).logits[:, -1].float())
+            out = torch.cat([out, logits[-1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(gen.tokens, out[:, 40:])
+    assert (gen.logits - torch.stack(logits, 1)).abs().max() < 1e-4
+    cache = PlanCache(plan)
+    with planned(gemma3, plan) as hf, torch.inference_mode():
+        hf(ids, past_key_values=cache, use_cache=True)
+    own, last = cache.layers
+    assert own.full_keys.shape[1] == 0 and own.win_keys.shape[1:3] == (2, 5)
+    assert own.positions.tolist() == [35, 36, 37, 38, 39]
+    assert last.full_keys.shape[1:3] == (1, 40) and last.win_keys.shape[1:3] == (1, plan.window + 1)
+    # the baseline is the model's own cache: layer 0 keeps 5 positions as a view of the
+    # step's 6 (the storage counts), layer 1 all 45
+    full = generate(gemma3, None, ids, max_new_tokens=6)
+    per_entry = 2 * 2 * gemma3.config.head_dim * 4  # K and V, batch 2, fp32
+    assert full.nbytes == 2 * (6 + 45) * per_entry
+    assert gen.nbytes < 0.8 * full.nbytes
+    assert torch.equal(full.tokens, generate(gemma3, KVPlan.full_cache(gemma3), ids, 6).tokens)
+
+
 def test_split_beyond_windows_without_windows_is_split_budget():
     from headmech.kv import split_budget
 

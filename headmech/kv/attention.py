@@ -84,12 +84,15 @@ class Split:
         windowed: ``[batch, n_windowed_kv, kept, d_head]``: windowed KV heads.
         positions: ``[kept]``: the positions of ``windowed``'s entries.
         length: positions seen so far, the current step's included.
+        plan: the layer's plan where the cache's differs from the module's (a layer
+            with the model's own sliding window: every head windowed, no sinks).
     """
 
     full: Tensor
     windowed: Tensor
     positions: Tensor
     length: int
+    plan: LayerPlan | None = None
 
 
 def allowed_keys(
@@ -222,7 +225,7 @@ def planned_attention(
     scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
     n_q = query.shape[2]
     if isinstance(key, Split) and isinstance(value, Split) and lp is not None:
-        length, win_pos = key.length, key.positions.to(query.device)
+        lp, length, win_pos = key.plan or lp, key.length, key.positions.to(query.device)
         full_k, full_v, win_k, win_v = key.full, value.full, key.windowed, value.windowed
     elif isinstance(key, Tensor) and isinstance(value, Tensor):
         length = key.shape[2]

@@ -3,13 +3,15 @@
 :class:`PlanCache` is a transformers ``Cache`` (a ``DynamicCache`` subclass) whose
 layers (:class:`PlanLayer`) keep every position for the plan's full KV heads and only
 the sinks and the most recent ``window`` positions for the others, evicting the rest
-after each step. ``update`` hands the attention the full heads' keys and the windowed
-heads' kept keys with their positions (:class:`~headmech.kv.attention.Split`); the
+after each step; a layer with the model's own sliding window (Gemma 2/3, Mistral) keeps
+just that window, as transformers' own cache does. ``update`` hands the attention the
+full heads' keys and the windowed heads' kept keys with their positions (:class:`~headmech.kv.attention.Split`); the
 ``"headmech_kv"`` attention function masks each windowed query to its sinks and window,
 so a step with this cache computes what the masked model computes over the whole cache
 (tested: same greedy tokens, logits to 1e-4). :func:`generate` runs transformers'
 ``generate`` with it and reports the cache's bytes, measured from the storage of the
-tensors it holds, and the tokens per second.
+tensors it holds, and the tokens per second; without a plan it runs the model's own
+cache (transformers' ``DynamicCache`` for the model's config), the baseline.
 
 Prompts in one batch must have the same length (positions are cache slots: left padding
 would make padding the sinks).
@@ -80,7 +82,8 @@ class PlanLayer(CacheLayerMixin):
         wk = torch.cat([self.win_keys, key_states[:, win]], 2)
         wv = torch.cat([self.win_values, value_states[:, win]], 2)
         pos = torch.cat([self.positions, new])
-        keys, values = Split(fk, wk, pos, self.seen), Split(fv, wv, pos, self.seen)
+        lp = self.plan
+        keys, values = Split(fk, wk, pos, self.seen, lp), Split(fv, wv, pos, self.seen, lp)
         # the next query (position seen) sees the sinks and positions seen - window .. seen - 1
         keep = (pos < self.plan.sinks) | (pos >= self.seen - self.plan.window)
         self.full_keys, self.full_values = fk, fv
@@ -133,13 +136,28 @@ class PlanCache(DynamicCache):
     :func:`~headmech.kv.attention.planned` (as :func:`generate` does)."""
 
     def __init__(self, plan: KVPlan) -> None:
-        layers: list[Any] = [PlanLayer(LayerPlan.of(plan, la)) for la in range(plan.n_layers)]
+        layers: list[Any] = [PlanLayer(_layer_plan(plan, la)) for la in range(plan.n_layers)]
         Cache.__init__(self, layers=layers)
         self.plan = plan
 
     def nbytes(self) -> int:
         """Bytes held, measured from the tensors' storages (see :func:`cache_nbytes`)."""
         return cache_nbytes(self)
+
+
+def _layer_plan(plan: KVPlan, layer: int) -> LayerPlan:
+    """Layer ``layer`` of the plan. A layer with the model's own sliding window of ``w``
+    where every head sees that window (full, or windowed no narrower) keeps what
+    transformers' ``DynamicSlidingWindowLayer`` keeps: the last ``w - 1`` positions, no
+    sinks (a query then sees ``w`` keys, itself included). Heads windowed narrower than
+    the model (sinks + a short window inside it) keep the plan's layout: correct, but the
+    full heads then hold every position."""
+    w = plan.windows[layer] if plan.windows else 0
+    if not w or not (bool(plan.full[layer].all()) or plan.window >= w - 1):
+        return LayerPlan.of(plan, layer)
+    none = torch.zeros(0, dtype=torch.long)
+    kv, q = torch.arange(plan.n_kv_heads), torch.arange(plan.n_heads)
+    return LayerPlan(none, kv, none, q, 0, w - 1)
 
 
 def cache_nbytes(cache: Cache) -> int:
@@ -212,7 +230,8 @@ def generate(
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     with planned(model, plan) as hf, torch.inference_mode():
         ids = input_ids.to(next(hf.parameters()).device)
-        cache = PlanCache(plan) if plan is not None else DynamicCache()
+        # the model's own cache (sliding-window layers keep their window) is the baseline
+        cache = PlanCache(plan) if plan is not None else DynamicCache(config=hf.config)
         clock = _Clock()
         t0 = time.perf_counter()
         out = hf.generate(
