@@ -22,7 +22,8 @@ Per context length:
    budgets: its measured bytes and decode tokens/s.
 
 Everything goes to ``--store`` (JSON, written after each cell; a rerun skips finished
-cells), so a run stopped at ``--max-seconds`` or by a lost machine keeps what it did.
+cells; cells measured on other held-out data, by a hash of its token ids, move to
+``stale`` and are measured again), so a run stopped at ``--max-seconds`` or by a lost machine keeps what it did.
 ``--report`` prints the tables, draws ``kv_plans.png`` and records results.json rows.
 
 The model is a bundled name (``--model``) or, where TransformerLens is not installed
@@ -38,6 +39,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import statistics
@@ -109,6 +111,26 @@ def batches(args: argparse.Namespace, shim: Any, context: int, part: int) -> tup
     return needle, prose, copies
 
 
+def data_hash(batches: list) -> str:
+    """The held-out token ids, hashed: cells measured on other data (another tokenizer,
+    corpus, seeds or number of trials) are never compared with these."""
+    h = hashlib.sha256()
+    for b in batches:
+        h.update(b.input_ids.cpu().to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def same_data(ctx: dict, context: int, sha: str) -> None:
+    """Cells measured on other held-out data move to ``stale`` (kept, never compared)."""
+    if ctx.get("data", sha) != sha and ctx["evals"]:
+        old = ctx.setdefault("stale", {})
+        old[ctx["data"]] = {"evals": ctx["evals"], "needle_trials": ctx.get("needle_trials"),
+                            "prose_sequences": ctx.get("prose_sequences")}  # fmt: skip
+        ctx["evals"] = {}
+        print(f"{context}: other held-out data than the stored cells'; they move to 'stale'")
+    ctx["data"] = sha
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(s) for s in text.split(","))
 
@@ -160,6 +182,7 @@ def run(args: argparse.Namespace, store: dict, save: Any) -> None:
         ctx = store.setdefault(str(context), {"evals": {}})
         calib_needle, calib_prose, _ = batches(args, shim, context, 0)
         needle, prose, copies = batches(args, shim, context, 1)
+        same_data(ctx, context, data_hash(needle + prose))
         ctx.update(corpus_repeats=copies, needle_trials=sum(b.input_ids.shape[0] for b in needle),
                    prose_sequences=len(prose), sinks=args.sinks, window=args.window)  # fmt: skip
         if "importance" not in ctx and args.ranking_from:  # another length's ranking
