@@ -54,6 +54,9 @@ from common import add_arguments, machine, record, start
 HERE = Path(__file__).parent
 PLANS = ("importance", "union", "catalog", "random", "windowed")
 CRITERIA = "recall >= 95% of the full cache's and perplexity within 1%"
+# bundled models with sliding-window layers: a plan chooses among the few global KV heads
+# (Gemma 3: 3 of 18 layers), so the issue states their saving instead of DuoAttention's bar
+OWN_WINDOWS = {"gemma3-270m"}
 
 
 # --- the model and the data ------------------------------------------------------------
@@ -311,6 +314,8 @@ def best(rows: dict[float, dict], full: dict) -> tuple[float, float] | None:
 def report(args: argparse.Namespace, store: dict) -> list[dict]:
     rows = []
     model = store.get("model", args.model)
+    duo = model not in OWN_WINDOWS  # DuoAttention's 1.67x is the target where plans choose freely
+    target = ">= 1.67x (DuoAttention, GQA)" if duo else "stated beyond the model's own windows"
     for context, ctx in sorted(store.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
         if not context.isdigit() or "full/1/0" not in ctx.get("evals", {}):
             continue
@@ -341,8 +346,8 @@ def report(args: argparse.Namespace, store: dict) -> list[dict]:
             print(f"  best compression meeting {CRITERIA}, {p}: {text}")
             rows.append({
                 "figure": "kv_plans", "what": f"largest KV compression with {CRITERIA}, {model}, "
-                f"{p} plan, {context} tokens", "result": text, "target": ">= 1.67x (DuoAttention, GQA)",
-                "met": bool(got and got[1] >= 1.67) if p == "importance" else None,
+                f"{p} plan, {context} tokens", "result": text, "target": target,
+                "met": bool(got and got[1] >= 1.67) if p == "importance" and duo else None,
                 "values": {"model": model, "plan": p, "context": int(context),
                            "budget": got[0] if got else None, "compression": got[1] if got else None},
             })  # fmt: skip
@@ -359,6 +364,7 @@ def figure(store: dict, model: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
+    from matplotlib import ticker
 
     contexts = [c for c in sorted(store, key=lambda c: int(c) if c.isdigit() else 0)
                 if c.isdigit() and "full/1/0" in store[c]["evals"]]  # fmt: skip
@@ -382,10 +388,14 @@ def figure(store: dict, model: str) -> None:
         for ax, what in zip(row, ("needle recall", "perplexity / full cache"), strict=True):
             ax.axvline(1.67, color="grey", ls=":", lw=1)
             ax.set_xscale("log")
+            ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1, 1.5, 2, 3, 5, 7)))
+            ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%.3gx"))
+            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
             ax.set_xlabel("compression (own cache / plan's cache)")
             ax.set_ylabel(what)
-            ax.set_title(f"{model}, {context} tokens (dotted: DuoAttention's 1.67x)")
+            ax.set_title(f"{model}, {context} tokens", fontsize=10)
         row[0].legend(fontsize=7)
+    fig.suptitle("dotted: DuoAttention's 1.67x (GQA); dashed: the criteria", fontsize=9)
     fig.tight_layout()
     fig.savefig(HERE / f"kv_plans_{model}.png", dpi=110)
     plt.close(fig)
