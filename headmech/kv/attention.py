@@ -84,8 +84,9 @@ class Split:
         windowed: ``[batch, n_windowed_kv, kept, d_head]``: windowed KV heads.
         positions: ``[kept]``: the positions of ``windowed``'s entries.
         length: positions seen so far, the current step's included.
-        plan: the layer's plan where the cache's differs from the module's (a layer
-            with the model's own sliding window: every head windowed, no sinks).
+        plan: the cache layer's plan, which the attention follows; it differs from the
+            module's in a layer with the model's own sliding window (every head
+            windowed to that window, no sinks).
     """
 
     full: Tensor

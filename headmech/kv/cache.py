@@ -5,10 +5,10 @@ layers (:class:`PlanLayer`) keep every position for the plan's full KV heads and
 the sinks and the most recent ``window`` positions for the others, evicting the rest
 after each step; a layer with the model's own sliding window (Gemma 2/3, Mistral) keeps
 just that window, as transformers' own cache does. ``update`` hands the attention the
-full heads' keys and the windowed heads' kept keys with their positions (:class:`~headmech.kv.attention.Split`); the
-``"headmech_kv"`` attention function masks each windowed query to its sinks and window,
-so a step with this cache computes what the masked model computes over the whole cache
-(tested: same greedy tokens, logits to 1e-4). :func:`generate` runs transformers'
+full heads' keys and the windowed heads' kept keys with their positions
+(:class:`~headmech.kv.attention.Split`); the ``"headmech_kv"`` attention function masks
+each windowed query to its sinks and window, so a step with this cache computes what the
+masked model computes over the whole cache (tested: same greedy tokens, logits to 1e-4). :func:`generate` runs transformers'
 ``generate`` with it and reports the cache's bytes, measured from the storage of the
 tensors it holds, and the tokens per second; without a plan it runs the model's own
 cache (transformers' ``DynamicCache`` for the model's config), the baseline.
