@@ -8,10 +8,11 @@ just that window, as transformers' own cache does. ``update`` hands the attentio
 full heads' keys and the windowed heads' kept keys with their positions
 (:class:`~headmech.kv.attention.Split`); the ``"headmech_kv"`` attention function masks
 each windowed query to its sinks and window, so a step with this cache computes what the
-masked model computes over the whole cache (tested: same greedy tokens, logits to 1e-4). :func:`generate` runs transformers'
-``generate`` with it and reports the cache's bytes, measured from the storage of the
-tensors it holds, and the tokens per second; without a plan it runs the model's own
-cache (transformers' ``DynamicCache`` for the model's config), the baseline.
+masked model computes over the whole cache (tested: same greedy tokens, logits to 1e-4).
+:func:`generate` runs transformers' ``generate`` with it and reports the cache's bytes,
+measured from the storage of the tensors it holds, and the tokens per second; without a
+plan it runs the model's own cache (transformers' ``DynamicCache`` for the model's
+config), the baseline.
 
 Prompts in one batch must have the same length (positions are cache slots: left padding
 would make padding the sinks).
