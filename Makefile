@@ -23,7 +23,7 @@ PYTEST_WORKERS ?= 2
 COVERAGE ?=
 COV_ARGS := $(if $(COVERAGE),--cov=headmech --cov-report=term-missing:skip-covered --cov-report=json:coverage.json)
 
-.PHONY: setup demo test lint docs format bench catalog site site-screenshots browser clean
+.PHONY: setup demo test test-fast lint docs format bench catalog site site-screenshots browser mutation clean
 
 setup: $(STAMP)
 
@@ -58,15 +58,31 @@ format: setup
 	$(VENV)/bin/ruff format headmech tests benchmarks
 	$(VENV)/bin/ruff check --fix headmech tests benchmarks
 
-# tests/test_site.py drives Debian's chromium (Playwright's own browser download cannot work
-# offline): installed here as root, else one line saying how
+# tests/test_site.py drives Chromium (found by $$HEADMECH_CHROMIUM, PATH or Playwright's own
+# download); without one its tests skip, unless HEADMECH_REQUIRE_BROWSER=1 (CI). Optional
+# convenience for Debian as root; `make test` never calls it.
 browser:
 	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
 		|| { echo "make browser: /usr/bin/chromium is missing; run: sudo apt-get install -y chromium"; exit 1; }
 
-test: setup lint docs browser
+# Everything: lint, the API docs, every test (the findings on the bundled real models and
+# the tutorials included). CI's gate.
+test: setup lint docs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(COV_ARGS) $(PYTEST_ARGS)
 	$(if $(COVERAGE),$(PY) tests/coverage_floor.py coverage.json)
+
+# Every claim about code, on tiny random models, planted circuits and hand-built models
+# (the tests not marked slow), in at most 3 minutes; loading a bundled real model there
+# fails (tests/conftest.py)
+test-fast: setup
+	HEADMECH_TEST_TIER=fast $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
+
+# Mutation testing of the core (mutmut; not in CI, about an hour): the score and the
+# surviving mutants are printed at the end; configuration in setup.cfg [mutmut]
+mutation: setup
+	$(PIP) "mutmut>=3.3,<4" $(QUIET)
+	$(VENV)/bin/mutmut run --max-children 2 || true
+	$(VENV)/bin/mutmut results
 
 # The published catalogs (catalog/): every bundled model, every registered head type, with
 # validation (tests/test_published_catalog.py checks them). One model:

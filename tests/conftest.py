@@ -41,6 +41,36 @@ def pytest_xdist_make_scheduler(config, log):
     return TutorialsApart(config, log)
 
 
+FAST_TIER = os.environ.get("HEADMECH_TEST_TIER") == "fast"
+
+
+def pytest_configure(config):
+    """``make test-fast`` (HEADMECH_TEST_TIER=fast) runs the tests not marked ``slow`` and
+    makes loading a bundled real model fail loudly, so a real-model test that lacks the
+    marker is caught there instead of slowing the fast tier down unseen."""
+    if not FAST_TIER:
+        return
+    from headmech import bundled
+
+    message = "make test-fast loaded a bundled real model: mark this test @pytest.mark.slow"
+    load_hf_dir = bundled.load_hf_dir
+
+    def load_small_only(folder, *args, **kwargs):
+        """Load a cached model folder unless it holds real weights (tests put tiny models
+        where the cache is, for the corrupt-cache checks)."""
+        if sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")) > 20e6:
+            raise RuntimeError(message)
+        return load_hf_dir(folder, *args, **kwargs)
+
+    def no_minilm():
+        """MiniLM's weights: refused once its package is found to be installed."""
+        bundled._package_dir(bundled.BUNDLED_MODELS["minilm-l6"])
+        raise RuntimeError(message)
+
+    bundled.load_hf_dir = load_small_only
+    bundled.load_minilm = no_minilm
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)

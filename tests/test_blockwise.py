@@ -54,14 +54,31 @@ def assert_paths_agree(model, options=SMALL, budget=2**14):
         b = stream_statistics(model, batches, reducers, attention="blocks", block_memory=budget)
         assert sorted(a.sums) == sorted(b.sums)
         for k in a.sums:
-            torch.testing.assert_close(b.sums[k], a.sums[k], atol=1e-4, rtol=1e-5, msg=k)
             torch.testing.assert_close(b.counts[k], a.counts[k], atol=1e-9, rtol=0, msg=k)
             ua, ub = a.units(k), b.units(k)
             assert (ua is None) == (ub is None), k
-            if ua is not None and ub is not None:
-                torch.testing.assert_close(ub[0], ua[0], atol=1e-4, rtol=1e-5, msg=k)
+            if k.endswith(".hit"):
+                # an argmax: where a row's two largest weights tie to rounding, the two
+                # paths' summation orders may pick different keys (seen on an AVX-512 CPU:
+                # 1 of SmolLM2's 258 rows of one head); a wrong hit rule moves many rows
+                _assert_few_flips(b.sums[k], a.sums[k], a.counts[k], k)
+                if ua is not None and ub is not None:
+                    _assert_few_flips(ub[0], ua[0], ua[1], k)
+            else:
+                torch.testing.assert_close(b.sums[k], a.sums[k], atol=1e-4, rtol=1e-5, msg=k)
+                if ua is not None and ub is not None:
+                    torch.testing.assert_close(ub[0], ua[0], atol=1e-4, rtol=1e-5, msg=k)
             checked += 1
     assert checked > 10
+
+
+def _assert_few_flips(got, want, rows, what: str) -> None:
+    """Hit counts equal up to rare argmax flips: every count differs by whole rows, and by
+    at most 1 row in 100 (and at least 1) of the rows counted."""
+    diff = (got - want).abs()
+    assert torch.allclose(diff, diff.round(), atol=1e-6), what
+    allowed = torch.clamp(0.01 * torch.as_tensor(rows, dtype=diff.dtype), min=1.0)
+    assert bool((diff <= allowed).all()), (what, float(diff.max()))
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
@@ -73,11 +90,13 @@ def test_toy_induction_blocks_equal_pattern():
     assert_paths_agree(headmech.load_model("toy-induction"))
 
 
+@pytest.mark.slow
 def test_smollm2_blocks_equal_pattern(smollm2):
     assert engine._pattern_free(smollm2) == ("call", None)
     assert_paths_agree(smollm2, budget=2**20)
 
 
+@pytest.mark.slow
 def test_gemma3_blocks_equal_pattern(gemma3):
     """Sliding windows in 15 of 18 layers, q/k norms, one KV head: inside the attention
     call, every statistic of every type equals the eager pattern's."""
@@ -85,6 +104,7 @@ def test_gemma3_blocks_equal_pattern(gemma3):
     assert_paths_agree(gemma3, budget=2**20)
 
 
+@pytest.mark.slow
 def test_minilm_blocks_equal_pattern(minilm):
     assert_paths_agree(minilm, budget=2**18)
 
@@ -243,6 +263,7 @@ def test_blocks_with_bf16_accumulate_in_fp32(tiny_dirs):
     assert float((bf16_sums - want).abs().max()) > 100 * tolerance
 
 
+@pytest.mark.slow
 def test_blocks_run_inside_the_attention_call(smollm2, monkeypatch):
     """In the pattern-free path SmolLM2 attends through headmech's attention function
     (the fused kernel, every layer), no hook reads the pattern, and hook_z reducers still

@@ -27,6 +27,8 @@ from headmech.claims import control_space
 from headmech.cli import main
 from headmech.report import validation_line
 
+pytestmark = pytest.mark.slow  # the bundled real models and the toy
+
 MODELS = ("toy-induction", "minilm-l6", "smollm2-135m", "gemma3-270m")
 DECODERS = ("toy-induction", "smollm2-135m", "gemma3-270m")
 
@@ -248,7 +250,7 @@ def test_bfloat16_classify(loads, outputs, capsys):
     code, printed, err = run(capsys, *argv)
     assert code == 0, err[-2000:]
     data = json.loads((out / "catalog.json").read_text())
-    assert data["provenance"]["dtype"] == "bfloat16" if "dtype" in data["provenance"] else True
+    assert data["provenance"]["model"]["dtype"] == "bfloat16"  # where provenance records it
     assert data["types"]["induction"]["heads"]  # bf16 weights still find induction heads
 
 

@@ -1,16 +1,28 @@
-"""Every catalog head type passes the conformance checks (headmech.testing), and every
-type's targets are checked against an independent, hand-written definition.
+"""Every catalog head type passes the conformance checks (headmech.testing), and what the
+positive controls rest on is checked independently of the types themselves.
 
-The harness' positive control plants a type's own ``ideal_pattern`` (built from its own
-``targets()``) and scores it with the same class, so a wrong ``targets()`` passes it (see
+Types scored from attention: the harness' positive control plants a type's own
+``ideal_pattern`` (built from its own ``targets()``) and scores it with the same class, so
+a wrong ``targets()`` passes it (see
 :func:`test_a_wrong_targets_passes_the_harness_but_not_the_hand_definition`). Here each
 type's perfect head is written out again by hand, from the probe's tokens and data alone,
 in plain Python loops (``HAND``): the type's ``ideal_pattern`` must equal it entry for
 entry, and a head planted with the hand-written pattern must be the type's top head.
+
+Types scored from weights or from runs of the model (copy_suppression, successor,
+function_vector, inactive): nothing is planted; the positive control is a tiny model built
+by hand (``headmech.testing.POSITIVE_CONTROLS``) whose head PLANTED does the job, and the
+type's own score, computed from that model as from any other, must rank it first. Here
+each hand-built head is shown to do its job by a direct reading of the model (attention,
+its direct effect on the logits, the answer's probability with and without it), and the
+score function is mutated (a sign flipped, a wrong index, a weight left out) to show that
+a wrong score fails the positive control.
 """
 
 from __future__ import annotations
 
+import inspect
+import textwrap
 import warnings
 from collections.abc import Callable
 
@@ -21,13 +33,20 @@ from headmech.catalog.induction import InductionHead
 from headmech.catalog.previous_token import PreviousTokenHead
 from headmech.engine import HeadStats, ProbeBatch, stream_statistics
 from headmech.heads import HeadType, get_head_type, head_types
-from headmech.interventions import Intervention, Set, applied
+from headmech.interventions import Intervention, Set, Zero, applied, capture
 from headmech.probes import build_probe
+from headmech.probes.icl import shuffle_labels
+from headmech.probes.ordinal import ordinal_runs
 from headmech.testing import (
     CONTROL_OPTIONS,
     PLANTED,
+    POSITIVE_CONTROLS,
     check_positive_control,
+    copy_suppression_model,
+    function_vector_model,
     head_type_checks,
+    inactive_model,
+    successor_model,
     tiny_model,
 )
 
@@ -262,8 +281,8 @@ HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "concept_induction": _concept,
     "semantic_induction": _semantic,
 }
-# types whose score reads the attention pattern (the others score weights or effects:
-# their targets only shape the pattern a user plants)
+# types whose score reads the attention pattern (the others score weights or runs of the
+# model: their positive control is a hand-built model, checked at the end of this file)
 ATTENTION_SCORED = [
     "previous_token", "positional", "duplicate_token", "induction", "attention_sink",
     "rare_word", "syntactic", "retrieval", "name_mover", "negative_name_mover", "s_inhibition",
@@ -307,6 +326,7 @@ def _planted_stats(t: HeadType, model, batches: list[ProbeBatch], pattern) -> He
 def test_every_type_has_a_hand_definition():
     assert sorted(HAND) == sorted(head_types())
     assert set(ATTENTION_SCORED) <= set(HAND)
+    assert set(HAND) - set(ATTENTION_SCORED) == set(POSITIVE_CONTROLS)
 
 
 @pytest.mark.parametrize("name", sorted(HAND))
@@ -372,3 +392,135 @@ def test_a_wrong_targets_passes_the_harness_but_not_the_hand_definition(wrong):
 
     stats = _planted_stats(t, model, probe.batches, pattern)
     assert PLANTED not in t.select(t.score(stats), stats)
+
+
+# --- hand-built positive controls: the head does the job, a wrong score misses it ------
+
+
+def _planted(model, batch, *sites: str) -> list[torch.Tensor]:
+    """Head PLANTED's activations at ``blocks.1.attn.hook_{site}`` (head axis removed)."""
+    names = [f"blocks.{PLANTED.layer}.attn.hook_{s}" for s in sites]
+    got = capture(model, batch, names)
+    return [got[n][:, PLANTED.head] if s == "pattern" else got[n][:, :, PLANTED.head] for s, n in zip(sites, names, strict=True)]  # fmt: skip
+
+
+def _direct_logits(model, z: torch.Tensor) -> torch.Tensor:
+    """What head PLANTED's output ``z`` adds to the logits through the unembedding alone."""
+    w_o = model.W_O[PLANTED.layer, PLANTED.head].detach().float()
+    return z @ w_o @ model.W_U.detach().float()  # [..., d_vocab]
+
+
+def test_hand_built_copy_suppressor_lowers_the_token_it_attends_to():
+    """On prose, PLANTED attends to the copies of the current token (itself and earlier
+    ones), and where an earlier copy exists that token gets the lowest logit of the whole
+    vocabulary from the head."""
+    model = copy_suppression_model()
+    n = 0
+    for batch in build_probe("prose", model, CONTROL_OPTIONS).batches:
+        pattern, z = _planted(model, batch, "pattern", "z")
+        ids, real = batch.input_ids, batch.attention_mask.bool() & ~batch.special
+        same = ids[:, :, None] == ids[:, None, :]
+        assert float((pattern * same).sum(-1)[real].min()) > 0.9
+        earlier = (same & torch.ones_like(same[0]).tril(-1)).any(-1) & real
+        lowest = _direct_logits(model, z[earlier]).argmin(-1)
+        assert torch.equal(lowest, ids[earlier])
+        n += int(earlier.sum())
+    assert n >= 20
+
+
+def test_hand_built_successor_head_writes_the_next_item():
+    """On the ordinal probe, each comma before a next item attends to the item before it,
+    and among the task's items the head's direct effect is highest on the next item."""
+    model = successor_model()
+    runs = ordinal_runs(model.tokenizer)
+    n = 0
+    for batch in build_probe("ordinal", model, CONTROL_OPTIONS).batches:
+        pattern, z = _planted(model, batch, "pattern", "z")
+        logits = _direct_logits(model, z)
+        for row, pos in batch.extras["next_item"].nonzero().tolist():
+            assert float(pattern[row, pos, pos - 1]) > 0.9
+            items = torch.tensor([t for run in runs[batch.extras["task"][row]] for t in run])
+            best = items[logits[row, pos, items].argmax()]
+            assert int(best) == int(batch.input_ids[row, pos + 1])
+            n += 1
+    assert n >= 16 * 3
+
+
+def test_hand_built_inactive_head_parks_on_bos_and_writes_nothing():
+    """On every domain PLANTED's output norm is below 1% of its layer's other heads'; where
+    a sequence starts with BOS it puts its attention there."""
+    model = inactive_model()
+    w_o = model.W_O[PLANTED.layer].detach().float()  # [n_heads, d_head, d_model]
+    for batch in build_probe("domains", model, CONTROL_OPTIONS).batches:
+        z = capture(model, batch, [f"blocks.{PLANTED.layer}.attn.hook_z"])
+        z = next(iter(z.values()))[batch.attention_mask.bool()]  # [token, n_heads, d_head]
+        norms = torch.einsum("thd,hdm->thm", z, w_o).norm(dim=-1).mean(0)  # [n_heads]
+        others = torch.cat([norms[: PLANTED.head], norms[PLANTED.head + 1 :]])
+        assert float(norms[PLANTED.head]) < 0.01 * float(others.min())
+        if batch.extras["domain"] == "repeated_random":
+            (pattern,) = _planted(model, batch, "pattern")
+            assert float(pattern[:, 1:, 0].min()) > 0.9
+
+
+def _p_answer(model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(batch.input_ids, attention_mask=batch.attention_mask)
+    p = logits[:, -1].float().softmax(-1)
+    return p[torch.arange(len(p)), batch.extras["answer"]]
+
+
+def test_hand_built_function_vector_head_carries_the_task():
+    """The model answers in-context prompts, echoes the query when the examples' answers
+    are shuffled, and echoes it too without PLANTED, which at the query attends to the
+    examples' answers."""
+    model = function_vector_model()
+    ablated = [Intervention.on([PLANTED], Zero(), site="z")]
+    for batch in build_probe("icl", model, CONTROL_OPTIONS).batches:
+        assert float(_p_answer(model, batch).mean()) > 0.9
+        assert float(_p_answer(model, shuffle_labels(batch, model, 0)).mean()) < 0.1
+        with applied(model, ablated):
+            assert float(_p_answer(model, batch).mean()) < 0.1
+        (pattern,) = _planted(model, batch, "pattern")  # antonyms: some queries are answers too
+        assert float((pattern[:, -1] * batch.extras["label"]).sum(-1).mean()) > 0.9
+
+
+def _mutant(module_name: str, function: str, old: str, new: str) -> Callable:
+    """``module.function`` compiled again from its source with ``old`` replaced by ``new``."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    source = textwrap.dedent(inspect.getsource(getattr(module, function)))
+    assert source.count(old) == 1, f"{old!r} is not once in {function}"
+    namespace = dict(vars(module))
+    exec(compile(source.replace(old, new), f"<mutant of {function}>", "exec"), namespace)
+    return namespace[function]
+
+
+# (type, module, function, original, mutation): each mutation leaves the type's score
+# running and wrong; a control that planted the score's statistic passed every one
+MUTANTS = [
+    ("copy_suppression", "headmech.catalog.copy_suppression", "suppression_scores",
+     "_, below = own_token_ranks", "below, _ = own_token_ranks"),  # counts raised tokens
+    ("successor", "headmech.catalog.successor", "succession_counts",
+     "== (src + 1)", "== (src - 1)"),  # the previous item
+    ("successor", "headmech.catalog.successor", "succession_counts",
+     "logits.argmax(-1)", "logits.argmin(-1)"),
+    ("function_vector", "headmech.catalog.function_vector", "indirect_effects",
+     "(clean - values)", "(values - clean)"),
+    ("function_vector", "headmech.catalog.function_vector", "indirect_effects",
+     '"z", pos=-1', '"z", pos=0'),  # patched at the first token, not the query
+    ("inactive", "headmech.catalog.inactive", "output_norms",
+     'torch.einsum("nhd,hdm->nhm", z[la][real], w_o[la].to(z.device))',
+     "z[la][real]"),  # the norm of z, without W_O
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "function", "old", "new"), MUTANTS, ids=[f"{m[0]}-{m[4]}" for m in MUTANTS]
+)
+def test_a_wrong_score_fails_the_hand_built_control(monkeypatch, name, module, function, old, new):
+    head_type = get_head_type(name)()
+    POSITIVE_CONTROLS[name]()  # built before the mutation: the model does not depend on it
+    monkeypatch.setattr(module + "." + function, _mutant(module, function, old, new))
+    with pytest.raises(AssertionError, match="planted head"):
+        check_positive_control(head_type)

@@ -21,13 +21,22 @@ How the definitions relate, and what is compared:
   detector with that pattern's special-token rows and columns cleared (and the raw
   detector differs from it by exactly the attention from position 1 to BOS).
 
-The catalog's bootstrap intervals are checked too: a percentile bootstrap written here
-over the detector's per-sequence numbers, with headmech's resample counts.
+The catalog's bootstrap intervals are checked too: classify runs on resamples drawn here
+with NumPy's Generator (handed to it in place of ``bootstrap_weights``), and a percentile
+bootstrap written here over the detector's per-sequence numbers on the same draws must
+give its limits. ``bootstrap_weights`` itself is checked against NumPy and SciPy in
+``tests/test_uncertainty.py``.
+
+The published attention examples (``catalog/smollm2-135m/examples.json``, which the
+site's head pages draw) are checked against the pattern TransformerLens' own
+``run_with_cache`` gives on the same token ids.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,12 +49,16 @@ from transformer_lens.head_detector import (
 )
 
 import headmech
-from headmech.engine import stream_statistics
+import headmech.uncertainty
+from headmech.engine import ProbeBatch, stream_statistics, target_reducer
+from headmech.examples import example_texts, labelled_heads
 from headmech.heads import get_head_type
 from headmech.probes import ProbeOptions, build_probe
-from headmech.uncertainty import LEVEL, N_BOOT, bootstrap_weights
+from headmech.uncertainty import LEVEL, N_BOOT
 
 pytestmark = pytest.mark.slow  # SmolLM2 (once per session)
+
+CATALOG = Path(__file__).resolve().parent.parent / "catalog" / "smollm2-135m"
 
 OPTIONS = ProbeOptions(n_sequences=8, half_len=16, n_sentences=8, batch_size=8, seed=0)
 
@@ -148,22 +161,34 @@ def prose(smollm2):
     return probe, detected
 
 
+def _resamples(n_units: int, n_boot: int, seed: int) -> np.ndarray:
+    """``[n_boot, n_units]`` sequence indices drawn with replacement by NumPy's Generator."""
+    return np.random.default_rng(seed).integers(0, n_units, (n_boot, n_units))
+
+
+def _numpy_weights(n_units: int, n_boot: int = N_BOOT, seed: int = 0) -> torch.Tensor:
+    """:func:`_resamples` as the counts ``bootstrap_weights`` returns."""
+    idx = _resamples(n_units, n_boot, seed)
+    counts = np.stack([np.bincount(row, minlength=n_units) for row in idx])
+    return torch.tensor(counts, dtype=torch.float64)
+
+
 @pytest.fixture(scope="module")
 def catalog(smollm2):
-    return headmech.classify(
-        smollm2, ["induction", "duplicate_token", "previous_token"], **vars(OPTIONS)
-    )
+    with pytest.MonkeyPatch.context() as mp:  # classify on the resamples drawn here
+        mp.setattr(headmech.uncertainty, "bootstrap_weights", _numpy_weights)
+        return headmech.classify(
+            smollm2, ["induction", "duplicate_token", "previous_token"], **vars(OPTIONS)
+        )
 
 
 def _hand_interval(d: Detected, seed: int) -> np.ndarray:
     """Percentile bootstrap of Σ_s num_s / Σ_s n_target_s over the sequences, written
-    out: each resample's sequences listed by index from headmech's resample counts."""
+    out: each resample's sequences by index, drawn with NumPy's Generator."""
     num = (d.score * d.n[:, None, None]).numpy()
     den = d.n_target.numpy()
-    weights = bootstrap_weights(len(den), N_BOOT, seed).numpy()
     samples = []
-    for w in weights:
-        idx = np.repeat(np.arange(len(den)), w.astype(int))
+    for idx in _resamples(len(den), N_BOOT, seed):
         samples.append(num[idx].sum(0) / den[idx].sum())
     pct = [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2]
     return np.percentile(np.stack(samples), pct, axis=0)
@@ -189,7 +214,7 @@ def test_rows_statistic_is_the_detectors_mul_score(smollm2, repeated, prose, nam
 def test_catalog_score_and_interval_from_the_detector(catalog, repeated, prose, name):
     """classify's score is the detector's mass on the targets per query that has one;
     its bootstrap interval is the hand percentile bootstrap of the detector's
-    per-sequence numbers on the same resamples."""
+    per-sequence numbers on the same (NumPy-drawn) resamples."""
     d = (prose if name == "previous_token" else repeated)[1][name]
     r = catalog[name]
     want = d.per_target_query()
@@ -202,12 +227,58 @@ def test_catalog_score_and_interval_from_the_detector(catalog, repeated, prose, 
     assert float((r.high - r.low).max()) > 0.01  # 8 sequences: the intervals have width
 
 
-def test_raw_previous_token_detector_adds_the_attention_to_bos(prose):
-    """The raw detector differs from the reference by exactly each sequence's attention
-    from position 1 to BOS, which headmech leaves out: the one difference in definition."""
-    _, detected = prose
+def _to_bos(batch: ProbeBatch) -> torch.Tensor:
+    """Query 1's target is BOS (key 0); no other query has one."""
+    t = torch.full_like(batch.input_ids, -1)  # [batch, query_pos]
+    t[:, 1] = 0
+    return t
+
+
+def test_raw_previous_token_detector_adds_the_attention_to_bos(smollm2, prose):
+    """The raw detector differs from headmech's previous_token statistics by exactly each
+    sequence's attention from position 1 to BOS, which headmech leaves out: the one
+    difference in definition. headmech's side is its own streamed per-sequence sums (and
+    its own attention from 1 to BOS); TransformerLens' side its detector and cache."""
+    probe, detected = prose
     raw, ref = detected["raw"], detected["previous_token"]
-    assert torch.equal(raw.n, ref.n) and bool((raw.n_target == ref.n_target + 1).all())
-    extra = (raw.score - ref.score) * raw.n[:, None, None]  # [n_seq, n_layers, n_heads]
-    torch.testing.assert_close(extra, ref.bos, atol=1e-5, rtol=0)
-    assert float(extra.max()) > 0.5  # not negligible: sink heads put most of it on BOS
+    reducers = [*get_head_type("previous_token")().reducers(), target_reducer("bos", _to_bos)]
+    stats = stream_statistics(smollm2, probe.batches, reducers)
+    mine, _ = stats.units("previous_token.rows")  # [n_seq, n_layers, n_heads]
+    _, n_target = stats.units("previous_token.mass")
+    bos, _ = stats.units("bos.rows")
+    # the detector's pattern has one query more than headmech's targets: position 1
+    torch.testing.assert_close(n_target[:, 0, 0], ref.n_target)
+    torch.testing.assert_close(raw.n_target, ref.n_target + 1)
+    # sums over a sequence's queries (up to ~20 in mass): float32 to a relative 1e-5
+    torch.testing.assert_close(mine, ref.score * ref.n[:, None, None], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(bos, ref.bos, atol=1e-5, rtol=0)  # headmech's vs TL's cache
+    raw_mass = raw.score * raw.n[:, None, None]
+    torch.testing.assert_close(raw_mass, mine + bos, atol=1e-5, rtol=1e-5)
+    assert float(bos.max()) > 0.5  # not negligible: sink heads put most of it on BOS
+
+
+def test_published_examples_are_the_models_attention(smollm2):
+    """Every labelled head's rows in examples.json are the model's attention on the
+    example texts (run_with_cache's ``hook_pattern``), to the file's 3 decimals."""
+    data = json.loads((CATALOG / "examples.json").read_text())
+    catalog = json.loads((CATALOG / "catalog.json").read_text())
+    assert data["weights_sha256"] == catalog["provenance"]["model"]["weights_sha256"]
+    assert set(data["heads"]) == {str(h) for h in labelled_heads(catalog)}
+    assert data["causal"] is True
+    texts = example_texts(smollm2)
+    assert [t["probe"] for t in data["texts"]] == [probe for probe, _ in texts]
+    for i, (text, (_, ids)) in enumerate(zip(data["texts"], texts, strict=True)):
+        # the same tokens: each id decodes to the stored string
+        assert text["tokens"] == [smollm2.tokenizer.decode([t]).replace("\n", "\\n") for t in ids]
+        _, cache = smollm2.run_with_cache(torch.tensor([ids]))
+        n = len(ids)
+        for name, per_text in data["heads"].items():
+            layer, head = (int(x) for x in name.removeprefix("L").split("H"))
+            want = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].double().numpy()
+            rows = per_text[i]
+            assert [len(r) for r in rows] == list(range(1, n + 1)), name  # causal rows
+            got = np.zeros((n, n))
+            for q, row in enumerate(rows):
+                got[q, : q + 1] = row
+            # rounded to 3 decimals (5e-4), plus float32 noise
+            np.testing.assert_allclose(got, np.tril(want), atol=6e-4, rtol=0, err_msg=name)

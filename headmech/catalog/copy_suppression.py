@@ -74,8 +74,9 @@ class CopySuppressionHead(HeadType):
         return f"{type(self).__name__}(threshold={self.threshold}{more})"
 
     def targets(self, batch: ProbeBatch) -> Tensor:
-        """A copy suppressor attends to an earlier copy of the current token: the planted
-        pattern of positive controls (each query's latest earlier copy, else none)."""
+        """A copy suppressor attends to an earlier copy of the current token (each query's
+        latest earlier copy, else none): what :meth:`ideal_pattern` plants; the score reads
+        the OV circuit alone."""
         ids = batch.input_ids
         n = ids.shape[1]
         earlier = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril(-1)
@@ -91,9 +92,6 @@ class CopySuppressionHead(HeadType):
         return {
             "suppression": suppression_scores(model, word_tokens(model.tokenizer, self.n_tokens))
         }
-
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        return {"suppression": 1.0}
 
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         return stats.mean(f"{self.name}.suppression")

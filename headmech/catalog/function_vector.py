@@ -79,9 +79,6 @@ class FunctionVectorHead(HeadType):
     def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
         return {"aie": indirect_effects(model, _first(batches, self.max_prompts))}
 
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        return {"aie": 1.0}
-
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         return stats.mean(f"{self.name}.aie")

@@ -87,9 +87,6 @@ class InactiveHead(HeadType):
         out["ratio"] = torch.stack(list(ratios.values())).amax(0)
         return out
 
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        return {"ratio": 0.0}
-
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         return 1.0 - stats.mean(f"{self.name}.ratio")

@@ -50,7 +50,8 @@ class SuccessorHead(HeadType):
     # --- what the engine computes -------------------------------------------------
     def targets(self, batch: ProbeBatch) -> Tensor:
         """The comma before the next item attends to the previous item (the token the OV
-        circuit increments): the planted pattern of positive controls."""
+        circuit increments): what :meth:`ideal_pattern` plants; the score reads the OV
+        circuit alone."""
         pos = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)
         return torch.where(batch.extras["next_item"], pos - 1, -1)
 
@@ -65,9 +66,6 @@ class SuccessorHead(HeadType):
             if pairs[i] > 0  # tasks without a single-token run are left out
         }
         return {"succession": succeeded.sum(0) / pairs.sum().clamp(min=1), **per_task}
-
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        return {"succession": 1.0}
 
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
