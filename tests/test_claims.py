@@ -227,7 +227,8 @@ def test_update_keeps_the_other_types_bytes(tmp_path):
         assert after["types"]["induction"][key] == before["types"]["induction"][key]
     assert after["types"]["induction"]["details"]["validation"]["verdict"] == "degenerate controls"
     update = after["provenance"]["validation_updates"][-1]
-    assert update["types"] == ["induction"] and update["seconds"]["induction"] > 0
+    # seconds are rounded to 0.1: a fast machine updates the toy's type in under 0.05 s
+    assert update["types"] == ["induction"] and update["seconds"]["induction"] >= 0
     run = json.loads((tmp_path / "toy-induction" / "run.json").read_text())
     assert run["updates"][-1] == update
     readme = (tmp_path / "README.md").read_text()

@@ -16,8 +16,8 @@ TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 
 
-def test_there_are_ten_tutorials_without_stored_outputs():
-    expected = ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
+def test_there_are_eleven_tutorials_without_stored_outputs():
+    expected = ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11"]
     assert [p.name[:2] for p in NOTEBOOKS] == expected
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
