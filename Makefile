@@ -19,7 +19,8 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 # COVERAGE=1 (CI: .ci/run): line and branch coverage of headmech/ (pytest-cov), the uncovered
 # lines listed, and the floor of tests/coverage_floor.py enforced (+2 min on this machine).
-# Processes the tests start (torchrun, notebook kernels) are not measured.
+# Processes the tests start (torchrun ranks, `python -m headmech`) are measured too
+# (coverage's patch = subprocess, pyproject.toml); the notebook kernels are not.
 COVERAGE ?=
 COV_ARGS := $(if $(COVERAGE),--cov=headmech --cov-report=term-missing:skip-covered --cov-report=json:coverage.json)
 

@@ -47,6 +47,10 @@ def kernel_name(tmp_path_factory) -> str:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
     monkeypatch.setenv("HEADMECH_TUTORIAL_SMALL", "1")
+    # the kernel is not measured by coverage (COVERAGE=1 measures the processes tests start):
+    # the notebooks call the library paths the tests cover, and tracing them costs minutes
+    monkeypatch.delenv("COVERAGE_PROCESS_CONFIG", raising=False)
+    monkeypatch.delenv("COVERAGE_PROCESS_START", raising=False)
     # ipykernel's inline backend (headless, like Agg): figures become PNG outputs, which
     # the rendered copy in the atlas shows
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
