@@ -131,7 +131,7 @@ class HeadType:
         """Values of :meth:`weight_statistics` and :meth:`model_statistics` for a perfect
         head, planted beside the pattern by the positive control of a type scored from
         attention. A type scored from weights or interventions alone gets a hand-built
-        model instead (``headmech.testing.POSITIVE_CONTROLS``), never planted values."""
+        model instead (``headmech.controls.POSITIVE_CONTROLS``), never planted values."""
         return {}
 
     def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:

@@ -11,7 +11,7 @@ entry, and a head planted with the hand-written pattern must be the type's top h
 
 Types scored from weights or from runs of the model (copy_suppression, successor,
 function_vector, inactive): nothing is planted; the positive control is a tiny model built
-by hand (``headmech.testing.POSITIVE_CONTROLS``) whose head PLANTED does the job, and the
+by hand (``headmech.controls.POSITIVE_CONTROLS``) whose head PLANTED does the job, and the
 type's own score, computed from that model as from any other, must rank it first. Here
 each hand-built head is shown to do its job by a direct reading of the model (attention,
 its direct effect on the logits, the answer's probability with and without it), and the
@@ -31,24 +31,21 @@ import torch
 
 from headmech.catalog.induction import InductionHead
 from headmech.catalog.previous_token import PreviousTokenHead
+from headmech.controls import (
+    PLANTED,
+    POSITIVE_CONTROLS,
+    copy_suppression_model,
+    function_vector_model,
+    inactive_model,
+    successor_model,
+)
 from headmech.engine import HeadStats, ProbeBatch, stream_statistics
 from headmech.heads import HeadType, get_head_type, head_types
 from headmech.interventions import Intervention, Set, Zero, applied, capture
 from headmech.probes import build_probe
 from headmech.probes.icl import shuffle_labels
 from headmech.probes.ordinal import ordinal_runs
-from headmech.testing import (
-    CONTROL_OPTIONS,
-    PLANTED,
-    POSITIVE_CONTROLS,
-    check_positive_control,
-    copy_suppression_model,
-    function_vector_model,
-    head_type_checks,
-    inactive_model,
-    successor_model,
-    tiny_model,
-)
+from headmech.testing import CONTROL_OPTIONS, check_positive_control, head_type_checks, tiny_model
 
 
 @pytest.mark.parametrize(("head_type", "check"), list(head_type_checks()))
