@@ -462,6 +462,34 @@ def test_pattern_blocks_follow_the_memory_budget(causal, monkeypatch):
     torch.testing.assert_close(blocks.sums["spy.proj"], eager.sums["spy.proj"], atol=1e-5, rtol=0)
 
 
+def test_a_target_beyond_a_blocks_keys_gets_no_mass(causal):
+    """A set of target keys may name keys a causal query cannot see: "the next token". A
+    block of query rows holds only the keys up to its last row, so the last row's next
+    token lies one past the block's keys: it is left out (mass 0, as on the whole pattern),
+    not read out of bounds."""
+    from headmech import blockwise
+    from headmech.engine import stream_statistics, target_reducer
+
+    batch = _batch(n_pos=9, pad=None)
+
+    def next_token(b):
+        n = b.input_ids.shape[1]
+        return (
+            torch.eye(n, dtype=torch.bool)
+            .roll(1, dims=1)
+            .triu(1)
+            .expand(b.input_ids.shape[0], n, n)
+        )
+
+    reducers = [target_reducer("next", next_token)]
+    budget = 3 * 2 * 4 * 9 * blockwise._BYTES_PER_ENTRY  # blocks of 3 rows
+    blocks = stream_statistics(causal, [batch], reducers, attention="blocks", block_memory=budget)
+    eager = stream_statistics(causal, [batch], reducers, attention="pattern")
+    for got in (blocks, eager):
+        assert float(got.sums["next.mass"].abs().max()) == 0.0
+        assert float(got.counts["next.mass"].min()) == 16.0  # 8 queries with a target, x 2
+
+
 @pytest.mark.parametrize("attention", ["pattern", "blocks"])
 def test_no_attention_pattern_outlives_a_pass(causal, attention):
     """The argmax cache of the last pattern block is dropped after every layer, so no
