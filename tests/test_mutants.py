@@ -490,6 +490,23 @@ def test_a_target_beyond_a_blocks_keys_gets_no_mass(causal):
         assert float(got.counts["next.mass"].min()) == 16.0  # 8 queries with a target, x 2
 
 
+@pytest.mark.parametrize("attention", ["pattern", "auto"])
+def test_every_visible_key_with_the_query_itself_holds_the_whole_row(causal, attention):
+    """Targets = every key a causal query sees, itself included: each real row's mass is 1
+    on every head, from the whole pattern and from the call's points (a rule that drops
+    the diagonal, the query's attention to itself, loses that key's weight)."""
+    from headmech.engine import stream_statistics, target_reducer
+
+    batch = _batch(n_pos=9, pad=None)
+
+    def visible(b):
+        n = b.input_ids.shape[1]
+        return torch.ones(n, n, dtype=torch.bool).tril().expand(b.input_ids.shape[0], n, n)
+
+    got = stream_statistics(causal, [batch], [target_reducer("all", visible)], attention=attention)
+    torch.testing.assert_close(got.mean("all.mass"), torch.ones(2, 4), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("attention", ["pattern", "blocks"])
 def test_no_attention_pattern_outlives_a_pass(causal, attention):
     """The argmax cache of the last pattern block is dropped after every layer, so no
