@@ -62,7 +62,9 @@ def type_verdict(t: dict[str, Any], n_layers: int, n_heads: int) -> str:
     v = t["details"].get("validation")
     if not v:
         return "not run"
-    _, possible = control_space(t["heads"], n_layers, n_heads, v.get("control", "none"))
+    _, possible = control_space(
+        t["heads"], n_layers, n_heads, v.get("control", "none"), v.get("excluded_from_controls", [])
+    )
     return verdict(v, possible)
 
 
@@ -118,7 +120,10 @@ def _verdict_rows(data: dict[str, Any]) -> list[str]:
                 f"| {k_effect} | {k_control} | **{k['verdict']}** |"
             )
         if verdict == "degenerate controls":
-            pool, n = control_space(t["heads"], m["n_layers"], m["n_heads"], v["control"])
+            pool, n = control_space(
+                t["heads"], m["n_layers"], m["n_heads"], v["control"],
+                v.get("excluded_from_controls", []),
+            )  # fmt: skip
             notes.append(
                 f"- `{name}`: controls degenerate: only {n} distinct control set(s) exist "
                 f"({pool} unlabelled heads to draw from), "

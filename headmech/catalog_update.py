@@ -93,8 +93,8 @@ def update_validations(
     for t in types:
         head_type = get_head_type(t)(**(type_options or {}).get(t, {}))
         t1 = time.perf_counter()
-        v = _validation(model, head_type, labelled[t], options, n_random, labelled)
-        data["types"][t]["details"]["validation"] = json.loads(dumps(v))
+        v = _validation(model, head_type, labelled[t], options, n_random, labelled, *_of(data, t))
+        _store_validation(data["types"][t], v)
         seconds[t] = round(time.perf_counter() - t1, 1)
     record = {"types": list(types), **_run_record(command, seconds, t0, c0)}
     data["provenance"].setdefault("validation_updates", []).append(record)
@@ -104,6 +104,24 @@ def update_validations(
     run.setdefault("updates", []).append(record)
     run_path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
     return record
+
+
+def _of(data: dict[str, Any], name: str) -> tuple[list[HeadIndex], list[HeadIndex]]:
+    """A published type's heads kept out of the controls (they may be of the type:
+    :meth:`headmech.results.TypeResult.not_controls`) and its heads at or above the
+    threshold but not labelled (each ablated alone too), from ``catalog.json``."""
+    from headmech.results import TypeResult
+
+    m = data["model"]
+    r = TypeResult.from_json(name, data["types"][name], (int(m["n_layers"]), int(m["n_heads"])))
+    return sorted(r.not_controls()), [HeadIndex.parse(e["head"]) for e in r.not_labelled]
+
+
+def _store_validation(entry: dict[str, Any], v: dict[str, Any]) -> None:
+    """A validation record into a type's entry: ``per_head`` beside ``details``."""
+    v = json.loads(dumps(v))
+    entry["per_head"] = v.pop("per_head", {})
+    entry["details"]["validation"] = v
 
 
 def _merge(data: dict[str, Any], new: dict[str, Any]) -> None:
@@ -146,8 +164,10 @@ def _validate(
     for t in types:
         t1 = time.perf_counter()
         head_type = get_head_type(t)(**size.type_options.get(t, {}))
-        v = _validation(model, head_type, labelled[t], options, size.n_random, labelled)
-        data["types"][t]["details"]["validation"] = json.loads(dumps(v))
+        v = _validation(
+            model, head_type, labelled[t], options, size.n_random, labelled, *_of(data, t)
+        )
+        _store_validation(data["types"][t], v)
         seconds[t] = round(time.perf_counter() - t1, 1)
     return seconds
 

@@ -10,7 +10,7 @@ is worse) each time; :func:`headmech.classify` runs it for every type with
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,62 +25,81 @@ if TYPE_CHECKING:
 __all__ = ["validate_heads"]
 
 
+MAX_PER_HEAD = 24  # labelled heads ablated one at a time (the highest scores first)
+MAX_REJECTED = 8  # heads at or above the threshold but not labelled, ablated one at a time
+
+
 def _controls(
-    info: ModelInfo, heads: Sequence[HeadIndex], n_random: int, seed: int
+    info: ModelInfo,
+    heads: Sequence[HeadIndex],
+    n_random: int,
+    seed: int,
+    excluded: Collection[HeadIndex] = (),
 ) -> tuple[list[list[HeadIndex]], str, str]:
-    """Control head sets: as many heads per layer as ``heads`` has there, none of them
-    labelled. Where a layer has too few unlabelled heads, the sets fall back to any layer
-    (with a warning); where the model has too few unlabelled heads at all, there is no
-    control. Returns ``(sets, kind, note)``."""
+    """Control head sets: as many heads per layer as ``heads`` has there, drawn only from
+    the heads that are not of the type (neither labelled nor in ``excluded``: at or above
+    the threshold, or with an interval reaching it; :meth:`TypeResult.not_controls`).
+    Where a layer has too few such heads, the sets fall back to any layer (with a
+    warning); where the model has too few at all, there is no control. Returns
+    ``(sets, kind, note)``."""
     import warnings
 
-    free = info.n_layers * info.n_heads - len(set(heads))
+    banned = set(heads) | set(excluded)
+    total = info.n_layers * info.n_heads
+    free = total - len(banned)
     if not heads or n_random < 1:
         return [], "none", "no labelled heads" if not heads else "n_random is 0"
     if free < len(heads):
+        more = len(banned) - len(set(heads))
         note = (
-            f"no control possible: {len(heads)} of {info.n_layers * info.n_heads} heads are "
-            f"labelled, and a random set of as many unlabelled heads does not exist"
+            f"no control possible: {len(set(heads))} of {total} heads are labelled"
+            + (f" and {more} more may be of the type" if more else "")
+            + f", and a random set of as many heads not of the type does not exist ({free} "
+            "eligible)"
         )
         return [], "none", note
     per_layer: dict[int, int] = {}
     for h in heads:
         per_layer[h.layer] = per_layer.get(h.layer, 0) + 1
-    short = [la for la, n in per_layer.items() if info.n_heads - n < n]
+    eligible = {la: sum((la, h) not in banned for h in range(info.n_heads)) for la in per_layer}
+    short = [la for la, n in per_layer.items() if eligible[la] < n]
     g = torch.Generator().manual_seed(seed)
     like = None if short else list(heads)
     kind, note = "same_layers", ""
     if short:
         kind = "any_layer"
         note = (
-            f"layers {sorted(short)} have fewer unlabelled than labelled heads: controls drawn "
-            "from every layer"
+            f"layers {sorted(short)} have fewer eligible heads (not of the type) than labelled "
+            "ones: controls drawn from every layer"
         )
         warnings.warn(note, stacklevel=3)
-    return _distinct_sets(info, heads, n_random, g, like, kind), kind, note
+    sets = _distinct_sets(info, heads, sorted(banned), n_random, g, like, kind)
+    return sets, kind, note
 
 
 def _distinct_sets(
     info: ModelInfo,
     heads: Sequence[HeadIndex],
+    banned: Sequence[HeadIndex],
     n_random: int,
     generator: torch.Generator,
     like: list[HeadIndex] | None,
     kind: str,
 ) -> list[list[HeadIndex]]:
-    """``n_random`` control sets, no two the same set of heads; as many as exist where
-    fewer do (:func:`headmech.claims.control_space`)."""
+    """``n_random`` control sets of as many heads as ``heads``, outside ``banned``, no two
+    the same set of heads; as many as exist where fewer do
+    (:func:`headmech.claims.control_space`)."""
     from headmech.ablation import random_heads
     from headmech.claims import control_space
 
-    _, possible = control_space(heads, info.n_layers, info.n_heads, kind)
+    _, possible = control_space(heads, info.n_layers, info.n_heads, kind, banned)
     sets: list[list[HeadIndex]] = []
     seen: set[frozenset[HeadIndex]] = set()
     for _ in range(100 * n_random):  # redraws: only a small pool ever repeats a set
         if len(sets) == min(n_random, possible):
             break
         s = random_heads(
-            info.n_layers, info.n_heads, len(heads), exclude=heads, generator=generator, like=like
+            info.n_layers, info.n_heads, len(heads), exclude=banned, generator=generator, like=like
         )
         if frozenset(s) not in seen:
             seen.add(frozenset(s))
@@ -97,10 +116,16 @@ def validate_heads(
     n_random: int = 5,
     mode: str | None = None,
     task: str | None = None,
+    excluded: Collection[HeadIndex] = (),
+    one_by_one: Sequence[HeadIndex] | None = None,
 ) -> dict[str, Any]:
-    """Ablate the labelled heads, and ``n_random`` control sets of as many unlabelled
-    heads from the same layers (per-layer counts matched), and measure the type's task
-    metric (higher is worse) each time (``task``: another task than the type's).
+    """Ablate the labelled heads, and ``n_random`` control sets of as many heads not of
+    the type (neither labelled nor in ``excluded``) from the same layers (per-layer counts
+    matched), and measure the type's task metric (higher is worse) each time (``task``:
+    another task than the type's). Each head of ``one_by_one`` (default: the labelled
+    heads, at most :data:`MAX_PER_HEAD`) is also ablated alone: its own effect, with a
+    bootstrap interval (``per_head``), and the set's effect against the sum of its heads'
+    own (``redundancy``).
 
     All sets ride in the same batched forward passes
     (:func:`headmech.interventions.run_variants`). The effect of the labelled heads is
@@ -114,7 +139,8 @@ def validate_heads(
         "random_median", "random_range", "n_heads", "expected"}``; ``effect`` is ablated
         minus clean; ``expected``: ``raise`` (the type serves the task), ``lower``, or ``little``
         (inactive heads; then also ``relative_effect``, effect / clean, and ``tolerance``);
-        ``control`` is ``same_layers``, ``any_layer`` (fallback) or ``none``.
+        ``control`` is ``same_layers``, ``any_layer`` (fallback) or ``none``;
+        ``per_head``: ``{"L18H6": {"effect", "interval", "labelled"}}``; ``redundancy``.
     """
     from headmech.ablation import ablation_variants
     from headmech.interventions import run_variants
@@ -126,23 +152,73 @@ def validate_heads(
     info = model_info(model)
     t = get_task(task or head_type.task, model)
     batches = t.batches(model, options)
-    controls, kind, note = _controls(info, heads, n_random, options.seed)
-    sets = [list(heads), *controls] if heads else []
+    controls, kind, note = _controls(info, heads, n_random, options.seed, excluded)
+    alone = _one_by_one(heads, one_by_one)
+    base = [list(heads), *controls] if heads else []
+    sets = [*base, *[[h] for h in alone]]
     variants = ablation_variants(model, batches, sets, mode)
-    desc = f"validate {head_type.name} (labelled + {len(controls)} control sets)"
+    desc = f"validate {head_type.name} (labelled + {len(controls)} control sets"
+    desc += f" + {len(alone)} heads alone)" if alone else ")"
     values, clean, sums, counts = run_variants(
         model, t, batches, variants, per_unit=True, progress=desc if active() else False
     )
-    interval = None
-    if heads:
-        paired = UnitValues(sums[1] - sums[0], counts[0]).interval(seed=options.seed)
-        interval = None if paired is None else [float(paired[0]), float(paired[1])]
-        if interval is not None and interval[0] != interval[0]:  # NaN: no unit scored
-            interval = None
+
+    def interval(i: int) -> list[float] | None:  # of variant i (0: the labelled set)
+        paired = UnitValues(sums[1 + i] - sums[0], counts[0]).interval(seed=options.seed)
+        out = None if paired is None else [float(paired[0]), float(paired[1])]
+        return None if out is None or out[0] != out[0] else out  # NaN: no unit scored
+
     record: dict[str, Any] = {"metric": t.description, "mode": mode, "control": kind}
     record["control_note"] = note
-    record |= _asked(controls, n_random)
-    return {**record, **_effects(head_type, heads, controls, values, clean, interval)}
+    record |= _asked(controls, n_random) | _excluded(excluded, heads)
+    n = len(base)
+    out = _effects(head_type, heads, controls, values[:n], clean, interval(0) if heads else None)
+    own = [(h, float(values[n + i]) - clean, interval(n + i)) for i, h in enumerate(alone)]
+    return {**record, **out, **_per_head(heads, own, out["effect"])}
+
+
+def _one_by_one(
+    heads: Sequence[HeadIndex], one_by_one: Sequence[HeadIndex] | None
+) -> list[HeadIndex]:
+    """The heads ablated alone: ``one_by_one`` as given, else the labelled heads (at most
+    :data:`MAX_PER_HEAD`, the first, i.e. highest-scoring, ones)."""
+    return list(dict.fromkeys(one_by_one if one_by_one is not None else heads[:MAX_PER_HEAD]))
+
+
+def _excluded(excluded: Collection[HeadIndex], heads: Sequence[HeadIndex]) -> dict[str, Any]:
+    """The record of the heads kept out of the controls beyond the labelled ones."""
+    extra = sorted(set(excluded) - set(heads))
+    return {"excluded_from_controls": [[h.layer, h.head] for h in extra]} if extra else {}
+
+
+def _per_head(
+    heads: Sequence[HeadIndex],
+    own: list[tuple[HeadIndex, float, list[float] | None]],
+    set_effect: float | None,
+) -> dict[str, Any]:
+    """``per_head`` (each head's own effect, ablated alone, with its interval) and
+    ``redundancy``: the labelled set's effect against the sum of its heads' own effects,
+    where every labelled head was measured (ratio > 1: removed together they cost more
+    than one by one, so they back each other up, one compensating for another; < 1:
+    their effects overlap)."""
+    if not own:
+        return {}
+    labelled = set(heads)
+    per = {str(h): {"effect": e, "interval": iv, "labelled": h in labelled} for h, e, iv in own}
+    out: dict[str, Any] = {"per_head": per}
+    measured = {h for h, _, _ in own} & labelled
+    if len(measured) < len(labelled):
+        out["per_head_note"] = (
+            f"{len(measured)} of {len(labelled)} labelled heads ablated alone (the highest scores)"
+        )
+    elif set_effect is not None:
+        total = sum(e for h, e, _ in own if h in labelled)
+        out["redundancy"] = {
+            "set_effect": set_effect,
+            "sum_of_own_effects": total,
+            "ratio": set_effect / total if total else None,
+        }
+    return out
 
 
 def _asked(controls: Sequence[Any], n_random: int) -> dict[str, int]:
@@ -188,6 +264,8 @@ def _task_validation(
     heads: Sequence[HeadIndex],
     options: ProbeOptions,
     n_random: int,
+    excluded: Collection[HeadIndex] = (),
+    one_by_one: Sequence[HeadIndex] | None = None,
 ) -> dict[str, Any]:
     """:func:`validate_heads`, or, where the type's task cannot run on the model (the
     induction task's next-token loss for ``duplicate_token`` on an encoder), a record that
@@ -197,7 +275,10 @@ def _task_validation(
 
     task = TASKS.get(str(head_type.task))(model)
     if not (task.causal_only and not is_causal(model)):
-        return validate_heads(model, head_type, heads, options, n_random=n_random)
+        return validate_heads(
+            model, head_type, heads, options, n_random=n_random, excluded=excluded,
+            one_by_one=one_by_one,
+        )  # fmt: skip
     none = dict.fromkeys(("clean", "ablated", "effect", "effect_interval", "random_mean"))
     none.update(dict.fromkeys(("random_median", "random_range")))
     return {
@@ -220,23 +301,35 @@ def _validation(
     options: ProbeOptions,
     n_random: int,
     labelled: dict[str, list[HeadIndex]] | None = None,
+    excluded: Collection[HeadIndex] = (),
+    rejected: Sequence[HeadIndex] = (),
 ) -> dict[str, Any]:
     """The type's validation (``head_type.validation``, :mod:`headmech.claims`): the
     ablation on its task, or the direct path to the logits (with the backup heads), or
     the ablation plus K-composition into the induction heads (``labelled["induction"]``,
-    the catalog's); then the record's claim, the control sets' accounting and the verdict."""
+    the catalog's); then the record's claim, the control sets' accounting and the verdict.
+
+    Controls are drawn from heads not of the type (``excluded``: those that may be,
+    :meth:`headmech.results.TypeResult.not_controls`). The labelled heads (at most
+    :data:`MAX_PER_HEAD`) and the heads ``rejected`` above the threshold by a further
+    criterion (at most :data:`MAX_REJECTED`) are each ablated alone too: their own
+    effects decide whether the criterion was right (``per_head``)."""
     from headmech.tasks import is_causal
 
+    alone = [*heads[:MAX_PER_HEAD], *[h for h in rejected if h not in heads][:MAX_REJECTED]]
     method = getattr(head_type, "validation", "ablation")
     if method == "k_composition":  # the induction task: repeated halves that fit the context
         fit = (int(model.cfg.n_ctx) - 2) // 2  # a BOS before, a separator after
         options = dataclasses.replace(options, half_len=max(2, min(options.half_len, fit)))
     if method == "direct_path" and is_causal(model):
-        record = _direct_path(model, head_type, heads, options, n_random)
+        record = _direct_path(model, head_type, heads, options, n_random, excluded, alone)
     elif method == "k_composition" and not is_causal(model):  # no induction task: the lm
-        record = validate_heads(model, head_type, heads, options, n_random=n_random, task="lm")
+        record = validate_heads(
+            model, head_type, heads, options, n_random=n_random, task="lm", excluded=excluded,
+            one_by_one=alone,
+        )  # fmt: skip
     else:
-        record = _task_validation(model, head_type, heads, options, n_random)
+        record = _task_validation(model, head_type, heads, options, n_random, excluded, alone)
     if method == "k_composition" and is_causal(model) and record.get("effect") is not None:
         receivers = list((labelled or {}).get("induction", []))
         record["k_composition"] = _k_record(model, heads, record, receivers, options)
@@ -249,33 +342,46 @@ def _direct_path(
     heads: Sequence[HeadIndex],
     options: ProbeOptions,
     n_random: int,
+    excluded: Collection[HeadIndex] = (),
+    alone: Sequence[HeadIndex] = (),
 ) -> dict[str, Any]:
     """Path patching to the logits: the labelled set and the control sets, each patched
-    from the corrupted prompts (:func:`headmech.claims.direct_path_values`)."""
+    from the corrupted prompts (:func:`headmech.claims.direct_path_values`), and each
+    head of ``alone`` patched alone (its own direct effect)."""
     from headmech.claims import backup_heads, direct_path_values
     from headmech.tasks import get_task
     from headmech.uncertainty import UnitValues
 
     task: Any = get_task(head_type.task, model)
     batches = task.batches(model, options)
-    controls, kind, note = _controls(model_info(model), heads, n_random, options.seed)
-    sets = [list(heads), *controls] if heads else []
-    clean, interval = 0.0, None
-    values = torch.zeros(0)
+    controls, kind, note = _controls(model_info(model), heads, n_random, options.seed, excluded)
+    base = [list(heads), *controls] if heads else []
+    sets = [*base, *[[h] for h in alone]]
+    clean = 0.0
+    values, per = torch.zeros(0), torch.zeros(0, 0)
     if sets:
         values, clean, per = direct_path_values(model, task, batches, sets, options.seed)
-        paired = UnitValues(per[0], torch.ones(per.shape[1])).interval(seed=options.seed)
-        interval = None if paired is None else [float(paired[0]), float(paired[1])]
-    record = {
-        "metric": f"direct effect on the logits (path patching from the corrupted prompts): "
-        f"{task.description}",
-        "mode": "path patching to the logits",
-        "control": kind,
-        "control_note": note,
-    } | _asked(controls, n_random)
-    if not sets:
-        values = torch.tensor([clean])
-    out = {**record, **_effects(head_type, heads, controls, values, clean, interval)}
+
+    def interval(i: int) -> list[float] | None:
+        paired = UnitValues(per[i], torch.ones(per.shape[1])).interval(seed=options.seed)
+        return None if paired is None else [float(paired[0]), float(paired[1])]
+
+    record = (
+        {
+            "metric": f"direct effect on the logits (path patching from the corrupted prompts): "
+            f"{task.description}",
+            "mode": "path patching to the logits",
+            "control": kind,
+            "control_note": note,
+        }
+        | _asked(controls, n_random)
+        | _excluded(excluded, heads)
+    )
+    n = len(base)
+    first = interval(0) if heads else None
+    out = {**record, **_effects(head_type, heads, controls, values[:n], clean, first)}
+    own = [(h, float(values[n + i]) - clean, interval(n + i)) for i, h in enumerate(alone)]
+    out |= _per_head(heads, own, out["effect"])
     if heads and head_type.expected() == "raise":
         out["backup"] = backup_heads(model, task, batches, list(heads), options.seed)
     return out
@@ -316,7 +422,8 @@ def _k_record(
         "expected": "raise",
     }
     info = model_info(model)
-    _, possible = control_space(heads, info.n_layers, info.n_heads, record["control"])
+    banned = record.get("excluded_from_controls", [])
+    _, possible = control_space(heads, info.n_layers, info.n_heads, record["control"], banned)
     return {**out, "verdict": verdict(out, possible)}
 
 
@@ -333,7 +440,8 @@ def _accounted(
     from headmech.claims import control_space, n_distinct, verdict
 
     info = model_info(model)
-    pool, possible = control_space(heads, info.n_layers, info.n_heads, record["control"])
+    banned = record.get("excluded_from_controls", [])
+    pool, possible = control_space(heads, info.n_layers, info.n_heads, record["control"], banned)
     drawn = len(record.get("random_effects") or [])
     asked = int(record.get("n_controls_asked", drawn))
     record.update(
@@ -348,7 +456,7 @@ def _accounted(
     if drawn and possible < asked:
         degenerate = (
             f"controls degenerate: {possible} distinct set(s) of {len(heads)} exist in a pool "
-            f"of {pool} unlabelled heads, {asked} asked for, {drawn} drawn: not judged "
+            f"of {pool} eligible heads (not of the type), {asked} asked for, {drawn} drawn: not judged "
             "against them"
         )
         record["control_note"] = "; ".join(x for x in (record["control_note"], degenerate) if x)

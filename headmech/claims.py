@@ -63,21 +63,27 @@ MAX_BACKUPS = 8
 
 
 def control_space(
-    heads: Sequence[Sequence[int]], n_layers: int, n_heads: int, kind: str
+    heads: Sequence[Sequence[int]],
+    n_layers: int,
+    n_heads: int,
+    kind: str,
+    excluded: Sequence[Sequence[int]] = (),
 ) -> tuple[int, int]:
-    """``(pool, n_possible)``: the unlabelled heads control sets of ``kind`` draw from
-    (``same_layers``: those of the labelled heads' layers; ``any_layer``: all), and how
-    many distinct sets of ``len(heads)`` heads there are (per layer as many as labelled
-    there, for ``same_layers``)."""
+    """``(pool, n_possible)``: the eligible heads control sets of ``kind`` draw from
+    (neither labelled nor ``excluded``, i.e. not of the type; ``same_layers``: those of
+    the labelled heads' layers; ``any_layer``: all), and how many distinct sets of
+    ``len(heads)`` heads there are (per layer as many as labelled there, for
+    ``same_layers``)."""
     labelled = {(int(a), int(b)) for a, b in heads}
+    banned = labelled | {(int(a), int(b)) for a, b in excluded}
     per_layer: dict[int, int] = {}
     for la, _ in labelled:
         per_layer[la] = per_layer.get(la, 0) + 1
     if kind == "same_layers":
-        free = {la: n_heads - k for la, k in per_layer.items()}
+        free = {la: sum((la, h) not in banned for h in range(n_heads)) for la in per_layer}
         return sum(free.values()), prod(comb(free[la], k) for la, k in per_layer.items())
     if kind == "any_layer":
-        pool = n_layers * n_heads - len(labelled)
+        pool = n_layers * n_heads - len(banned)
         return pool, comb(pool, len(labelled))
     return 0, 0
 

@@ -88,15 +88,36 @@ def _score(t: HeadType, stats: Any, n_boot: int, seed: int) -> TypeResult:
     result = TypeResult(
         t.name, t.reference, t.threshold, score, heads, t.details(stats, score, heads)
     )
+    rejected = t.rejected(score, stats)
+    result.not_labelled = not_labelled(t, score, heads, rejected)
     interval = stats_interval(stats, t.score, n_boot=n_boot, seed=seed) if n_boot else None
     if interval is not None:
         result.low, result.high = interval
         straddle = (result.low < t.threshold) & (result.high >= t.threshold)
         result.borderline = sorted(
-            (HeadIndex(int(a), int(b)) for a, b in straddle.nonzero().tolist()),
+            (
+                h
+                for a, b in straddle.nonzero().tolist()
+                if (h := HeadIndex(int(a), int(b))) not in rejected
+            ),
             key=lambda h: -float(score[h]),
         )
     return result
+
+
+def not_labelled(
+    t: HeadType, score: Any, heads: Sequence[HeadIndex], rejected: dict[HeadIndex, str]
+) -> list[dict[str, Any]]:
+    """Every head at or above ``t``'s threshold that is not labelled, best first, with
+    the criterion it failed (``rejected``, :meth:`HeadType.rejected`; a type that
+    overrides ``select`` itself without saying why gets its class named)."""
+    chosen = set(heads)
+    fallback = f"not selected by {type(t).__name__}.select() (no reason given)"
+    return [
+        {"head": str(h), "score": round(float(score[h]), 6), "reason": rejected.get(h, fallback)}
+        for h in t.above(score)
+        if h not in chosen
+    ]
 
 
 def build_or_skip(
@@ -262,11 +283,16 @@ def _classify(
             results.update(found)
         runnable = [t for t in runnable if t.name in results]
         for t in runnable if validate else []:
-            heads = results[t.name].heads
+            r = results[t.name]
             labelled = {n: r.heads for n, r in results.items()}  # induction heads: K-composition
-            run = partial(_validation, model, t, heads, options, n_random, labelled)
+            rejected = [HeadIndex.parse(e["head"]) for e in r.not_labelled]
+            run = partial(
+                _validation, model, t, r.heads, options, n_random, labelled,
+                sorted(r.not_controls()), rejected,
+            )  # fmt: skip
             v = unit(f"validate-{t.name}", run)
-            results[t.name].details["validation"] = v
+            r.per_head = v.pop("per_head", {})
+            r.details["validation"] = v
     except (Exception, KeyboardInterrupt) as e:
         # keep what is finished: the types scored (and validated, with validation)
         done = [t for t in runnable if t.name in results]

@@ -25,6 +25,22 @@ class HeadIndex(NamedTuple):
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
 
+    @classmethod
+    def parse(cls, text: str) -> HeadIndex:
+        """``"L18H6"`` (as :meth:`__str__` writes it; case and spaces ignored) → a head.
+
+        Raises:
+            HeadIndexError: text that does not name a head that way.
+        """
+        import re
+
+        m = re.fullmatch(r"\s*L(\d+)\s*H(\d+)\s*", str(text), flags=re.IGNORECASE)
+        if m is None:
+            raise HeadIndexError(
+                f"{text!r} does not name a head: write it as L<layer>H<head>, e.g. L18H6"
+            )
+        return cls(int(m.group(1)), int(m.group(2)))
+
 
 def check_heads(
     heads: Iterable[HeadIndex | Sequence[int]],

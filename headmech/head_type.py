@@ -82,6 +82,10 @@ class HeadType:
             model: ``(0, 1)`` for a share of attention or a rate; a signed score (a
             difference, as a function vector's indirect effect) spans both signs and is
             drawn diverging, white at 0.
+        threshold_range: the values :meth:`score` can take, where wider than
+            ``score_range`` (default: ``score_range``); a threshold outside it is an error.
+        threshold_note: one line: what the threshold means, where it comes from, and the
+            null it beats (uniform attention, chance, a baseline).
         threshold: the threshold in use (constructor argument, else the default).
         The constructor also takes ``probe`` to measure the type on another probe.
     """
@@ -101,11 +105,20 @@ class HeadType:
     validation: ClassVar[str] = "ablation"
     claim: ClassVar[str] = ""
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    threshold_range: ClassVar[tuple[float, float] | None] = None
+    threshold_note: ClassVar[str] = ""
 
     def __init__(self, threshold: float | None = None, *, probe: str | None = None) -> None:
         self.threshold = (
             self.default_threshold if threshold is None else _threshold(self, threshold)
         )
+        low, high = self.threshold_range or self.score_range
+        if not low <= self.threshold <= high:
+            name = getattr(type(self), "name", type(self).__name__)
+            raise ArgumentError(
+                f"the threshold of head type '{name}' must lie in its score's range "
+                f"[{low:g}, {high:g}], got {self.threshold:g}"
+            )
         if probe is not None:  # e.g. previous_token on repeated random tokens for a toy vocabulary
             self.probe = probe
 
@@ -145,15 +158,34 @@ class HeadType:
         """The per-head score the threshold applies to (default: mean attention mass on target)."""
         return stats.mean(f"{self.name}.mass")
 
-    def select(
-        self, score: Float[Tensor, "n_layers n_heads"], stats: HeadStats | None = None
-    ) -> list[HeadIndex]:
-        """Heads whose score reaches the threshold, best first (``stats`` lets a type add
-        conditions on other statistics)."""
+    def above(self, score: Float[Tensor, "n_layers n_heads"]) -> list[HeadIndex]:
+        """Heads whose score reaches the threshold, best first: the first criterion alone."""
         s = torch.nan_to_num(score, nan=float("-inf"))
         hits = (s >= self.threshold).nonzero().tolist()
         hits.sort(key=lambda lh: -float(s[lh[0], lh[1]]))
         return [HeadIndex(int(layer), int(head)) for layer, head in hits]
+
+    def rejected(
+        self, score: Float[Tensor, "n_layers n_heads"], stats: HeadStats
+    ) -> dict[HeadIndex, str]:
+        """The heads (at any score) that fail the type's further criteria, each with the
+        criterion it failed and its value, as a reader should see it ("copying score
+        -0.23 < 0 (Olsson et al.: an induction head copies)"). A head at or above the
+        threshold that is rejected here is not labelled, and is listed with this reason
+        in ``catalog.json`` (``types[T]["not_labelled"]``). Default: no further criterion."""
+        return {}
+
+    def select(
+        self, score: Float[Tensor, "n_layers n_heads"], stats: HeadStats | None = None
+    ) -> list[HeadIndex]:
+        """The labelled heads, best first: those whose score reaches the threshold
+        (:meth:`above`) and, given ``stats``, that no further criterion rejects
+        (:meth:`rejected`)."""
+        heads = self.above(score)
+        if stats is None:
+            return heads
+        no = self.rejected(score, stats)
+        return [h for h in heads if h not in no]
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
         """Type-specific evidence for ``catalog.json``."""

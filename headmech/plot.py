@@ -73,6 +73,12 @@ def _outline(ax: Any, heads: Any, **style: Any) -> None:
         ax.add_patch(plt.Rectangle((head, layer), 1, 1, fill=False, **style))
 
 
+def _layer_head(name: str) -> tuple[int, int]:
+    """``"L5H1"`` → ``(5, 1)`` (this module sits below :mod:`headmech.head_index`)."""
+    layer, head = str(name).upper().lstrip("L").split("H")
+    return int(layer), int(head)
+
+
 def _mark_threshold(cbar: Any, threshold: float, lo: float, hi: float) -> None:
     """A black line across the colour bar at ``threshold``, its tick labelled ``≥ t``."""
     cbar.ax.axhline(threshold, color="black", lw=2, gid="threshold")
@@ -99,7 +105,8 @@ def type_heatmap(
     threshold of 0.3 stays dark. Scores beyond the range get an arrow on the colour bar.
     The threshold is a line on the colour bar (its tick ``≥ t``: the criterion); labelled
     heads (score ≥ threshold) are outlined solid red, borderline heads (their 95% interval
-    contains the threshold) dashed orange. Returns the axes (its colour bar:
+    contains the threshold) dashed orange, heads at or above the threshold that a further
+    criterion rejects (``result.not_labelled``) dotted white. Returns the axes (its colour bar:
     ``ax.collections[0].colorbar``).
     """
     ax = ax if ax is not None else plt.gca()
@@ -119,6 +126,8 @@ def type_heatmap(
         _mark_threshold(ax.collections[0].colorbar, float(result.threshold), lo, hi)
     _outline(ax, result.heads, edgecolor="red", lw=1.8, gid="labelled")
     _outline(ax, result.borderline, edgecolor="orange", lw=1.5, ls="--", gid="borderline")
+    rejected = [_layer_head(e["head"]) for e in getattr(result, "not_labelled", [])]
+    _outline(ax, rejected, edgecolor="white", lw=1.5, ls=":", gid="not_labelled")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_title(title)
@@ -127,7 +136,8 @@ def type_heatmap(
 
 CRITERION = (
     "labelled (solid red): score ≥ threshold (the mark on the colour bar), and the type's "
-    "own test where it has one; borderline (dashed orange): 95% interval contains the threshold"
+    "own test where it has one; borderline (dashed orange): 95% interval contains the threshold; "
+    "not labelled (dotted white): score ≥ threshold, rejected by the type's own test"
 )
 """The caption every catalog figure carries."""
 

@@ -62,6 +62,44 @@ def validation_line(v: dict[str, Any] | None) -> str | None:
     return text
 
 
+def _own(e: dict[str, Any] | None) -> str:
+    """A head's own effect (ablated alone), with its interval."""
+    if not e or e.get("effect") is None:
+        return "not measured alone"
+    text = f"{e['effect']:+.4f}"
+    if e.get("interval"):
+        text += f" [{e['interval'][0]:+.4f}, {e['interval'][1]:+.4f}]"
+    return text
+
+
+def not_labelled_lines(entries: list[dict[str, Any]], per_head: dict[str, Any]) -> list[str]:
+    """One line per head at or above the threshold that is not labelled: its score, the
+    criterion it failed and, where validated, its own effect."""
+    out = []
+    for e in entries:
+        own = f"; own effect {_own(per_head[e['head']])}" if e["head"] in per_head else ""
+        out.append(f"not labelled {e['head']} {e['score']:.3f}: {e['reason']}{own}")
+    return out
+
+
+def per_head_lines(per_head: dict[str, Any], v: dict[str, Any]) -> list[str]:
+    """The labelled heads' own effects in one line, and the set's against their sum."""
+    own = [f"{h} {_own(e)}" for h, e in per_head.items() if e.get("labelled")]
+    if not own:
+        return []
+    lines = [f"each labelled head ablated alone: {', '.join(own)}"]
+    if v.get("per_head_note"):
+        lines[0] += f" ({v['per_head_note']})"
+    red = v.get("redundancy") or {}
+    if red.get("ratio") is not None:
+        lines.append(
+            f"set {red['set_effect']:+.4f} vs the sum of its heads' own "
+            f"{red['sum_of_own_effects']:+.4f} (ratio {red['ratio']:.2f}: > 1, they back each "
+            "other up)"
+        )
+    return lines
+
+
 def evidence(catalog: Any) -> None:
     """Each type's own evidence (e.g. syntactic: per relation, best head vs baseline) and
     its validation (:func:`validation_line`)."""
@@ -70,9 +108,11 @@ def evidence(catalog: Any) -> None:
     registry = head_types()
     for name, r in catalog.types.items():
         lines = registry[name]().report(r.details) if name in registry else []
+        lines += not_labelled_lines(r.not_labelled, r.per_head)
         line = validation_line(r.details.get("validation"))
         if line is not None:
             lines.append(line)
+        lines += per_head_lines(r.per_head, r.details.get("validation") or {})
         if lines:
             print(f"\n{name}:")
             for line in lines:

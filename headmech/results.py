@@ -84,6 +84,25 @@ def _heads(pairs: Any, shape: tuple[int, int], what: str) -> list[HeadIndex]:
     return heads
 
 
+def _not_labelled(entries: Any, shape: tuple[int, int], name: str) -> list[dict[str, Any]]:
+    """``not_labelled`` of a type's entry: each a head inside the model, with a reason."""
+    out = []
+    for e in entries:
+        head = HeadIndex.parse(str(e["head"]))
+        _heads([head], shape, f"type '{name}' not_labelled")
+        out.append({"head": str(head), "score": float(e["score"]), "reason": str(e["reason"])})
+    return out
+
+
+def _per_head_record(entries: Any, shape: tuple[int, int], name: str) -> dict[str, Any]:
+    """``per_head`` of a type's entry: keyed by heads inside the model."""
+    if not isinstance(entries, dict):
+        raise ValueError(f"type '{name}' per_head is not an object")
+    for key in entries:
+        _heads([HeadIndex.parse(key)], shape, f"type '{name}' per_head")
+    return dict(entries)
+
+
 def score_ranges(names: Any) -> dict[str, tuple[float, float]]:
     """The fixed range each of ``names`` is drawn on: its registered type's
     ``HeadType.score_range``; (0, 1) for a name no type is registered under."""
@@ -105,7 +124,13 @@ class TypeResult:
         details: type-specific evidence (and ``validation`` when validated).
         low, high: the bootstrap interval of ``score`` over probe examples (None when the
             probe kept no per-example statistics).
-        borderline: heads whose interval contains the threshold.
+        borderline: heads whose interval contains the threshold and that no further
+            criterion of the type rejects.
+        not_labelled: every head at or above the threshold that is not labelled, best
+            first, as ``{"head": "L5H1", "score": ..., "reason": ...}``: the further
+            criterion it failed, with its value (:meth:`HeadType.rejected`).
+        per_head: with validation, each labelled head's own effect (ablated alone) and
+            each not-labelled head's: ``{"L18H6": {"effect", "interval", "labelled"}}``.
     """
 
     name: str
@@ -117,6 +142,17 @@ class TypeResult:
     low: Float[Tensor, "n_layers n_heads"] | None = None
     high: Float[Tensor, "n_layers n_heads"] | None = None
     borderline: list[HeadIndex] = field(default_factory=list)
+    not_labelled: list[dict[str, Any]] = field(default_factory=list)
+    per_head: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def not_controls(self) -> set[HeadIndex]:
+        """Heads that may be of this type, which no control set may hold: the labelled,
+        those at or above the threshold (labelled or not), and those whose interval
+        reaches it."""
+        reach = self.score if self.high is None else torch.maximum(self.score, self.high)
+        reach = torch.nan_to_num(reach, nan=float("-inf"))
+        out = {HeadIndex(int(a), int(b)) for a, b in (reach >= self.threshold).nonzero().tolist()}
+        return out | set(self.heads) | {HeadIndex.parse(str(r["head"])) for r in self.not_labelled}
 
     def to_json(self) -> dict[str, Any]:
         """This type's entry in ``catalog.json``."""
@@ -126,6 +162,8 @@ class TypeResult:
             "score": _grid(self.score),
             "heads": [[h.layer, h.head] for h in self.heads],
             "borderline": [[h.layer, h.head] for h in self.borderline],
+            "not_labelled": self.not_labelled,
+            "per_head": self.per_head,
             "details": self.details,
         }
         if self.low is not None and self.high is not None:
@@ -153,6 +191,8 @@ class TypeResult:
             low,
             high,
             _heads(t.get("borderline", []), shape, f"type '{name}' borderline"),
+            _not_labelled(t.get("not_labelled", []), shape, name),
+            _per_head_record(t.get("per_head", {}), shape, name),
         )
 
 

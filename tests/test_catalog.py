@@ -27,8 +27,26 @@ def test_threshold_is_overridable(tiny_models):
     T = headmech.get_head_type("previous_token")
     low = headmech.classify(tiny_models["gpt2"], [T(threshold=0.0)], n_sentences=8)
     assert len(low.heads("previous_token")) == 2 * 4  # every head passes a zero threshold
-    high = headmech.classify(tiny_models["gpt2"], [T(threshold=1.01)], n_sentences=8)
+    high = headmech.classify(tiny_models["gpt2"], [T(threshold=1.0)], n_sentences=8)
     assert high.heads("previous_token") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("previous_token", -0.2),
+        ("previous_token", 1.01),
+        ("syntactic", -1.5),
+        ("function_vector", 2.0),
+    ],
+)
+def test_a_threshold_outside_the_score_range_is_a_one_line_error(name, bad):
+    from headmech.errors import ArgumentError
+
+    T = headmech.get_head_type(name)
+    with pytest.raises(ArgumentError, match=rf"threshold of head type '{name}' must lie in") as e:
+        T(threshold=bad)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,13 @@ def test_classify_validate_and_evidence(capsys, tiny_dirs, tmp_path, model):
         if model == "bert":
             assert v["clean"] == 0.0  # encoder: embedding distortion against itself
         m = data["model"]
-        _, possible = control_space(t["heads"], m["n_layers"], m["n_heads"], v["control"])
+        _, possible = control_space(
+            t["heads"],
+            m["n_layers"],
+            m["n_heads"],
+            v["control"],
+            v.get("excluded_from_controls", []),
+        )
         assert len(v["random_effects"]) == (min(2, possible) if t["heads"] else 0)
         # the toy labels every head of its layer 1: no same-layer control exists, so the
         # controls fall back to any layer, and the record says so

@@ -140,7 +140,9 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
         v = catalog["types"]["induction"]["details"]["validation"]
         heads = catalog["types"]["induction"]["heads"]
         m = catalog["model"]
-        _, possible = control_space(heads, m["n_layers"], m["n_heads"], v["control"])
+        _, possible = control_space(
+            heads, m["n_layers"], m["n_heads"], v["control"], v.get("excluded_from_controls", [])
+        )
         assert heads and len(v["random_effects"]) == min(2, possible)  # distinct sets
 
 

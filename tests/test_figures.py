@@ -65,6 +65,20 @@ def test_labelled_heads_solid_and_borderline_dashed(ax):
     assert patches["borderline"].get_linestyle() in {"--", "dashed"}
     assert patches["borderline"].get_xy() == (1, 0)  # head 1 of layer 0: (x=head, y=layer)
     assert patches["labelled"].get_xy() == (2, 1)
+    assert "not_labelled" not in patches
+
+
+def test_heads_above_the_threshold_rejected_by_the_types_own_test_are_dotted(ax):
+    """A head at or above the threshold that a further criterion rejects (an induction
+    head that does not copy) is outlined too, dotted white, distinct from the labelled."""
+    result = weak_type()
+    result.heads = [HeadIndex(1, 2)]
+    result.not_labelled = [{"head": "L0H3", "score": 0.35, "reason": "copying score -0.2 < 0"}]
+    type_heatmap(result, ax=ax)
+    patches = {p.get_gid(): p for p in ax.patches}
+    assert patches["not_labelled"].get_linestyle() in {":", "dotted"}
+    assert patches["not_labelled"].get_xy() == (3, 0)
+    assert patches["labelled"].get_xy() == (2, 1)
 
 
 def test_a_signed_score_diverges_from_zero(ax):

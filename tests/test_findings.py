@@ -47,7 +47,7 @@ def test_controls_are_matched_per_layer_and_recorded(tiny_models):
 def test_a_saturated_layer_falls_back_and_too_many_labels_have_no_control(tiny_models):
     model = tiny_models["llama"]  # 2 layers x 4 heads
     saturated = [HeadIndex(0, h) for h in range(3)]  # layer 0 has one unlabelled head left
-    with pytest.warns(UserWarning, match="fewer unlabelled than labelled"):
+    with pytest.warns(UserWarning, match="fewer eligible heads"):
         v = validate_heads(model, _type("duplicate_token"), saturated, SMALL, n_random=3)
     assert v["control"] == "any_layer" and len(v["control_sets"]) == 3
     most = [HeadIndex(la, h) for la in range(2) for h in range(3)]  # 6 of 8 heads

@@ -250,7 +250,10 @@ def test_published_catalog_is_current(name, request):
             # 5 distinct control sets, or as many as exist where fewer do (then recorded)
             asked = v.get("n_controls_asked", 5)
             m = data["model"]
-            _, possible = control_space(r["heads"], m["n_layers"], m["n_heads"], v["control"])
+            _, possible = control_space(
+                r["heads"], m["n_layers"], m["n_heads"], v["control"],
+                v.get("excluded_from_controls", []),
+            )  # fmt: skip
             n = min(5, possible)
             assert asked == 5 and len(v["random_effects"]) == n, (name, t)
             assert v["effect_interval"] is not None

@@ -70,10 +70,10 @@ SHAPES = [
     ("control-fallback", _record(LAYER_0, 2),
      HEAD + "labelled heads +2.5000 (95% interval +2.2500 to +2.7500); 2 random sets of 3 from "
      "any layer: +0.1500 on average (median +0.1000, range +0.1000 to +0.2000); layers [0] "
-     "have fewer unlabelled than labelled heads: controls drawn from every layer"),
+     "have fewer eligible heads (not of the type) than labelled ones: controls drawn from every layer"),
     ("no-control-possible", _record(MOST, 5),
      HEAD + "labelled heads +2.5000 (95% interval +2.2500 to +2.7500); no control possible: 5 "
-     "of 8 heads are labelled, and a random set of as many unlabelled heads does not exist"),
+     "of 8 heads are labelled, and a random set of as many heads not of the type does not exist (3 eligible)"),
     ("effect-only", _record(ONE_PER_LAYER, 0),
      HEAD + "labelled heads +2.5000 (95% interval +2.2500 to +2.7500); no control possible "
      "(n_random is 0)"),
@@ -147,7 +147,7 @@ def test_real_records_of_every_shape_print(tiny_models):
     assert lines["any_layer"].endswith("controls drawn from every layer")
     assert lines["none"].endswith(
         "no control possible: 5 of 8 heads are labelled, and a random set of as many "
-        "unlabelled heads does not exist"
+        "heads not of the type does not exist (3 eligible)"
     )
     assert lines["n_random 0"].endswith("; no control possible (n_random is 0)")
     assert lines["no heads"].endswith("no labelled heads, nothing to ablate")
@@ -288,12 +288,17 @@ REPORTING = ["copy_suppression", "function_vector", "name_mover", "negative_name
 
 def test_real_details_with_labelled_heads_print_every_head(tiny_models, tmp_path, capsys):
     """Every type with evidence lines, classified on the tiny LLaMA with every head
-    labelled (threshold -1e9), saved and read back as ``--catalog`` does: each type prints
+    labelled (the threshold at the low end of its score's range), saved and read back as ``--catalog`` does: each type prints
     one line per head its details list (function vectors: the five largest AIEs), with the
     number the score tensor gives."""
     model = tiny_models["llama"]
-    types = [get_head_type(n)(-1e9) for n in REPORTING]
-    types[0] = get_head_type("copy_suppression")(-1e9, n_tokens=50)
+
+    def lowest(name: str) -> float:
+        T = get_head_type(name)
+        return (T.threshold_range or T.score_range)[0]
+
+    types = [get_head_type(n)(lowest(n)) for n in REPORTING]
+    types[0] = get_head_type("copy_suppression")(lowest("copy_suppression"), n_tokens=50)
     cat = classify(model, types, n_sentences=8, n_sequences=6, n_boot=0)
     cat.save(tmp_path)
     report.evidence(HeadCatalog.load(tmp_path / "catalog.json"))
@@ -306,6 +311,11 @@ def test_real_details_with_labelled_heads_print_every_head(tiny_models, tmp_path
         score = cat[name].score
         lines = {}  # head -> its line
         for line in text.rstrip("\n").split("\n"):
+            rejected = re.fullmatch(r"  not labelled (L\d+H\d+) [-.\d]+: (.+)", line)
+            if rejected is not None:  # at the low end of the range, failing a further criterion
+                assert rejected[1] not in {str(h) for h in cat[name].heads}, (name, line)
+                assert rejected[1] in {e["head"] for e in cat[name].not_labelled}, (name, line)
+                continue
             head = re.fullmatch(r"  (L\d+H\d+): .*", line)
             assert head is not None and head[1] not in lines, (name, line)
             lines[head[1]] = line[2:]

@@ -70,12 +70,13 @@ class ConceptInductionHead(HeadType):
             target_reducer(f"{self.name}.token", self.token_targets, hits=False),
         ]
 
-    def select(self, score: Tensor, stats: HeadStats | None = None) -> list[HeadIndex]:
-        heads = super().select(score, stats)
-        if stats is None:
-            return heads
+    def rejected(self, score: Tensor, stats: HeadStats) -> dict[HeadIndex, str]:
         token = stats.mean(f"{self.name}.token.mass")
-        return [h for h in heads if float(score[h]) > float(token[h])]
+        return {
+            HeadIndex(a, b): f"concept mass {float(score[a, b]):.2f} <= token-induction mass "
+            f"{float(token[a, b]):.2f} (Feucht et al.: a token induction head, not a concept one)"
+            for a, b in (~(score > token)).nonzero().tolist()
+        }
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
         token = stats.mean(f"{self.name}.token.mass")

@@ -57,6 +57,7 @@ class FunctionVectorHead(HeadType):
     # patched minus shuffled probability; a quarter of the answer's probability moved by
     # one head's mean is beyond any head Todd et al. report (GPT-J's best: about 0.05)
     score_range = (-0.25, 0.25)
+    threshold_range = (-1.0, 1.0)  # a difference of probabilities
     causal_only = True
     task = "icl"
     ablation = "mean"

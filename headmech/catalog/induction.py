@@ -69,17 +69,19 @@ class InductionHead(HeadType):
     def ideal_weight_statistics(self) -> dict[str, float]:
         return {"copying": 1.0}
 
-    def select(self, score: Tensor, stats: HeadStats | None = None) -> list[HeadIndex]:
-        heads = super().select(score, stats)
-        if stats is None:
-            return heads
+    def rejected(self, score: Tensor, stats: HeadStats) -> dict[HeadIndex, str]:
         copying = stats.mean(f"{self.name}.copying")
-        return [h for h in heads if float(copying[h]) >= self.copying_threshold]
+        return {
+            HeadIndex(a, b): f"copying score {float(copying[a, b]):.2f} < "
+            f"{self.copying_threshold:g} (Olsson et al.: an induction head copies the token "
+            "it attends to)"
+            for a, b in (~(copying >= self.copying_threshold)).nonzero().tolist()
+        }
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
         hit = stats.mean(f"{self.name}.hit")
         copying = stats.mean(f"{self.name}.copying")
-        passed = super().select(score, stats)
+        passed = self.above(score)
         return {
             "argmax_hit_rate": {str(h): round(float(hit[h]), 4) for h in heads},
             "copying_score": {str(h): round(float(copying[h]), 4) for h in passed},

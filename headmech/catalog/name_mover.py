@@ -109,16 +109,25 @@ class NameMoverHead(HeadType):
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         return stats.mean(f"{self.name}.mass")
 
-    def select(self, score: Tensor, stats: HeadStats | None = None) -> list[HeadIndex]:
-        heads = super().select(score, stats)
-        if stats is None:
-            return heads
+    def rejected(self, score: Tensor, stats: HeadStats) -> dict[HeadIndex, str]:
         s = stats.mean(f"{self.name}.s1.mass") + stats.mean(f"{self.name}.s2.mass")
         copy = stats.mean(f"{self.name}.{self.copy_key}")
-        return [h for h in heads if score[h] > s[h] and copy[h] >= self.copy_threshold]
+        what = "copy score" if self.copy_key == "copy" else "negative copy score"
+        out: dict[HeadIndex, str] = {}
+        for a, b in (~(copy >= self.copy_threshold)).nonzero().tolist():
+            out[HeadIndex(a, b)] = (
+                f"{what} {float(copy[a, b]):.2f} < {self.copy_threshold:g} (Wang et al.: the "
+                f"head's OV circuit {'copies' if self.copy_key == 'copy' else 'suppresses'} "
+                "the names it attends to)"
+            )
+        for a, b in (~(score > s)).nonzero().tolist():
+            h = HeadIndex(a, b)
+            why = f"IO mass {float(score[a, b]):.2f} <= subject mass {float(s[a, b]):.2f}"
+            out[h] = f"{out[h]}; {why}" if h in out else f"{why} (it attends to S, not IO)"
+        return out
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
-        attending = super().select(score, stats)  # the mass threshold alone
+        attending = self.above(score)  # the mass threshold alone
         mean = {k: stats.mean(f"{self.name}.{k}") for k in ("s1.mass", "s2.mass", "copy")}
         neg = stats.mean(f"{self.name}.negative_copy")
         return {

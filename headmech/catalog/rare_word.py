@@ -126,16 +126,18 @@ class RareWordHead(HeadType):
         """The chance hit rate on the probe's sentences (the same for every head)."""
         return float(stats.mean(f"{self.name}.chance").nan_to_num(0.0).max())
 
-    def select(
-        self, score: Float[Tensor, "n_layers n_heads"], stats: HeadStats | None = None
-    ) -> list[HeadIndex]:
-        """Heads with a hit rate of at least ``threshold`` and ``min_ratio`` times the chance
-        rate (the ratio needs ``stats``; without them only the absolute bar applies)."""
-        heads = super().select(score, stats)
-        if stats is None:
-            return heads
-        bar = self.min_ratio * self.chance(stats)
-        return [h for h in heads if float(score[h]) >= bar]
+    def rejected(
+        self, score: Float[Tensor, "n_layers n_heads"], stats: HeadStats
+    ) -> dict[HeadIndex, str]:
+        """Heads whose hit rate is below ``min_ratio`` times the chance rate (labelled:
+        a hit rate of at least ``threshold`` and of that bar)."""
+        chance = self.chance(stats)
+        bar = self.min_ratio * chance
+        return {
+            HeadIndex(a, b): f"hit rate {float(score[a, b]):.2f} < {self.min_ratio:g} x the "
+            f"chance rate {chance:.2f}"
+            for a, b in (~(score >= bar)).nonzero().tolist()
+        }
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
         chance = self.chance(stats)

@@ -87,16 +87,23 @@ class SInhibitionHead(HeadType):
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         return stats.mean(f"{self.name}.mass")
 
-    def select(self, score: Tensor, stats: HeadStats | None = None) -> list[HeadIndex]:
-        heads = super().select(score, stats)
-        if stats is None:
-            return heads
+    def rejected(self, score: Tensor, stats: HeadStats) -> dict[HeadIndex, str]:
         io = stats.mean(f"{self.name}.io.mass")
         below = stats.mean(f"{self.name}.below_name_movers")
-        return [h for h in heads if score[h] > io[h] and below[h] > 0]
+        out: dict[HeadIndex, str] = {}
+        for a, b in (~(below > 0)).nonzero().tolist():
+            out[HeadIndex(a, b)] = (
+                "not in a layer below the first name mover (Wang et al.: S-inhibition heads "
+                "feed the name movers' queries)"
+            )
+        for a, b in (~(score > io)).nonzero().tolist():
+            h = HeadIndex(a, b)
+            why = f"S2 mass {float(score[a, b]):.2f} <= IO mass {float(io[a, b]):.2f}"
+            out[h] = f"{out[h]}; {why}" if h in out else why
+        return out
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
-        attending = super().select(score, stats)
+        attending = self.above(score)
         io = stats.mean(f"{self.name}.io.mass")
         below = stats.mean(f"{self.name}.below_name_movers")
         return {

@@ -110,7 +110,9 @@ def validation(t: dict[str, Any], shape: tuple[int, int] | None = None) -> dict[
     if said is None:
         possible = None
         if shape is not None:
-            _, possible = control_space(t["heads"], *shape, v.get("control", "none"))
+            _, possible = control_space(
+                t["heads"], *shape, v.get("control", "none"), v.get("excluded_from_controls", [])
+            )
         said = verdict(v, possible)
     return {
         "verdict": said,

@@ -1,0 +1,114 @@
+"""Labels a reader can trust: every head at or above a threshold is labelled or listed with
+the criterion it failed; controls hold no head of the type; every labelled head (and every
+rejected one) has its own effect.
+
+On the trained toy (2 layers x 4 heads; its four layer-1 heads are induction heads with
+copying scores 0.954-0.966), a copying threshold of 0.96 labels L1H3 alone and rejects
+the three other induction heads for their copying score: the case of Gemma 3's L5H1 and
+Qwen2.5's layer 16, on a model small enough for every check.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import headmech
+from headmech.catalog.induction import InductionHead
+from headmech.classify import validate_heads
+from headmech.heads import HeadIndex
+from headmech.probes import ProbeOptions
+from headmech.results import HeadCatalog
+
+SIZE = {"n_sequences": 8}
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return headmech.load_model("toy-induction")
+
+
+@pytest.fixture(scope="module")
+def strict(toy):
+    """Induction on the toy with a copying threshold between its heads' copying scores."""
+    with pytest.warns(UserWarning, match="fewer eligible heads"):
+        return headmech.classify(
+            toy, [InductionHead(copying_threshold=0.96)], validate=True, n_random=3, **SIZE
+        )
+
+
+def test_every_head_above_the_threshold_is_labelled_or_listed_with_its_reason(strict):
+    r = strict["induction"]
+    copying = r.details["copying_score"]
+    assert r.heads == [HeadIndex(1, 3)] and copying["L1H3"] >= 0.96
+    above = {str(h) for h in r.heads} | {e["head"] for e in r.not_labelled}
+    want = {f"L{a}H{b}" for a, b in (r.score >= r.threshold).nonzero().tolist()}
+    assert above == want == {"L1H0", "L1H1", "L1H2", "L1H3"}
+    for e in r.not_labelled:
+        assert e["score"] == pytest.approx(float(r.score[HeadIndex.parse(e["head"])]), abs=1e-6)
+        assert e["reason"].startswith(f"copying score {copying[e['head']]:.2f} < 0.96")
+    assert [e["score"] for e in r.not_labelled] == sorted(
+        (e["score"] for e in r.not_labelled), reverse=True
+    )
+    # a head the type's own test rejects is never "borderline"
+    assert not {str(h) for h in r.borderline} & {e["head"] for e in r.not_labelled}
+
+
+def test_no_control_set_holds_a_head_of_the_type(strict):
+    """The three rejected induction heads share the labelled head's layer: with them kept
+    out, layer 1 has no eligible head, and the controls come from layer 0 (saying so)."""
+    r = strict["induction"]
+    v = r.details["validation"]
+    assert sorted(map(tuple, v["excluded_from_controls"])) == [(1, 0), (1, 1), (1, 2)]
+    assert v["control"] == "any_layer" and "fewer eligible heads" in v["control_note"]
+    assert v["control_pool"] == 4  # layer 0's heads
+    drawn = {tuple(h) for s in v["control_sets"] for h in s}
+    assert drawn and all(layer == 0 for layer, _ in drawn)
+
+
+def test_each_head_alone_is_the_effect_of_ablating_it_alone(toy, strict):
+    """``per_head``: the labelled head and the three rejected ones, each ablated alone,
+    against validate_heads on that head alone (same batches, same metric)."""
+    r = strict["induction"]
+    assert set(r.per_head) == {"L1H0", "L1H1", "L1H2", "L1H3"}
+    assert r.per_head["L1H3"]["labelled"] and not r.per_head["L1H0"]["labelled"]
+    t = InductionHead(copying_threshold=0.96)
+    for name in ("L1H3", "L1H0"):
+        alone = validate_heads(toy, t, [HeadIndex.parse(name)], ProbeOptions(**SIZE), n_random=0)
+        assert r.per_head[name]["effect"] == pytest.approx(alone["effect"], rel=1e-4, abs=1e-6)
+        lo, hi = r.per_head[name]["interval"]
+        assert lo <= r.per_head[name]["effect"] <= hi
+    red = r.details["validation"]["redundancy"]  # the one labelled head: the set is the head
+    assert red["ratio"] == pytest.approx(1.0, rel=1e-4)
+
+
+def test_the_whole_set_against_its_heads_alone_on_the_toy(toy):
+    """The toy's four induction heads: each alone costs little, together they cost the
+    task (they back each other up), so the set's effect exceeds the sum of their own."""
+    cat = headmech.classify(toy, ["induction"], validate=True, n_random=1, **SIZE)
+    r = cat["induction"]
+    assert len(r.heads) == 4 and r.not_labelled == []
+    red = r.details["validation"]["redundancy"]
+    assert red["sum_of_own_effects"] == pytest.approx(sum(e["effect"] for e in r.per_head.values()))
+    assert red["ratio"] > 2
+
+
+def test_not_labelled_and_per_head_round_trip_and_are_checked(strict, tmp_path):
+    strict.save(tmp_path)
+    data = json.loads((tmp_path / "catalog.json").read_text())
+    entry = data["types"]["induction"]
+    assert entry["not_labelled"] == strict["induction"].not_labelled
+    assert set(entry["per_head"]) == set(strict["induction"].per_head)
+    back = HeadCatalog.load(tmp_path / "catalog.json")
+    assert back["induction"].not_labelled == strict["induction"].not_labelled
+    entry["not_labelled"][0]["head"] = "L7H0"  # outside the 2-layer toy
+    (tmp_path / "catalog.json").write_text(json.dumps(data))
+    with pytest.raises(headmech.errors.CatalogFileError, match="not_labelled names head"):
+        HeadCatalog.load(tmp_path / "catalog.json")
+
+
+def test_a_head_parses_from_its_name():
+    assert HeadIndex.parse("L18H6") == HeadIndex(18, 6) == HeadIndex.parse(" l18h6 ")
+    with pytest.raises(headmech.errors.HeadIndexError, match="write it as L<layer>H<head>"):
+        HeadIndex.parse("18.6")
