@@ -133,6 +133,71 @@ def _verdict_rows(data: dict[str, Any]) -> list[str]:
     return [*lines, *([""] + notes if notes else [])]
 
 
+def _own(e: dict[str, Any] | None) -> str:
+    if not e or e.get("effect") is None:
+        return "–"
+    text = f"{e['effect']:+.3g}"
+    return text + (" [{:+.3g}, {:+.3g}]".format(*e["interval"]) if e.get("interval") else "")
+
+
+def _not_labelled_rows(data: dict[str, Any]) -> list[str]:
+    """Every head at or above a threshold that is not labelled, with the criterion it
+    failed and its own effect on the type's task."""
+    rows = [
+        f"| `{name}` | {e['head']} | {e['score']:.3f} | {e['reason']} | "
+        f"{_own((t.get('per_head') or {}).get(e['head']))} |"
+        for name, t in data["types"].items()
+        for e in t.get("not_labelled") or []
+    ]
+    if not rows:
+        return ["", "Every head at or above a threshold is labelled."]
+    return [
+        "",
+        "Heads at or above a threshold that are not labelled (the type's further criterion "
+        "rejected them), with their own effect on the type's task (ablated alone):",
+        "",
+        "| type | head | score | why not labelled | own effect [95% CI] |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def _per_head_rows(data: dict[str, Any], most: int = 8) -> list[str]:
+    """Each labelled head's own effect and its attention on ordinary text, per type (the
+    first ``most``; catalog.json has every measured head), and the set against the sum."""
+    rows = []
+    for name, t in data["types"].items():
+        per = t.get("per_head") or {}
+        if not per:
+            continue
+        v = t["details"].get("validation") or {}
+        red = v.get("redundancy") or {}
+        ratio = f"{red['ratio']:.2f}" if red.get("ratio") is not None else "–"
+        cells = []
+        for la, h in t["heads"][:most]:
+            e = per.get(f"L{la}H{h}", {})
+            share = e.get("broad_share")
+            broad = "–" if share is None else f"{share:.2f} / {e.get('broad_share_4x', 0):.2f}"
+            cells.append(f"L{la}H{h} {_own(e)}, {broad}{' **narrow**' if e.get('narrow') else ''}")
+        if cells:
+            more = f"; … (+{len(t['heads']) - most})" if len(t["heads"]) > most else ""
+            rows.append(f"| `{name}` | {'; '.join(cells)}{more} | {ratio} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "Each labelled head alone: its own effect on the type's task [95% CI], and the share "
+        "of its attention on ordinary text (five domains, 64 / 256 tokens) that the type's "
+        "pattern takes (**narrow**: under half at both lengths; – : the type has no pattern "
+        "outside its probe). Redundancy: the set's effect over the sum of its heads' own "
+        "(> 1: they back each other up).",
+        "",
+        "| type | head: own effect, share on ordinary text | redundancy |",
+        "|---|---|---|",
+        *rows,
+    ]
+
+
 def _model_section(folder: Path) -> list[str]:
     """One model's part of ``catalog/README.md``: how it was made, then the table."""
     data = json.loads((folder / "catalog.json").read_text())
@@ -149,18 +214,21 @@ def _model_section(folder: Path) -> list[str]:
         f"[catalog.json]({m['name']}/catalog.json), [heatmaps]({m['name']}/heatmaps/).",
         "",
         "| type | threshold | heads | labelled heads (score), best first | ablation effect [95% CI] | "
-        "random heads: median (range) | metric (ablation) |",
-        "|---|---|---|---|---|---|---|",
+        "random heads not of the type: median (range) | verdict | metric (ablation) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, t in data["types"].items():
         v = t["details"].get("validation")
         effect, control = _validation_cell(v)
         metric = f"{v['metric']} ({v['mode']})" if v else ""
+        said = type_verdict(t, m["n_layers"], m["n_heads"]) if t["heads"] else ""
         lines.append(
             f"| [`{name}`]({m['name']}/heatmaps/{name}.png) | {t['threshold']:g} | "
-            f"{len(t['heads'])} | {_heads_cell(t)} | {effect} | {control} | {metric} |"
+            f"{len(t['heads'])} | {_heads_cell(t)} | {effect} | {control} | {said} | {metric} |"
         )
     lines += _verdict_rows(data)
+    lines += _not_labelled_rows(data)
+    lines += _per_head_rows(data)
     by_reason: dict[str, list[str]] = {}
     for k, reason in run["skipped"].items():  # the same reason once, its types together
         by_reason.setdefault(reason.replace(f"head type '{k}' ", ""), []).append(f"`{k}`")
@@ -186,8 +254,14 @@ solid, borderline heads (95% interval containing the threshold) dashed.
 together (each type's ablation: zero, mean or uniform attention) and the type's task
 metric (a loss: higher is worse) is measured; the effect is ablated minus clean, with a
 95% bootstrap interval over probe examples. The same is done for random sets of as many
-unlabelled heads from the same layers; their median and range are the control. An effect
-well above the controls' range supports the label. Some types are validated on their
+heads *not of the type* from the same layers (neither labelled, nor at or above the
+threshold, nor with an interval reaching it: `validation.excluded_from_controls`); their
+median and range are the control. An effect well above the controls' range supports the
+label. Each labelled head, and each head above the threshold that the type's further
+criterion rejected (`not_labelled`, with the reason), is also ablated alone (`per_head`:
+its own effect with its interval), and each is read on ordinary text of five domains
+(`per_head[h].broad_share`: the share of its attention the type's pattern takes; HeadVis,
+Anthropic 2026). Some types are validated on their
 paper's own claim instead (`validation.validation` and `validation.claim` say which and
 why): copy suppression on the log-probability of the in-context token the model predicts
 (McDougall et al.), name movers and negative name movers by path patching to the logits,

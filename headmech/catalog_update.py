@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from headmech.results import HeadCatalog
 
-__all__ = ["add_types", "update_validations"]
+__all__ = ["add_broad", "add_types", "update_validations"]
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -124,6 +124,51 @@ def _store_validation(entry: dict[str, Any], v: dict[str, Any]) -> None:
     entry["details"]["validation"] = v
 
 
+def add_broad(name: str, root: Path, command: str = "") -> dict[str, Any]:
+    """Each type's labelled and rejected heads in ``root/<name>/catalog.json`` read on
+    ordinary text (:func:`headmech.broad.broad_behaviour`), into their ``per_head``
+    entries and ``details["broad"]``; recorded in the provenance (``broad_updates``) and
+    ``run.json``. Returns the record."""
+    from headmech.heads import get_head_type, head_types
+    from headmech.models import load_model
+    from headmech.provenance import weights_hash
+
+    folder = root / name
+    data = _read(folder / "catalog.json")
+    t0, c0 = time.perf_counter(), time.process_time()
+    model = load_model(name)
+    if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
+        raise InputError(f"catalog/{name} was computed on other weights: publish it again")
+    known = head_types()
+    names = [t for t in data["types"] if t in known]
+    _read_broadly(model, data, [get_head_type(t)() for t in names])
+    record = {"types": names, **_run_record(command, {}, t0, c0)}
+    data["provenance"].setdefault("broad_updates", []).append(record)
+    (folder / "catalog.json").write_text(dumps(data))
+    run_path = folder / "run.json"
+    run = json.loads(run_path.read_text()) if run_path.is_file() else {"model": name}
+    run.setdefault("updates", []).append({"broad": names, **record})
+    run_path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def _read_broadly(model: TransformerBridge, data: dict[str, Any], types: Sequence[Any]) -> None:
+    """``types``' labelled and rejected heads in ``data`` read on ordinary text
+    (:func:`headmech.broad.broad_behaviour`) into their ``per_head`` entries and
+    ``details["broad"]``, as a full run writes them."""
+    from headmech.broad import broad_behaviour, heads_to_read, merge
+    from headmech.results import TypeResult
+
+    shape = (int(data["model"]["n_layers"]), int(data["model"]["n_heads"]))
+    results = {t.name: TypeResult.from_json(t.name, data["types"][t.name], shape) for t in types}
+    found = broad_behaviour(model, types, {n: heads_to_read(r) for n, r in results.items()})
+    for t, record in found.items():
+        entry = data["types"][t]
+        per = entry.setdefault("per_head", {})
+        entry["details"]["broad"] = json.loads(dumps(merge(per, record)))
+        entry["per_head"] = json.loads(dumps(per))
+
+
 def _merge(data: dict[str, Any], new: dict[str, Any]) -> None:
     """Insert ``new``'s types (a catalog's JSON of the added types alone) into ``data``:
     their entries, ``settings.types`` and probe records (the probe options, and a probe
@@ -161,14 +206,17 @@ def _validate(
         n: [HeadIndex(int(a), int(b)) for a, b in t["heads"]] for n, t in data["types"].items()
     }
     seconds: dict[str, float] = {}
+    instances = []
     for t in types:
         t1 = time.perf_counter()
         head_type = get_head_type(t)(**size.type_options.get(t, {}))
+        instances.append(head_type)
         v = _validation(
             model, head_type, labelled[t], options, size.n_random, labelled, *_of(data, t)
         )
         _store_validation(data["types"][t], v)
         seconds[t] = round(time.perf_counter() - t1, 1)
+    _read_broadly(model, data, instances)
     return seconds
 
 

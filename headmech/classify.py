@@ -213,7 +213,10 @@ def classify(
             whose probe the tokenizer cannot spell, e.g. IOI prompts without single-token
             names, are skipped with the probe's reason in ``meta["skipped"]``).
         validate: also ablate each type's labelled heads and ``n_random`` layer-matched
-            control sets, recording ``details["validation"]`` (:func:`validate_heads`).
+            control sets of heads not of the type, recording ``details["validation"]``
+            (:func:`validate_heads`); each labelled head, and each head rejected above
+            the threshold, ablated alone (``per_head``); and their attention on ordinary
+            text (``per_head[h]["broad_share"]``, :mod:`headmech.broad`).
         n_random: control draws for validation.
         n_boot: bootstrap resamples of the probe's examples for each score's interval
             (0: no interval).
@@ -293,6 +296,8 @@ def _classify(
             v = unit(f"validate-{t.name}", run)
             r.per_head = v.pop("per_head", {})
             r.details["validation"] = v
+        if validate and runnable:
+            _beyond_the_probe(model, runnable, results, unit)
     except (Exception, KeyboardInterrupt) as e:
         # keep what is finished: the types scored (and validated, with validation)
         done = [t for t in runnable if t.name in results]
@@ -305,6 +310,21 @@ def _classify(
         msg = f"stopped after {len(done)} of {len(runnable)} type(s) ({why})"
         raise IncompleteRunError(msg, finished) from e
     return catalog(runnable)
+
+
+def _beyond_the_probe(
+    model: TransformerBridge, types: list[HeadType], results: dict[str, TypeResult], unit: Any
+) -> None:
+    """Each type's labelled (and rejected) heads read on ordinary text
+    (:func:`headmech.broad.broad_behaviour`), into ``per_head`` and ``details["broad"]``."""
+    from headmech.broad import broad_behaviour, heads_to_read, merge
+
+    def compute() -> dict[str, Any]:
+        wanted = {t.name: heads_to_read(results[t.name]) for t in types}
+        return broad_behaviour(model, types, wanted)
+
+    for name, record in unit("broad", compute).items():
+        results[name].details["broad"] = merge(results[name].per_head, record)
 
 
 def _first_line(e: BaseException) -> str:

@@ -61,18 +61,24 @@ class Cell:
     effect: float | None  # validation: ablated minus clean
     control: float | None  # the controls' median effect
     note: str  # "n/a: <reason>" when the type does not apply
+    verdict: str = ""  # headmech.claims.verdict of the validation
+    rejected: int = 0  # heads at or above the threshold not labelled
 
     def text(self) -> str:
-        """``3 (4.2%), depth 0.71; +6.95 vs +0.20`` or the reason it does not apply."""
+        """``3 (4.2%), depth 0.71; +6.95 vs +0.20: validated`` or the reason it does not
+        apply (a type without heads shows no effect)."""
         if self.note:
             return self.note
+        more = f"; {self.rejected} above the threshold not labelled" if self.rejected else ""
         if not self.n_heads:
-            return "none"
+            return "none" + more
         out = f"{self.n_heads} ({100 * self.share:.1f}%), depth {self.depth:.2f}"
         if self.effect is not None:
             vs = f"{self.control:+.3g}" if self.control is not None else "no control"
             out += f"; {self.effect:+.3g} vs {vs}"
-        return out
+        if self.verdict:
+            out += f": **{self.verdict}**"
+        return out + more
 
 
 def _cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
@@ -81,17 +87,28 @@ def _cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
         reason = run.get("skipped", {}).get(name, "not published")
         short = "encoder" if "decoder" in reason or "causal" in reason else reason.split(":")[0]
         return Cell(0, 0.0, None, None, None, f"n/a ({short})")
+    from headmech.claims import control_space, verdict
+
     t = data["types"][name]
     heads = t["heads"]
     depths = [la / max(m["n_layers"] - 1, 1) for la, _ in heads]
     v = t["details"].get("validation") or {}
+    said = ""
+    if heads and v:
+        banned = v.get("excluded_from_controls", [])
+        _, possible = control_space(
+            heads, m["n_layers"], m["n_heads"], v.get("control", ""), banned
+        )
+        said = v.get("verdict") or verdict(v, possible)
     return Cell(
         len(heads),
         len(heads) / (m["n_layers"] * m["n_heads"]),
         statistics.median(depths) if depths else None,
         v.get("effect") if heads else None,
-        v.get("random_median"),
+        v.get("random_median") if heads else None,
         "",
+        said,
+        len(t.get("not_labelled") or []),
     )
 
 

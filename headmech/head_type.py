@@ -206,6 +206,20 @@ class HeadType:
         p = t.float()
         return p / p.sum(-1, keepdim=True)
 
+    # --- beyond the probe ------------------------------------------------------------
+    broad_on_first: ClassVar[bool] = False  # the pattern is the first position (sinks)
+
+    def broad_targets(self, batch: ProbeBatch) -> Tensor | None:
+        """The type's pattern on ordinary text (:mod:`headmech.broad`), in the format of
+        :meth:`targets`: which keys a head of this type attends to in any sentence, not
+        only in its probe. None: the type has no pattern outside its probe (a name
+        mover's IO name, a function vector's task). Its share of a labelled head's
+        attention on several domains of prose says how much of the head's ordinary
+        behaviour the type explains (HeadVis, Anthropic 2026). ``broad_on_first``: the
+        pattern is the first position, which the share otherwise leaves out (a sink's
+        no-op attention is not behaviour another type's pattern should have to explain)."""
+        return None
+
     # --- behaviour ----------------------------------------------------------------
     def report(self, details: dict[str, Any]) -> list[str]:
         """Lines of type-specific evidence for the command line (default: none)."""

@@ -22,7 +22,8 @@ the update is recorded in the provenance and ``run.json``) and regenerates the R
 ``--types a,b --add`` adds types the published catalogs lack (a type registered since:
 :func:`headmech.catalog_update.add_types`), with their heatmaps, and the README;
 ``--types a,b --rescore`` classifies and validates types the catalogs hold again (after
-a change to their score), replacing their entries.
+a change to their score), replacing their entries. ``--broad`` reads every type's labelled
+and rejected heads on ordinary text (:mod:`headmech.broad`) into the catalogs' ``per_head``.
 """
 
 from __future__ import annotations
@@ -388,6 +389,22 @@ def _add(names: list[str], types: list[str], out: Path, rescore: bool = False) -
     return 0
 
 
+def _broad(names: list[str], out: Path) -> int:
+    """``--broad``: each model's heads read on ordinary text
+    (:func:`headmech.catalog_update.add_broad`), then the README."""
+    from headmech.catalog_update import add_broad
+
+    for name in names:
+        try:
+            record = add_broad(name, out, f"python -m headmech.publish --models {name} --broad")
+        except InputError as e:
+            print(f"python -m headmech.publish: {e}", file=sys.stderr)
+            return 1
+        print(f"{name}: broad behaviour in {record['wall_seconds']} s", file=sys.stderr)
+    _readmes(out)
+    return 0
+
+
 def _readmes(out: Path) -> None:
     """``out/README.md``, and the cross-model table in the project's README beside it."""
     (out / "README.md").write_text(readme(out))
@@ -425,6 +442,11 @@ def _parser() -> argparse.ArgumentParser:
         "--add", action="store_true", help="add --types, which the published catalogs lack"
     )
     change.add_argument(
+        "--broad",
+        action="store_true",
+        help="read every type's heads on ordinary text (per_head broad_share) into the catalogs",
+    )
+    change.add_argument(
         "--rescore",
         action="store_true",
         help="classify and validate --types again (a changed score), replacing their entries",
@@ -445,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--update, --add and --rescore need --types, and --types needs one of them")
     if args.update:
         return _update(names, types, args.out)
+    if args.broad:
+        return _broad(names, args.out)
     if args.add or args.rescore:
         return _add(names, types, args.out, rescore=args.rescore)
     if args.heatmaps:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import headmech
 from headmech.catalog.induction import InductionHead
@@ -112,3 +113,49 @@ def test_a_head_parses_from_its_name():
     assert HeadIndex.parse("L18H6") == HeadIndex(18, 6) == HeadIndex.parse(" l18h6 ")
     with pytest.raises(headmech.errors.HeadIndexError, match="write it as L<layer>H<head>"):
         HeadIndex.parse("18.6")
+
+
+def test_every_type_says_what_its_threshold_means_and_the_null_it_beats():
+    for name, cls in headmech.head_types().items():
+        note = cls.threshold_note
+        assert note and "docstring" not in note, name
+        assert "null" in note, name  # the baseline the threshold is set against
+        low, high = cls.threshold_range or cls.score_range
+        assert low <= cls.default_threshold <= high, name
+
+
+class _Stats:
+    """The share of each pair's cases both the head and the baseline get right."""
+
+    def __init__(self, both):
+        self.both = both
+
+    def mean(self, key):
+        return self.both
+
+
+def test_syntactic_significance_is_the_exact_sign_test_then_benjamini_hochberg(monkeypatch):
+    """Two heads on one pair of 100 cases, baseline 0.40: head A right on 0.60 (0.35
+    jointly with the baseline: n10 = 25, n01 = 5), head B right on 0.52 (0.20 jointly:
+    n10 = 32, n01 = 20) -- then q over the two tests. B is 12 points above the baseline,
+    past the threshold, but not significantly: rejected, with its q."""
+    from scipy.stats import binomtest, false_discovery_control
+
+    from headmech.catalog.syntactic import SyntacticHead
+
+    t = SyntacticHead(relations=("nsubj",))
+    acc = torch.tensor([[[0.60, 0.52]], [[0.0, 0.0]]])  # [n_pairs, 1 layer, 2 heads]
+    table = (acc, torch.tensor([0.40, 0.0]), torch.tensor([-1, 1]), torch.tensor([100, 5]))
+    monkeypatch.setattr(SyntacticHead, "_table", lambda self, stats: table)
+    both = torch.tensor([[0.35, 0.20]])
+    p, q = t.significance(_Stats(both))
+    want = [binomtest(25, 30, 0.5, alternative="greater").pvalue,
+            binomtest(32, 52, 0.5, alternative="greater").pvalue]  # fmt: skip
+    assert p[0, 0].tolist() == pytest.approx(want, rel=1e-5)
+    assert q[0, 0].tolist() == pytest.approx(list(false_discovery_control(want)), rel=1e-5)
+    assert p[1].eq(1).all() and q[1].eq(1).all()  # 5 cases < min_cases: not tested
+    score = acc[0] - 0.40
+    rejected = t.rejected(score, _Stats(both))
+    assert HeadIndex(0, 0) not in rejected  # +0.20, q = 2e-4: labelled
+    assert q[0, 0, 1] > 0.05 and list(rejected) == [HeadIndex(0, 1)]
+    assert f"best q {float(q[0, 0, 1]):.3f}" in rejected[HeadIndex(0, 1)]

@@ -82,6 +82,15 @@ def test_heads_cell_best_first_and_cut_after_twelve():
     assert _heads_cell({"score": [[None, None]], "heads": []}) == "none"
 
 
+PER_HEAD = {
+    "L1H0": {"effect": 1.0, "interval": [0.5, 1.5], "labelled": True, "broad_share": 0.6,
+             "broad_share_4x": 0.7, "narrow": False},
+    "L1H1": {"effect": 0.25, "interval": None, "labelled": True, "broad_share": 0.2,
+             "broad_share_4x": 0.3, "narrow": True},
+    "L0H1": {"effect": 0.05, "interval": [-0.1, 0.2], "labelled": False},
+}  # fmt: skip
+
+
 def _model(root: Path, name: str, shape: tuple[int, int], types: dict, run: dict) -> None:
     folder = root / name
     folder.mkdir(parents=True)
@@ -107,7 +116,13 @@ def root(tmp_path) -> Path:
         "smollm2-135m",
         (2, 2),
         {
-            "induction": _type(0.4, [[0.1, 0.2], [0.9, 0.5]], [[1, 0], [1, 1]], SAME_LAYERS),
+            "induction": _type(0.4, [[0.1, 0.45], [0.9, 0.5]], [[1, 0], [1, 1]], SAME_LAYERS)
+            | {
+                "not_labelled": [
+                    {"head": "L0H1", "score": 0.45, "reason": "copying score -0.20 < 0"}
+                ],
+                "per_head": PER_HEAD,
+            },  # fmt: skip
             "negative_name_mover": _type(
                 0.25, [[0.0, -0.3333], [0.2, 0.1]], [[0, 1]], LOWER_NO_CONTROL
             ),
@@ -152,7 +167,15 @@ def root(tmp_path) -> Path:
 
 TABLE_HEAD = (
     "| type | threshold | heads | labelled heads (score), best first | ablation effect [95% CI] | "
-    "random heads: median (range) | metric (ablation) |"
+    "random heads not of the type: median (range) | verdict | metric (ablation) |"
+)
+ALL_LABELLED = ["", "Every head at or above a threshold is labelled."]
+PER_HEAD_INTRO = (
+    "Each labelled head alone: its own effect on the type's task [95% CI], and the share "
+    "of its attention on ordinary text (five domains, 64 / 256 tokens) that the type's "
+    "pattern takes (**narrow**: under half at both lengths; – : the type has no pattern "
+    "outside its probe). Redundancy: the set's effect over the sum of its heads' own "
+    "(> 1: they back each other up)."
 )
 
 VERDICT_INTRO = (
@@ -172,14 +195,16 @@ SMOLLM2_SECTION = [
     "[heatmaps](smollm2-135m/heatmaps/).",
     "",
     TABLE_HEAD,
-    "|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|",
     "| [`induction`](smollm2-135m/heatmaps/induction.png) | 0.4 | 2 | L1H0 0.90, L1H1 0.50 | "
-    "+1.5 [+1.25, +1.75] | +0.2 (+0.1 … +0.3; 3 sets, same layers) | next-token loss (zero) |",
+    "+1.5 [+1.25, +1.75] | +0.2 (+0.1 … +0.3; 3 sets, same layers) | degenerate controls | "
+    "next-token loss (zero) |",
     "| [`negative_name_mover`](smollm2-135m/heatmaps/negative_name_mover.png) | 0.25 | 1 | "
-    "L0H1 -0.33 | -0.5 (expected: lower) | no control | logit difference (mean) |",
+    "L0H1 -0.33 | -0.5 (expected: lower) | no control | no control | logit difference (mean) |",
     "| [`attention_sink`](smollm2-135m/heatmaps/attention_sink.png) | 0.5 | 0 | "
-    "none (best L0H1 0.45) | no labelled heads |  | next-token loss (mean) |",
-    "| [`retrieval`](smollm2-135m/heatmaps/retrieval.png) | 0.1 | 0 | none | not validated |  |  |",
+    "none (best L0H1 0.45) | no labelled heads |  |  | next-token loss (mean) |",
+    "| [`retrieval`](smollm2-135m/heatmaps/retrieval.png) | 0.1 | 0 | none | not validated |  |  "
+    "|  |",
     "",
     VERDICT_INTRO.format(model="smollm2-135m"),
     "",
@@ -196,6 +221,19 @@ SMOLLM2_SECTION = [
     "- `induction`: controls degenerate: only 0 distinct control set(s) exist (0 unlabelled "
     "heads to draw from), 3 asked for, 3 drawn; not judged against them.",
     "",
+    "Heads at or above a threshold that are not labelled (the type's further criterion "
+    "rejected them), with their own effect on the type's task (ablated alone):",
+    "",
+    "| type | head | score | why not labelled | own effect [95% CI] |",
+    "|---|---|---|---|---|",
+    "| `induction` | L0H1 | 0.450 | copying score -0.20 < 0 | +0.05 [-0.1, +0.2] |",
+    "",
+    PER_HEAD_INTRO,
+    "",
+    "| type | head: own effect, share on ordinary text | redundancy |",
+    "|---|---|---|",
+    "| `induction` | L1H0 +1 [+0.5, +1.5], 0.60 / 0.70; L1H1 +0.25, 0.20 / 0.30 **narrow** | – |",
+    "",
 ]
 MINILM_SECTION = [
     "## minilm-l6 (2 layers x 2 heads)",
@@ -206,12 +244,12 @@ MINILM_SECTION = [
     "[heatmaps](minilm-l6/heatmaps/).",
     "",
     TABLE_HEAD,
-    "|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|",
     "| [`positional`](minilm-l6/heatmaps/positional.png) | 0.9 | 1 | L0H1 0.95 | "
     "+0.0167 [+0.0155, +0.018] | +0.00459 (+0.00416 … +0.00543; 5 sets, any layer) | "
-    "1 - cos (zero) |",
+    "degenerate controls | 1 - cos (zero) |",
     "| [`duplicate_token`](minilm-l6/heatmaps/duplicate_token.png) | 0.5 | 1 | L1H0 0.70 | — | "
-    f"{NOT_APPLICABLE} | next-token loss (zero) |",
+    f"{NOT_APPLICABLE} | not run | next-token loss (zero) |",
     "",
     VERDICT_INTRO.format(model="minilm-l6"),
     "",
@@ -224,6 +262,7 @@ MINILM_SECTION = [
     "",
     "- `positional`: controls degenerate: only 3 distinct control set(s) exist (3 unlabelled "
     "heads to draw from), 5 asked for, 5 drawn; not judged against them.",
+    *ALL_LABELLED,
     "",
     "Not applicable:",
     "",
@@ -240,9 +279,9 @@ TOY_SECTION = [
     "[heatmaps](toy-induction/heatmaps/).",
     "",
     TABLE_HEAD,
-    "|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|",
     "| [`induction`](toy-induction/heatmaps/induction.png) | 0.4 | 1 | L1H2 0.80 | +2 | "
-    "+0.05 (+0.01 … +0.1; 3 sets, same layers) | next-token loss (zero) |",
+    "+0.05 (+0.01 … +0.1; 3 sets, same layers) | not validated | next-token loss (zero) |",
     "",
     VERDICT_INTRO.format(model="toy-induction"),
     "",
@@ -251,6 +290,7 @@ TOY_SECTION = [
     # 3 possible single-head sets in layer 1, 3 drawn; no interval: nothing excludes 0
     "| `induction` | next-token loss (zero ablation) | +2 | +0.05 (+0.01 … +0.1; 3 sets, same "
     "layers) | **not validated** |",
+    *ALL_LABELLED,
     "",
 ]
 
@@ -284,16 +324,16 @@ def test_readme_cross_model_section(root):
     assert "| type | `smollm2-135m` | `minilm-l6` | literature |" in lines
     lit = LITERATURE
     rows = {
-        "induction": f"| `induction` | 2 (50.0%), depth 1.00; +1.5 vs +0.2 | n/a (encoder) | "
-        f"{lit['induction']} |",
+        "induction": f"| `induction` | 2 (50.0%), depth 1.00; +1.5 vs +0.2: **degenerate "
+        f"controls**; 1 above the threshold not labelled | n/a (encoder) | {lit['induction']} |",
         "negative_name_mover": "| `negative_name_mover` | 1 (25.0%), depth 0.00; -0.5 vs no "
-        f"control | n/a (not published) | {lit['negative_name_mover']} |",
+        f"control: **no control** | n/a (not published) | {lit['negative_name_mover']} |",
         "attention_sink": f"| `attention_sink` | none | n/a (not published) | "
         f"{lit['attention_sink']} |",
         "positional": f"| `positional` | n/a (not published) | 1 (25.0%), depth 0.00; +0.0167 vs "
-        f"+0.00459 | {lit['positional']} |",
-        "duplicate_token": f"| `duplicate_token` | n/a (not published) | 1 (25.0%), depth 1.00 | "
-        f"{lit['duplicate_token']} |",
+        f"+0.00459: **degenerate controls** | {lit['positional']} |",
+        "duplicate_token": f"| `duplicate_token` | n/a (not published) | 1 (25.0%), depth 1.00: "
+        f"**not run** | {lit['duplicate_token']} |",
         "successor": f"| `successor` | n/a (not published) | n/a (its probe 'ordinal' does not fit "
         f"the model) | {lit['successor']} |",
     }

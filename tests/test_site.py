@@ -172,9 +172,18 @@ def test_model_pages_show_every_type_with_its_labelled_heads_and_verdict(site, p
             assert shown == {f"L{la}H{h}" for la, h in result["heads"]}, (name, t)
             if (CATALOG / name / "heatmaps" / f"{t}.png").exists():
                 assert section.locator("img.heatmap").count() == 1
-            said = (result["details"].get("validation") or {}).get("verdict")
-            if said is not None:  # the catalog's verdict, as catalog/README.md shows it
-                assert section.locator("b.verdict").inner_text() == said, (name, t)
+            v = result["details"].get("validation") or {}
+            said = v.get("verdict")
+            if said == "no heads":  # no effect shown for a type without heads
+                assert "No labelled heads: nothing to validate" in section.inner_text()
+            elif said is not None:  # the catalog's verdict, as catalog/README.md shows it
+                assert section.locator("b.verdict").first.inner_text() == said, (name, t)
+            k = (v.get("k_composition") or {}).get("verdict")
+            if k is not None:  # previous-token heads' K-composition, as the README has it
+                assert section.locator("b.verdict").nth(1).inner_text() == k, (name, t)
+            for e in result.get("not_labelled", []):  # every rejected head, with its reason
+                assert f"{e['head']} " in section.locator("p.rejected").inner_text()
+                assert e["reason"] in section.locator("p.rejected").inner_text()
 
 
 def test_hovering_a_token_shows_the_weights_of_examples_json(site, page):

@@ -48,7 +48,13 @@ class AttentionSinkHead(HeadType):
     description = "parks a large share of its attention on the first token"
     probe = "prose"
     default_threshold = 0.3  # Gu et al.'s ε (see the docstring)
+    threshold_note = "mean attention on the first token ≥ 0.3: Gu et al.'s ε; the null is uniform attention, 1/(position+1), under 0.1 past the tenth token"
     min_query_pos = 1  # every query but the first token (Gu et al.: all queries that see key 0)
+
+    broad_on_first = True
+
+    def broad_targets(self, batch: ProbeBatch) -> Tensor:
+        return self.targets(batch)  # the first position, in any text
 
     def targets(self, batch: ProbeBatch) -> Tensor:
         pos = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)

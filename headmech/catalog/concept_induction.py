@@ -49,6 +49,7 @@ class ConceptInductionHead(HeadType):
     description = "attends to the last token of an earlier multi-token word about to be copied"
     probe = "repeated_words"
     default_threshold = 0.4
+    threshold_note = "mass ≥ 0.4 on the last token of the earlier copy of a multi-token word (the induction bar applied to the concept target), above the head's mass on the token-level induction target; null: uniform attention over the prefix (about 0.02 at the probe's lengths)"
     causal_only = True
     task = "word_copying"
     claim = (

@@ -52,6 +52,7 @@ class CopySuppressionHead(HeadType):
     )
     probe = "prose"
     default_threshold = 0.5
+    threshold_note = "share of prose tokens whose logit the head lowers when it attends to their earlier copy ≥ 0.5 (a majority; the authors publish no cut); null: chance, 1/vocabulary"
     causal_only = True  # the unembedding of the bundled encoder is not trained
     task = "copy_suppression"
     claim = (

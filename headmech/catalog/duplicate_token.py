@@ -33,7 +33,11 @@ class DuplicateTokenHead(HeadType):
     probe = "repeated_random"
     # headmech's choice (the detector has no threshold), as for induction
     default_threshold = 0.4
+    threshold_note = "mass ≥ 0.4 on earlier copies of the current token in repeated random sequences (no cut published; Wang et al.'s duplicate heads put most of their attention there); null: uniform attention, 1/position, about 0.02 in the repeated half"
     task = "induction"  # loss on the repeated half of random-token sequences
+
+    def broad_targets(self, batch: ProbeBatch) -> Tensor:
+        return self.targets(batch)  # earlier copies of the current token, in any text
 
     def targets(self, batch: ProbeBatch) -> Tensor:
         ids = batch.input_ids

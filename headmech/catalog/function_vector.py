@@ -54,6 +54,7 @@ class FunctionVectorHead(HeadType):
     description = "its mean output at the query carries an in-context task (antonyms, capitals)"
     probe = "icl"
     default_threshold = 0.01
+    threshold_note = "average indirect effect ≥ 0.01: patching the head's mean output raises the answer's probability by at least one percentage point (Todd et al.'s ranking has no cut; their top-10 AIEs in GPT-J fall below 0.01); null: 0, no effect"
     # patched minus shuffled probability; a quarter of the answer's probability moved by
     # one head's mean is beyond any head Todd et al. report (GPT-J's best: about 0.05)
     score_range = (-0.25, 0.25)

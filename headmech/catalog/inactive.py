@@ -60,6 +60,7 @@ class InactiveHead(HeadType):
     description = "writes almost nothing (small output norm beside its layer) on every domain"
     probe = "domains"
     default_threshold = 0.5  # output norm at most half the layer's mean (see the docstring)
+    threshold_note = "1 - output norm / the layer's mean norm ≥ 0.5 on every domain: the head writes at most half of what its layer's heads do (Guo et al. sweep their cut; this is the catalog's); null: 0, a typical head of its layer"
     causal_only = True  # the validation is next-token loss
     task = "lm"
     expected_effect = "little"

@@ -40,6 +40,7 @@ class InductionHead(HeadType):
     description = "attends to the token after an earlier copy of the current token and copies it"
     probe = "repeated_random"
     default_threshold = 0.4
+    threshold_note = "prefix-matching mass ≥ 0.4 on the token after the earlier copy (no cut published; the TransformerLens detector's examples use similar bars), and an OV circuit that copies (copying score ≥ 0); null: uniform attention over the prefix, under 0.03 at 32 random tokens"
     causal_only = True
     task = "induction"  # loss on the repeated half of random-token sequences
 
@@ -53,6 +54,11 @@ class InductionHead(HeadType):
         super().__init__(threshold, probe=probe)
         # > 0: the OV circuit's eigenvalues are mostly positive (it copies rather than suppresses)
         self.copying_threshold = float(copying_threshold)
+
+    def broad_targets(self, batch: ProbeBatch) -> Tensor:
+        from headmech.probes.broad import after_earlier_copy
+
+        return after_earlier_copy(batch)  # the token after an earlier copy of this one
 
     def targets(self, batch: ProbeBatch) -> Tensor:
         half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])

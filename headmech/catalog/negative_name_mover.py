@@ -38,6 +38,7 @@ class NegativeNameMoverHead(NameMoverHead):
     )
     description = "at the end of an IOI prompt, attends to the indirect object and lowers its logit"
     copy_key = "negative_copy"
+    threshold_note = "as name movers (IO mass ≥ 0.3, above the subject's) with a negative copy score ≥ 0.5; null: uniform attention, about 0.06"
     helps_task = False  # ablating them should raise the logit difference
     claim = (
         "Wang et al.: the heads' direct effect (path patching to the logits from ABC "

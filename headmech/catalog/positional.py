@@ -65,6 +65,7 @@ class PositionalHead(HeadType):
     description = "puts its maximum attention on one fixed relative position (e.g. -1 or +1)"
     probe = "prose"
     default_threshold = 0.9  # Voita et al.: "at least 90% of the time"
+    threshold_note = "share of queries whose maximum attention falls on one fixed offset (-1 or +1) ≥ 0.9: Voita et al.'s 'at least 90% of the time'; null: the share at that offset of a head attending anywhere, about 1/position"
 
     def __init__(
         self,
@@ -81,6 +82,15 @@ class PositionalHead(HeadType):
             f"{type(self).__name__}(threshold={self.threshold}, "
             f"exclude_special_keys={self.exclude_special_keys})"
         )
+
+    def broad_targets(self, batch: ProbeBatch) -> Tensor:
+        """The neighbours (-1 and +1, Voita et al.'s positional offsets) in any text."""
+        real = ~batch.special
+        n = real.shape[1]
+        eye = torch.eye(n, dtype=torch.bool, device=real.device)
+        near = eye.roll(-1, 1) | eye.roll(1, 1)  # keys q - 1 and q + 1
+        near[0, -1] = near[-1, 0] = False  # no wrap-around
+        return near[None] & real[:, :, None] & real[:, None, :]
 
     # --- engine -------------------------------------------------------------------
     def _prepare(self, batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:

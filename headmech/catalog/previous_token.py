@@ -42,12 +42,16 @@ class PreviousTokenHead(HeadType):
     probe = "prose"
     # headmech's choice (the detector has no threshold): the majority of the head's attention.
     default_threshold = 0.5
+    threshold_note = "mass ≥ 0.5 on the previous token (no cut published; a majority of the head's attention); null: uniform attention over a sentence's prefix, about 0.05 at 20 tokens"
     task = "induction"
     validation = "k_composition"
     claim = (
         "Olsson et al.: ablating the heads hurts induction (repeated-half loss) more than "
         "random heads, and their writes reach the induction heads' keys (K-composition)"
     )
+
+    def broad_targets(self, batch: ProbeBatch) -> Tensor:
+        return self.targets(batch)  # the previous token, in any text
 
     def targets(self, batch: ProbeBatch) -> Tensor:
         pos = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)

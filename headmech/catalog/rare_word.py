@@ -64,6 +64,7 @@ class RareWordHead(HeadType):
     description = "puts its maximum attention on the least frequent token of the sentence"
     probe = "prose"
     default_threshold = 0.3  # headmech's choice (Voita et al. give none): see the docstring
+    threshold_note = "share of sentences whose maximum attention goes to the rarest token ≥ 0.3 and at least 3x the chance rate (Voita et al. give no cut); null: the chance rate, 1/sentence length"
 
     def __init__(
         self, threshold: float | None = None, min_ratio: float = 3.0, *, probe: str | None = None

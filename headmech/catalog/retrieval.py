@@ -50,11 +50,17 @@ class RetrievalHead(HeadType):
     description = "copy-pastes the needle's tokens from a long context into the answer"
     probe = "needle"
     default_threshold = 0.1  # the paper's: copy-pastes at least 10% of the answer
+    threshold_note = "share of the needle's answer tokens the head copy-pastes ≥ 0.1: Wu et al.'s own cut; null: 0 (a head that never attends to the token it outputs)"
     causal_only = True
     task = "retrieval"  # needle answer NLL (teacher-forced)
     ablation = "uniform"
 
     # --- what the engine computes -------------------------------------------------
+    def broad_targets(self, batch: ProbeBatch) -> Tensor:
+        from headmech.probes.broad import copy_of_next
+
+        return copy_of_next(batch)  # earlier copies of the token that comes next
+
     def targets(self, batch: ProbeBatch) -> Int[Tensor, "batch query_pos"]:
         """The needle position of the token each answer step produces (-1 elsewhere):
         a perfect retrieval head's top-1 key (used by :meth:`ideal_pattern`)."""

@@ -57,6 +57,7 @@ class SInhibitionHead(HeadType):
     )
     probe = "ioi"
     default_threshold = 0.3
+    threshold_note = "attention ≥ 0.3 from the last token to the second subject mention, above its attention to the IO, below the first name mover's layer; null: uniform attention over a 16-token prompt, about 0.06"
     causal_only = True
     task = "ioi"
 

@@ -54,6 +54,7 @@ class SemanticInductionHead(HeadType):
     description = "attends to a relation's head word and raises its tail's logit"
     probe = "prose"
     default_threshold = 0.5
+    threshold_note = "relation index ≥ 0.5: half the attention on the head word with the tail's logit one standard deviation above the vocabulary's mean (Ren et al. rank heads, no cut); null: 0"
     causal_only = True
     task = "relation_tail"
     claim = (

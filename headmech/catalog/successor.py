@@ -44,6 +44,7 @@ class SuccessorHead(HeadType):
     description = "maps an ordinal token (Monday, March, C) to its successor through its OV circuit"
     probe = "ordinal"
     default_threshold = 0.4
+    threshold_note = "share of ordinal items whose successor the head's OV circuit ranks first ≥ 0.4 (the cut of curt-tigges/circuits-over-time; the authors publish none); null: chance, 1/|task| = 0.04-0.14"
     causal_only = True  # the unembedding of the bundled encoder is not trained
     task = "succession"
 

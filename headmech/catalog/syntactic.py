@@ -32,6 +32,7 @@ class _Cases:
     query: Int[Tensor, " n_cases"]  # word whose partner is predicted
     partner: Int[Tensor, " n_cases"]  # its true dependency partner
     pair: Int[Tensor, " n_cases"]  # index into SyntacticHead.pairs
+    offset: Int[Tensor, " n_cases"]  # partner - query, in words
     counts: Float[Tensor, "batch n_pairs"]  # cases per sequence and pair
     offset_hist: Float[Tensor, "batch n_pairs n_offsets"]  # cases with partner - query == offset
 
@@ -51,12 +52,17 @@ class SyntacticHead(HeadType):
 
     Score: per head, the largest ``accuracy - baseline`` over the (relation, direction)
     pairs with at least ``min_cases`` cases (0 when no pair has that many). A head is
-    syntactic when it beats the baseline by ``threshold`` (10 points, Voita et al.).
+    syntactic when it beats the baseline by ``threshold`` (10 points, Voita et al.) on a
+    pair where the gain is also significant: an exact sign test of the head against the
+    baseline on the same cases, Benjamini-Hochberg across every (relation, direction)
+    pair and head at ``alpha`` (:meth:`significance`), since 9 relations x 2 directions x
+    every head is hundreds to thousands of tests.
 
     Args:
         threshold: accuracy above the positional baseline needed (default 0.10).
         min_cases: cases a (relation, direction) pair needs to count (default 20).
         relations: spaCy dependency labels to test.
+        alpha: the false discovery rate (default 0.05).
 
     References:
         Voita et al. 2019, "Analyzing Multi-Head Self-Attention: Specialized Heads Do the
@@ -78,6 +84,7 @@ class SyntacticHead(HeadType):
     )
     probe = "prose"
     default_threshold = 0.10  # Voita et al.: at least 10 points above the positional baseline
+    threshold_note = "dependency accuracy ≥ 0.10 above the best positional baseline for a relation: Voita et al.'s ten points; null: the positional baseline (and a shuffled-parse null with Benjamini-Hochberg across relations, directions and heads)"
     score_range = (-1.0, 1.0)  # accuracy minus the positional baseline
 
     def __init__(
@@ -85,17 +92,19 @@ class SyntacticHead(HeadType):
         threshold: float | None = None,
         min_cases: int = 20,
         relations: Sequence[str] = RELATIONS,
+        alpha: float = 0.05,
         *,
         probe: str | None = None,
     ) -> None:
         super().__init__(threshold, probe=probe)
         self.min_cases = int(min_cases)
+        self.alpha = float(alpha)
         self.relations = tuple(relations)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(threshold={self.threshold}, min_cases={self.min_cases}, "
-            f"relations={self.relations})"
+            f"relations={self.relations}, alpha={self.alpha})"
         )
 
     @property
@@ -151,7 +160,7 @@ class SyntacticHead(HeadType):
         flat = unit[in_range] * len(OFFSETS) + offset[in_range] + MAX_OFFSET
         hist = torch.bincount(flat, minlength=n_batch * n_pairs * len(OFFSETS)).double()
         hist = hist.view(n_batch, n_pairs, len(OFFSETS))  # [batch, n_pairs, n_offsets]
-        return _Cases(pool_from, pool_to, blocked, s, q, p, k, counts, hist)
+        return _Cases(pool_from, pool_to, blocked, s, q, p, k, offset, counts, hist)
 
     def _reduce(
         self,
@@ -171,10 +180,19 @@ class SyntacticHead(HeadType):
         hits = torch.zeros(n_batch * n_pairs, n_heads, dtype=torch.float64, device=pattern.device)
         hits.index_add_(0, cases.seq * n_pairs + cases.pair, hit.double())
         hits = hits.view(n_batch, n_pairs, n_heads)  # per sequence
+        # hits where the partner lies at each baseline offset: the cases both get right
+        at = torch.zeros(len(OFFSETS), n_batch * n_pairs, n_heads, dtype=torch.float64)
+        at = at.to(pattern.device)
+        for j, off in enumerate(OFFSETS):
+            both = hit & (cases.offset == off)[:, None]
+            at[j].index_add_(0, cases.seq * n_pairs + cases.pair, both.double())
+        at = at.view(len(OFFSETS), n_batch, n_pairs, n_heads)
         out: dict[str, tuple[Tensor, Tensor]] = {}
         for k, (rel, direction) in enumerate(self.pairs):
             n = cases.counts[:, k]  # [batch]
             out[f"{rel}.{direction}.hit"] = (hits[:, k], n)
+            for j, off in enumerate(OFFSETS):
+                out[f"{rel}.{direction}.hit_at_{off:+d}"] = (at[j, :, k], n)
             # the baseline does not depend on the head: the same histogram for every head
             for j, off in enumerate(OFFSETS):
                 out[f"{rel}.{direction}.offset_{off:+d}"] = (
@@ -202,6 +220,57 @@ class SyntacticHead(HeadType):
         offset = torch.tensor(OFFSETS)[j]
         return acc.nan_to_num(0.0), baseline, offset, n
 
+    def significance(self, stats: HeadStats) -> tuple[Tensor, Tensor]:
+        """Per (relation, direction) pair and head, ``[n_pairs, n_layers, n_heads]``: the
+        one-sided p-value of the head beating the positional baseline, and its
+        Benjamini-Hochberg q-value across every eligible pair and head.
+
+        The null: the head is no better than always predicting the baseline's offset.
+        On the same cases, the exact sign test (McNemar's, conditional on the
+        discordant cases) counts those the head gets right and the baseline wrong
+        (``n10``) against the reverse (``n01``): p = P(Bin(n10 + n01, 1/2) >= n10), a
+        permutation null that swaps the two predictions case by case. Pairs with fewer
+        than ``min_cases`` cases are not tested (p = q = 1)."""
+        from scipy.stats import binom, false_discovery_control
+
+        acc, baseline, offset, n = self._table(stats)
+        both = torch.stack(
+            [
+                stats.mean(self._stat(r, d, f"hit_at_{int(offset[k]):+d}")).nan_to_num(0.0)
+                for k, (r, d) in enumerate(self.pairs)
+            ]
+        )  # [n_pairs, n_layers, n_heads], a share of the pair's cases
+        cases = n.double()[:, None, None]
+        n11 = (both.double() * cases).round()
+        n10 = (acc.double() * cases).round() - n11
+        n01 = (baseline.double()[:, None, None] * cases).round() - n11
+        p = torch.from_numpy(binom.sf(n10.numpy() - 1, (n10 + n01).numpy(), 0.5))
+        eligible = (n >= self.min_cases)[:, None, None].expand_as(p)
+        p = torch.where(eligible & (n10 + n01 > 0), p, torch.ones_like(p))
+        q = torch.ones_like(p)
+        if bool(eligible.any()):
+            q[eligible] = torch.from_numpy(false_discovery_control(p[eligible].numpy()))
+        return p.float(), q.float()
+
+    def rejected(self, score: Tensor, stats: HeadStats) -> dict[HeadIndex, str]:
+        """Heads none of whose relations above the threshold survives Benjamini-Hochberg
+        at ``alpha`` across every relation, direction and head."""
+        acc, baseline, _, n = self._table(stats)
+        _, q = self.significance(stats)
+        gain = acc - baseline[:, None, None]
+        passes = (gain >= self.threshold) & (n >= self.min_cases)[:, None, None]
+        best_q = q.masked_fill(~passes, 2.0).min(0).values  # over the passing pairs
+        out = {}
+        for a, b in (best_q > self.alpha).nonzero().tolist():
+            if best_q[a, b] <= 1.0:  # above the threshold somewhere, significant nowhere
+                out[HeadIndex(a, b)] = (
+                    f"no relation {self.threshold:g} above the positional baseline survives "
+                    f"Benjamini-Hochberg at q = {self.alpha:g} over {int((n >= self.min_cases).sum())} "
+                    f"relation-directions x {q.shape[1] * q.shape[2]} heads (best q "
+                    f"{float(best_q[a, b]):.3f})"
+                )
+        return out
+
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         acc, baseline, _, n = self._table(stats)
         gain = acc - baseline[:, None, None]  # [n_pairs, n_layers, n_heads]
@@ -212,6 +281,7 @@ class SyntacticHead(HeadType):
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
         acc, baseline, offset, n = self._table(stats)
+        p, q = self.significance(stats)
         n_heads = acc.shape[-1]
         relations: dict[str, dict[str, Any]] = {}
         per_head: dict[str, list[str]] = {str(h): [] for h in heads}
@@ -226,13 +296,24 @@ class SyntacticHead(HeadType):
                 "baseline": round(float(baseline[k]), 4),
                 "baseline_offset": int(offset[k]),
                 "count": int(n[k]),
-                "syntactic": passes,
+                "p": float(f"{float(p[k][h]):.3g}"),
+                "q": float(f"{float(q[k][h]):.3g}"),
+                "syntactic": passes and float(q[k][h]) <= self.alpha,
             }
             if int(n[k]) >= self.min_cases:
                 for lh in heads:
-                    if float(acc[k][lh] - baseline[k]) >= self.threshold:
+                    gain_lh = float(acc[k][lh] - baseline[k])
+                    if gain_lh >= self.threshold and float(q[k][lh]) <= self.alpha:
                         per_head[str(lh)].append(f"{rel}.{direction}")
-        return {"relations": relations, "head_relations": per_head, "min_cases": self.min_cases}
+        return {
+            "relations": relations,
+            "head_relations": per_head,
+            "min_cases": self.min_cases,
+            "alpha": self.alpha,
+            "n_tests": int((n >= self.min_cases).sum()) * int(acc.shape[1] * n_heads),
+            "above_threshold": len(self.above(score)),
+            "surviving_fdr": len(heads),
+        }
 
     def check_model(self, info: Any) -> str | None:
         """Dependency parses need spaCy and its English pipeline (the ``syntactic`` extra)."""

@@ -37,6 +37,7 @@ from headmech.site.pages import (
     model_types,
     provenance,
     type_info,
+    verdict_counts,
 )
 
 __all__ = ["SiteSummary", "build_site", "main"]
@@ -117,7 +118,11 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
     pages += _write(
         out / "index.html",
         env.get_template("index.html").render(
-            root=".", tutorials=tutorials, cites={m.name: _cite(m) for m in models}, **common
+            root=".",
+            tutorials=tutorials,
+            cites={m.name: _cite(m) for m in models},
+            verdicts=verdict_counts(models),
+            **common,
         ),
     )
     for m in models:

@@ -15,7 +15,7 @@ from typing import Any
 from headmech.attention_view import top_attended, view_html
 from headmech.errors import InputError
 
-__all__ = ["Model", "head_page", "load_models", "type_info"]
+__all__ = ["Model", "head_page", "load_models", "type_info", "verdict_counts"]
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Model:
     catalog: dict[str, Any]
     run: dict[str, Any]
     examples: dict[str, Any] | None
-    heads: list[str] = field(default_factory=list)  # labelled heads, "L1H0", in order
+    heads: list[str] = field(default_factory=list)  # labelled or rejected heads, "L1H0"
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -60,7 +60,9 @@ def load_models(catalog_dir: Path) -> list[Model]:
         folder = path.parent
         examples = folder / "examples.json"
         catalog = _read(path)
-        heads = sorted({_key(h) for t in catalog["types"].values() for h in t["heads"]})
+        heads = {_key(h) for t in catalog["types"].values() for h in t["heads"]}
+        heads |= {_key(_parse(e["head"])) for t in catalog["types"].values() for e in _rejected(t)}
+        ordered = sorted(heads)
         models.append(
             Model(
                 folder.name,
@@ -68,12 +70,38 @@ def load_models(catalog_dir: Path) -> list[Model]:
                 catalog,
                 _read(folder / "run.json") if (folder / "run.json").exists() else {},
                 _read(examples) if examples.exists() else None,
-                [_name(h) for h in heads],
+                [_name(h) for h in ordered],
             )
         )
     if not models:
         raise InputError(f"no published catalog (*/catalog.json) under {catalog_dir}")
     return models
+
+
+def _parse(name: str) -> tuple[int, int]:
+    layer, head = str(name).upper().lstrip("L").split("H")
+    return int(layer), int(head)
+
+
+def _rejected(t: dict[str, Any]) -> list[dict[str, Any]]:
+    """A type's heads at or above the threshold that a further criterion rejected."""
+    return list(t.get("not_labelled") or [])
+
+
+def _own(t: dict[str, Any], head: tuple[int, int]) -> dict[str, Any]:
+    """A head's ``per_head`` record of type ``t`` (its own effect, broad share), or {}."""
+    return dict((t.get("per_head") or {}).get(_name(head), {}))
+
+
+def verdict_counts(models: list[Model]) -> dict[str, int]:
+    """How many (model, type) validations came out each way, for the index."""
+    counts: dict[str, int] = {}
+    for m in models:
+        for t in m.types.values():
+            v = validation(t, m.shape)
+            said = v["verdict"] if v else "not run"
+            counts[said] = counts.get(said, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _cell(grid: Any, head: tuple[int, int]) -> float | None:
@@ -87,12 +115,18 @@ def head_row(t: dict[str, Any], head: list[int] | tuple[int, int]) -> dict[str, 
     """A head's score on type ``t`` with its 95% interval (None where not recorded)."""
     h = _key(head)
     interval = t.get("interval") or {}
+    own = _own(t, h)
     return {
         "name": _name(h),
         "layer": h[0],
         "score": _cell(t.get("score"), h),
         "low": _cell(interval.get("low"), h),
         "high": _cell(interval.get("high"), h),
+        "effect": own.get("effect"),
+        "effect_interval": own.get("interval"),
+        "broad_share": own.get("broad_share"),
+        "broad_share_4x": own.get("broad_share_4x"),
+        "narrow": own.get("narrow"),
     }
 
 
@@ -114,8 +148,12 @@ def validation(t: dict[str, Any], shape: tuple[int, int] | None = None) -> dict[
                 t["heads"], *shape, v.get("control", "none"), v.get("excluded_from_controls", [])
             )
         said = verdict(v, possible)
+    k = v.get("k_composition") or {}
     return {
         "verdict": said,
+        "k_verdict": k.get("verdict"),
+        "k_effect": k.get("effect"),
+        "k_receivers": [_name(r) for r in k.get("receivers", [])] if k.get("verdict") else [],
         "effect": v.get("effect"),
         "interval": v.get("effect_interval"),
         "median": v.get("random_median"),
@@ -143,6 +181,10 @@ def model_types(m: Model, page_dir: Path) -> list[dict[str, Any]]:
                 "threshold": t.get("threshold"),
                 "heads": sorted(heads, key=lambda r: -(r["score"] or 0.0)),
                 "borderline": [head_row(t, h) for h in t.get("borderline", [])],
+                "not_labelled": [
+                    head_row(t, _parse(e["head"])) | {"reason": e["reason"]} for e in _rejected(t)
+                ],
+                "narrow": [r["name"] for r in heads if r["narrow"]],
                 "validation": validation(t, (n_layers, n_heads)),
                 "heatmap": os.path.relpath(png, page_dir).replace(os.sep, "/")
                 if png.exists()
@@ -207,6 +249,7 @@ def type_info(name: str) -> dict[str, Any]:
         "citation": cls.citation or cls.reference,
         "reference": cls.reference,
         "default_threshold": cls.default_threshold,
+        "threshold_note": getattr(cls, "threshold_note", ""),
         "probe": cls.probe,
         "task": cls.task,
         "why": _threshold_why(cls),
@@ -223,9 +266,11 @@ def head_page(m: Model, head: str) -> dict[str, Any]:
         row = head_row(t, h) | {"type": name, "threshold": t.get("threshold")}
         row["labelled"] = h in labelled
         row["borderline"] = h in [_key(x) for x in t.get("borderline", [])]
+        why = [e["reason"] for e in _rejected(t) if _parse(e["head"]) == h]
+        row["rejected"] = why[0] if why else None
         scores.append(row)
-        if row["labelled"] and (v := validation(t)):
-            effects.append(v | {"type": name})
+        if (row["labelled"] or why) and (v := validation(t, m.shape)):
+            effects.append(v | {"type": name, "own": row, "labelled": row["labelled"]})
     views, tops = [], []
     ex = m.examples or {}
     patterns = ex.get("heads", {}).get(head, [])  # none: examples.json predates the head
