@@ -46,6 +46,8 @@ def _validation_cell(v: dict[str, Any] | None) -> tuple[str, str]:
         return effect, v.get("control_note") or "no control"
     lo, hi = v["random_range"]
     where = {"same_layers": "same layers", "any_layer": "any layer"}.get(v["control"], "")
+    if str(v["control"]).startswith("layers_within_"):
+        where = f"within {v['control'].rsplit('_', 1)[1]} layer(s)"
     n = len(v["random_effects"])
     return (
         effect,

@@ -66,6 +66,9 @@ def _controls(
     g = torch.Generator().manual_seed(seed)
     like = None if short else list(heads)
     kind, note = "same_layers", ""
+    if not short:  # enough eligible heads per layer, but perhaps too few distinct sets
+        kind, note, banned = _widened(info, heads, n_random, banned)
+        like = list(heads) if kind == "same_layers" else None
     if short:
         kind = "any_layer"
         note = (
@@ -75,6 +78,39 @@ def _controls(
         warnings.warn(note, stacklevel=3)
     sets = _distinct_sets(info, heads, sorted(banned), n_random, g, like, kind)
     return sets, kind, note
+
+
+def _widened(
+    info: ModelInfo, heads: Sequence[HeadIndex], n_random: int, banned: set[HeadIndex]
+) -> tuple[str, str, set[HeadIndex]]:
+    """``same_layers`` where the labelled heads' layers hold ``n_random`` distinct control
+    sets; else the eligible heads of the layers within the smallest distance ``d`` that
+    do (``layers_within_d``, the heads outside those layers banned too), with a note;
+    where no distance does, ``same_layers`` (the controls are then degenerate)."""
+    from headmech.claims import control_space, near_layers
+
+    args = (heads, info.n_layers, info.n_heads)
+    _, same = control_space(*args, "same_layers", sorted(banned))
+    if same >= n_random:
+        return "same_layers", "", banned
+    for d in range(1, info.n_layers):
+        kind = f"layers_within_{d}"
+        _, possible = control_space(*args, kind, sorted(banned))
+        if possible >= n_random:
+            near = set(near_layers({h.layer for h in heads}, info.n_layers, d))
+            outside = {
+                HeadIndex(la, h)
+                for la in range(info.n_layers)
+                if la not in near
+                for h in range(info.n_heads)
+            }
+            note = (
+                f"only {same} distinct control set(s) of heads not of the type exist in the "
+                f"labelled heads' layers: controls drawn from the eligible heads within {d} "
+                f"layer(s) of them"
+            )
+            return kind, note, banned | outside
+    return "same_layers", "", banned
 
 
 def _distinct_sets(

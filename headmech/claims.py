@@ -24,7 +24,7 @@ set is layer 0's four heads) and :func:`verdict` does not judge the labels again
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from math import comb, prod
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +73,8 @@ def control_space(
     (neither labelled nor ``excluded``, i.e. not of the type; ``same_layers``: those of
     the labelled heads' layers; ``any_layer``: all), and how many distinct sets of
     ``len(heads)`` heads there are (per layer as many as labelled there, for
-    ``same_layers``)."""
+    ``same_layers``; ``layers_within_d``: any eligible heads of the layers within ``d`` of
+    a labelled head's, where the same layers hold too few distinct sets)."""
     labelled = {(int(a), int(b)) for a, b in heads}
     banned = labelled | {(int(a), int(b)) for a, b in excluded}
     per_layer: dict[int, int] = {}
@@ -85,7 +86,16 @@ def control_space(
     if kind == "any_layer":
         pool = n_layers * n_heads - len(banned)
         return pool, comb(pool, len(labelled))
+    if kind.startswith("layers_within_"):  # the labelled heads' layers and their neighbours
+        near = near_layers(per_layer, n_layers, int(kind.rsplit("_", 1)[1]))
+        pool = sum((la, h) not in banned for la in near for h in range(n_heads))
+        return pool, comb(pool, len(labelled))
     return 0, 0
+
+
+def near_layers(layers: Collection[int], n_layers: int, distance: int) -> list[int]:
+    """The layers within ``distance`` of any of ``layers``."""
+    return [la for la in range(n_layers) if any(abs(la - x) <= distance for x in layers)]
 
 
 def n_distinct(control_sets: Sequence[Sequence[Sequence[int]]]) -> int:

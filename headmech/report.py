@@ -16,6 +16,13 @@ __all__ = ["evidence", "pruning", "validation_line"]
 _CONTROL = {"same_layers": "from the same layers", "any_layer": "from any layer"}
 
 
+def control_words(kind: str) -> str:
+    """Where a record's control sets were drawn from, in words."""
+    if kind.startswith("layers_within_"):
+        return f"from within {kind.rsplit('_', 1)[1]} layer(s) of the labelled ones"
+    return _CONTROL.get(kind, kind)
+
+
 def _effect(v: dict[str, Any]) -> str:
     """The labelled heads' effect and its bootstrap interval, where there is one."""
     text = f"labelled heads {v['effect']:+.4f}"
@@ -45,7 +52,7 @@ def validation_line(v: dict[str, Any] | None) -> str | None:
     if v.get("random_mean") is None or not k:  # every head labelled, or no draw asked for
         why = note if note.startswith("no control possible") else f"no control possible ({note})"
         return f"{head}{_effect(v)}; {why}"
-    where = _CONTROL.get(str(v.get("control")), str(v.get("control")))
+    where = control_words(str(v.get("control")))
     text = (
         f"{head}{_effect(v)}; {k} random set{'s' if k != 1 else ''} of {v['n_heads']} "
         f"{where}: {v['random_mean']:+.4f} on average"
@@ -53,7 +60,7 @@ def validation_line(v: dict[str, Any] | None) -> str | None:
     if v.get("random_median") is not None and v.get("random_range"):
         lo, hi = v["random_range"]
         text += f" (median {v['random_median']:+.4f}, range {lo:+.4f} to {hi:+.4f})"
-    if v.get("control") == "any_layer" and note:
+    if (v.get("control") == "any_layer" or str(v.get("control")).startswith("layers_")) and note:
         text += f"; {note}"
     elif "controls degenerate" in note:  # fewer distinct control sets than drawn
         text += "; " + note[note.index("controls degenerate") :]

@@ -353,6 +353,13 @@ class HeadCatalog:
                 top = f"none (best {h} {float(r.score[h]):.2f})"
             if r.borderline:
                 top += f"; borderline: {', '.join(map(str, r.borderline[:4]))}"
+            if r.not_labelled:  # at or above the threshold, rejected by a further criterion
+                why = ", ".join(
+                    f"{e['head']} {e['score']:.2f} ({e['reason'].split(' (')[0]})"
+                    for e in r.not_labelled[:3]
+                )
+                more = f", ... (+{len(r.not_labelled) - 3})" if len(r.not_labelled) > 3 else ""
+                top += f"; not labelled: {why}{more}"
             rows.append((name, r.reference, f"{r.threshold:g}", str(len(r.heads)), top))
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = []

@@ -48,7 +48,7 @@ def test_every_head_above_the_threshold_is_labelled_or_listed_with_its_reason(st
     assert above == want == {"L1H0", "L1H1", "L1H2", "L1H3"}
     for e in r.not_labelled:
         assert e["score"] == pytest.approx(float(r.score[HeadIndex.parse(e["head"])]), abs=1e-6)
-        assert e["reason"].startswith(f"copying score {copying[e['head']]:.2f} < 0.96")
+        assert e["reason"].startswith(f"copying score {copying[e['head']]:.3f} < 0.96")
     assert [e["score"] for e in r.not_labelled] == sorted(
         (e["score"] for e in r.not_labelled), reverse=True
     )
@@ -159,3 +159,49 @@ def test_syntactic_significance_is_the_exact_sign_test_then_benjamini_hochberg(m
     assert HeadIndex(0, 0) not in rejected  # +0.20, q = 2e-4: labelled
     assert q[0, 0, 1] > 0.05 and list(rejected) == [HeadIndex(0, 1)]
     assert f"best q {float(q[0, 0, 1]):.3f}" in rejected[HeadIndex(0, 1)]
+
+
+def test_the_command_lines_table_and_report_name_the_heads_not_labelled(strict, capsys):
+    """`headmech classify` prints the table and the evidence: the rejected heads appear in
+    both, with the criterion they failed and (validated) their own effect."""
+    from headmech import report
+
+    table = strict.table()
+    row = next(line for line in table.splitlines() if line.startswith("induction"))
+    copying = strict["induction"].details["copying_score"]["L1H2"]
+    assert f"not labelled: L1H2 0.99 (copying score {copying:.3f} < 0.96)" in row
+    report.evidence(strict)
+    out = capsys.readouterr().out
+    for e in strict["induction"].not_labelled:
+        own = strict["induction"].per_head[e["head"]]["effect"]
+        assert (
+            f"not labelled {e['head']} {e['score']:.3f}: {e['reason']}; own effect {own:+.4f}"
+            in out
+        )
+    assert "each labelled head ablated alone: L1H3 " in out
+
+
+def test_controls_widen_to_nearby_layers_when_the_same_layers_hold_too_few_sets():
+    """SmolLM2's name movers: three labelled heads in layer 23, where three more may be
+    name movers: three eligible heads make one distinct set. The controls come from the
+    eligible heads within one layer instead (none of them of the type), and say so."""
+    import warnings
+
+    from headmech.causal_validation import _controls
+    from headmech.claims import control_space
+    from headmech.models import ModelInfo
+
+    info = ModelInfo("m", 30, 9, 3, 0, 0, True)
+    heads = [HeadIndex(23, 1), HeadIndex(23, 0), HeadIndex(23, 2)]
+    excluded = [HeadIndex(23, h) for h in (4, 7, 8)] + [HeadIndex(22, 7), HeadIndex(24, 4)]
+    assert control_space(heads, 30, 9, "same_layers", excluded)[1] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: no layer is short of heads
+        sets, kind, note = _controls(info, heads, 5, 0, excluded)
+    assert kind == "layers_within_1" and "only 1 distinct control set" in note
+    assert len({frozenset(s) for s in sets}) == 5
+    drawn = {h for s in sets for h in s}
+    assert all(22 <= h.layer <= 24 for h in drawn)
+    assert not drawn & (set(heads) | set(excluded))
+    pool, possible = control_space(heads, 30, 9, kind, excluded)
+    assert pool == 27 - 3 - 5 and possible == 1 * 0 + 969  # C(19, 3)

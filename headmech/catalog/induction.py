@@ -78,7 +78,7 @@ class InductionHead(HeadType):
     def rejected(self, score: Tensor, stats: HeadStats) -> dict[HeadIndex, str]:
         copying = stats.mean(f"{self.name}.copying")
         return {
-            HeadIndex(a, b): f"copying score {float(copying[a, b]):.2f} < "
+            HeadIndex(a, b): f"copying score {float(copying[a, b]):.3f} < "
             f"{self.copying_threshold:g} (Olsson et al.: an induction head copies the token "
             "it attends to)"
             for a, b in (~(copying >= self.copying_threshold)).nonzero().tolist()

@@ -117,7 +117,7 @@ class NameMoverHead(HeadType):
         out: dict[HeadIndex, str] = {}
         for a, b in (~(copy >= self.copy_threshold)).nonzero().tolist():
             out[HeadIndex(a, b)] = (
-                f"{what} {float(copy[a, b]):.2f} < {self.copy_threshold:g} (Wang et al.: the "
+                f"{what} {float(copy[a, b]):.3f} < {self.copy_threshold:g} (Wang et al.: the "
                 f"head's OV circuit {'copies' if self.copy_key == 'copy' else 'suppresses'} "
                 "the names it attends to)"
             )
