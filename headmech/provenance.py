@@ -4,7 +4,9 @@ A result a paper cites must say which weights, which probe data, which code and 
 settings produced it, and a rerun must give the same bytes. :func:`provenance` collects
 that record — schema version; headmech, torch, transformers and TransformerLens versions
 and the git commit of the checkout headmech runs from (:func:`git_commit`);
-the model's name, shape, dtype, device and a SHA-256 of its weights; the probe generator,
+the model's name, shape, dtype, device and a SHA-256 of its weights (and, for the Qwen GGUF
+and GGUF paths, where they came from: packages, versions, the file's SHA-256, licence, the
+token prepended to texts); the probe generator,
 its options and a SHA-256 of the token ids it produced (and of the corpus file, when one
 was given); the seed and the thresholds — and :func:`dumps` writes JSON deterministically
 (sorted keys, fixed float rounding, no timings), so the same command on the same machine
@@ -211,6 +213,10 @@ def provenance(
             for name, b in (probes or {}).items()
         },
     }
+    if (source := getattr(model, "headmech_source", None)) is not None:
+        # where the weights came from (a bundled GGUF's packages and their versions, the
+        # file's SHA-256, the licence) and what the tokenizer prepends to every text
+        record["model"]["source"] = dict(source)
     if settings:
         record["settings"] = dict(settings)
     return record

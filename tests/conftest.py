@@ -183,3 +183,10 @@ def smollm2():
 def gemma3():
     """Gemma 3 270M (dequantised once into the cache: about a minute the first time)."""
     return headmech.load_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen25():
+    """Qwen2.5-Coder-0.5B-Instruct (its six GGUF parts joined, checked and dequantised once
+    into the cache: about a minute the first time)."""
+    return headmech.load_model("qwen2.5-coder-0.5b")
