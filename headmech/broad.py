@@ -110,12 +110,15 @@ def _num(x: torch.Tensor) -> float | None:
     return None if v != v else round(v, 6)
 
 
-def merge(per_head: dict[str, dict[str, Any]], record: dict[str, Any]) -> dict[str, Any]:
+def merge(
+    per_head: dict[str, dict[str, Any]], record: dict[str, Any], labelled: Any = ()
+) -> dict[str, Any]:
     """A type's :func:`broad_behaviour` record into its ``per_head`` entries (a head
-    without one gets one); returns what goes to ``details["broad"]`` (the lengths and
-    windows, or the note)."""
+    without one gets one, saying whether it is ``labelled``, a head of ``labelled``);
+    returns what goes to ``details["broad"]`` (the lengths and windows, or the note)."""
+    names = {str(h) for h in labelled}
     for h, values in record.get("heads", {}).items():
-        per_head.setdefault(h, {}).update(values)
+        per_head.setdefault(h, {"labelled": h in names}).update(values)
     return {k: v for k, v in record.items() if k != "heads"}
 
 

@@ -165,7 +165,7 @@ def _read_broadly(model: TransformerBridge, data: dict[str, Any], types: Sequenc
     for t, record in found.items():
         entry = data["types"][t]
         per = entry.setdefault("per_head", {})
-        entry["details"]["broad"] = json.loads(dumps(merge(per, record)))
+        entry["details"]["broad"] = json.loads(dumps(merge(per, record, results[t].heads)))
         entry["per_head"] = json.loads(dumps(per))
 
 

@@ -324,7 +324,8 @@ def _beyond_the_probe(
         return broad_behaviour(model, types, wanted)
 
     for name, record in unit("broad", compute).items():
-        results[name].details["broad"] = merge(results[name].per_head, record)
+        r = results[name]
+        r.details["broad"] = merge(r.per_head, record, r.heads)
 
 
 def _first_line(e: BaseException) -> str:

@@ -98,11 +98,17 @@ def per_head_lines(per_head: dict[str, Any], v: dict[str, Any]) -> list[str]:
     if v.get("per_head_note"):
         lines[0] += f" ({v['per_head_note']})"
     red = v.get("redundancy") or {}
-    if red.get("ratio") is not None:
+    if red:
+        ratio = red.get("ratio")
+        how = (
+            "no ratio: opposite signs"
+            if ratio is None
+            else f"ratio {ratio:.2f}: "
+            + ("> 1, they back each other up" if ratio > 1 else "<= 1, their effects overlap")
+        )
         lines.append(
             f"set {red['set_effect']:+.4f} vs the sum of its heads' own "
-            f"{red['sum_of_own_effects']:+.4f} (ratio {red['ratio']:.2f}: > 1, they back each "
-            "other up)"
+            f"{red['sum_of_own_effects']:+.4f} ({how})"
         )
     return lines
 

@@ -205,3 +205,18 @@ def test_controls_widen_to_nearby_layers_when_the_same_layers_hold_too_few_sets(
     assert not drawn & (set(heads) | set(excluded))
     pool, possible = control_space(heads, 30, 9, kind, excluded)
     assert pool == 27 - 3 - 5 and possible == 1 * 0 + 969  # C(19, 3)
+
+
+def test_redundancy_is_the_set_over_the_sum_and_none_across_signs():
+    """Qwen2.5's induction heads: the set +0.14, its heads' own effects summing to -0.04:
+    no ratio (a ratio of -3.8 would read as strong back-up)."""
+    from headmech.causal_validation import _per_head
+
+    a, b = HeadIndex(0, 0), HeadIndex(0, 1)
+    assert _per_head([a, b], [(a, 0.2, None), (b, 0.3, None)], 1.0)["redundancy"]["ratio"] == 2.0
+    mixed = _per_head([a, b], [(a, 0.05, None), (b, -0.09, None)], 0.14)["redundancy"]
+    assert mixed["ratio"] is None and mixed["sum_of_own_effects"] == pytest.approx(-0.04)
+    lower = _per_head([a], [(a, -0.5, [-0.7, -0.3])], -0.5)["redundancy"]  # negative movers
+    assert lower["ratio"] == 1.0
+    part = _per_head([a, b], [(a, 0.2, None)], 1.0)
+    assert "redundancy" not in part and part["per_head_note"].startswith("1 of 2 labelled")

