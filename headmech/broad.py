@@ -25,6 +25,7 @@ ordinary text (name movers, function vectors, ...) gets none, and the record say
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,6 +52,20 @@ def _first(batch: Any) -> torch.Tensor:
     return pos.masked_fill(~batch.attention_mask.bool(), -1)
 
 
+def _pattern(t: HeadType, batch: Any) -> torch.Tensor:
+    """``t``'s pattern on ``batch``, without the first position (which the share leaves
+    out of the head's attention) unless the pattern is the first position."""
+    targets = t.broad_targets(batch)
+    assert targets is not None  # only types with a pattern are read
+    if t.broad_on_first:
+        return targets
+    if targets.dtype == torch.bool:
+        targets = targets.clone()
+        targets[..., 0] = False
+        return targets
+    return targets.masked_fill(targets == 0, -1)
+
+
 def _grids(model: TransformerBridge, types: Sequence[HeadType], length: int) -> dict[str, Any]:
     """Per type: share and score grids ``[n_layers, n_heads]`` at ``length``."""
     from headmech.engine import stream_statistics
@@ -59,7 +74,7 @@ def _grids(model: TransformerBridge, types: Sequence[HeadType], length: int) -> 
 
     batches, counts = broad_batches(model, length, PER_DOMAIN.get(length, 2))
     reducers = [target_reducer("broad.first", _first, hits=False)]
-    reducers += [target_reducer(f"broad.{t.name}", t.broad_targets, hits=False) for t in types]  # type: ignore[arg-type]
+    reducers += [target_reducer(f"broad.{t.name}", partial(_pattern, t), hits=False) for t in types]
     stats = stream_statistics(model, batches, reducers)
     first = stats.mean("broad.first.rows")
     out: dict[str, Any] = {"windows": counts}

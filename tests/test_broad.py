@@ -9,7 +9,13 @@ import torch
 from headmech.broad import LENGTHS, NARROW, _grids, broad_behaviour, merge
 from headmech.engine import ProbeBatch
 from headmech.heads import HeadIndex, get_head_type
-from headmech.probes.broad import DOMAINS, after_earlier_copy, broad_batches, copy_of_next
+from headmech.probes.broad import (
+    DOMAINS,
+    after_earlier_copy,
+    broad_batches,
+    copy_of_next,
+    special_tokens,
+)
 
 
 def _batch(ids: list[list[int]], special: list[list[bool]] | None = None) -> ProbeBatch:
@@ -53,6 +59,24 @@ def test_windows_come_from_every_domain_at_the_length_asked(tiny_models):
     assert all(n == 3 for n in counts.values())  # every text holds three windows of 64
 
 
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_windows_carry_the_special_tokens_every_probe_gets(tiny_models, kind):
+    """A BOS where the tokenizer adds one to a sentence, [CLS] ... [SEP] for BERT: the
+    first position of every window is the one a sink forms on."""
+    model = tiny_models[kind]
+    tok = model.tokenizer
+    with_ = tok("A short sentence.", add_special_tokens=True)["input_ids"]
+    bare = tok("A short sentence.", add_special_tokens=False)["input_ids"]
+    before, after = special_tokens(tok)
+    assert [*before, *bare, *after] == list(with_) and before  # both add a first token
+    batches, _ = broad_batches(model, 64, 2)
+    for b in batches:
+        assert b.input_ids[:, : len(before)].tolist() == [before] * b.input_ids.shape[0]
+        assert b.special[:, 0].all()
+        if after:
+            assert b.input_ids[:, -len(after) :].tolist() == [after] * b.input_ids.shape[0]
+
+
 @pytest.mark.parametrize("name", ["previous_token", "attention_sink", "induction"])
 def test_the_share_is_the_patterns_mass_out_of_the_non_sink_mass(tiny_models, name):
     """From the full patterns (run_with_cache): Σ mass on the type's pattern over every
@@ -71,6 +95,9 @@ def test_the_share_is_the_patterns_mass_out_of_the_non_sink_mass(tiny_models, na
                 torch.nn.functional.one_hot(mask.clamp(min=0), p.shape[-1]).bool()
                 & (mask >= 0)[..., None]
             )
+        if not t.broad_on_first:  # the first position is left out of the share
+            mask = mask.clone()
+            mask[..., 0] = False
         mass = (p * mask[:, None, None]).sum(-1)  # [batch, layer, head, query]
         on += mass.sum((0, 3))
         off += (1 - p[..., 0]).sum((0, 3)) if not t.broad_on_first else p.sum((0, 3, 4))

@@ -13,8 +13,9 @@ it the text, cut into windows of a fixed number of tokens:
   interpreter's standard library; skipped, and said, where an install lacks it).
 
 Every domain's text is tokenised once, without special tokens; each window gets the
-model's special tokens as its tokenizer adds them to a sentence (a BOS where the model
-has one, ``[CLS] ... [SEP]`` for BERT, nothing for a model without). The patterns the
+special tokens the model's tokenizer adds to a sentence, as every probe gets them (a BOS
+where the model has one, ``[CLS] ... [SEP]`` for BERT, nothing for a model without:
+:func:`special_tokens`). The patterns the
 head types read on this text are defined in each type's file (``broad_targets``); the
 two that need the tokens' content are here.
 """
@@ -36,7 +37,14 @@ from headmech.probes import batch_sequences
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["DOMAINS", "after_earlier_copy", "broad_batches", "copy_of_next", "domain_texts"]
+__all__ = [
+    "DOMAINS",
+    "after_earlier_copy",
+    "broad_batches",
+    "copy_of_next",
+    "domain_texts",
+    "special_tokens",
+]
 
 DOMAINS: tuple[str, ...] = ("fiction", "news", "conversation", "documentation", "legal")
 DOC_SENTENCES = 400  # of the documentation prose, in corpus order
@@ -55,9 +63,17 @@ def domain_texts() -> dict[str, str]:
     return out
 
 
-def _with_specials(tokenizer: Any, ids: list[int]) -> list[int]:
-    build = getattr(tokenizer, "build_inputs_with_special_tokens", None)
-    return list(build(ids)) if build is not None else list(ids)
+def special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after a sentence's own
+    (``add_special_tokens=True`` against ``False``, as :func:`headmech.probes.encode_sentences`
+    encodes every probe)."""
+    sample = "The river runs past the mill."
+    with_ = list(tokenizer(sample, add_special_tokens=True)["input_ids"])
+    bare = list(tokenizer(sample, add_special_tokens=False)["input_ids"])
+    for i in range(len(with_) - len(bare) + 1):
+        if with_[i : i + len(bare)] == bare:
+            return with_[:i], with_[i + len(bare) :]
+    return [], []
 
 
 def broad_batches(
@@ -67,10 +83,8 @@ def broad_batches(
     consecutive ones from each domain's text; ``extras["domain"]`` names it. Returns the
     batches and the windows per domain (a text too short for one window gives none)."""
     tok = model.tokenizer
-    n_special = (
-        len(_with_specials(tok, [])) if hasattr(tok, "build_inputs_with_special_tokens") else 0
-    )
-    width = min(length, int(model.cfg.n_ctx)) - n_special
+    before, after = special_tokens(tok)
+    width = min(length, int(model.cfg.n_ctx)) - len(before) - len(after)
     sequences, extras, counts = [], [], {}
     for domain, text in domain_texts().items():
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -78,7 +92,7 @@ def broad_batches(
         windows = windows[:per_domain]
         counts[domain] = len(windows)
         for w in windows:
-            sequences.append(_with_specials(tok, w))
+            sequences.append([*before, *w, *after])
             extras.append({"domain": domain})
     return batch_sequences(sequences, tok, batch_size, extras), counts
 
