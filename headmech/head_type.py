@@ -53,6 +53,17 @@ def _threshold(t: HeadType, value: Any) -> float:
     return number
 
 
+SCORE_DECIMALS = 6
+"""Decimals ``catalog.json`` keeps of a score: thresholds compare the score so rounded."""
+
+
+def at_or_above(score: Tensor, threshold: float) -> Tensor:
+    """``score >= threshold`` on the score as the catalog shows it (rounded to
+    :data:`SCORE_DECIMALS`), so a head shown at the threshold is at the threshold: a gain
+    of 0.5 - 0.4 is 0.09999999 in float32 and 0.1 in the file."""
+    return torch.round(score.double(), decimals=SCORE_DECIMALS) >= threshold
+
+
 class HeadType:
     """Base class of a catalog head type.
 
@@ -159,9 +170,10 @@ class HeadType:
         return stats.mean(f"{self.name}.mass")
 
     def above(self, score: Float[Tensor, "n_layers n_heads"]) -> list[HeadIndex]:
-        """Heads whose score reaches the threshold, best first: the first criterion alone."""
+        """Heads whose score reaches the threshold, best first: the first criterion alone.
+        The score is compared as ``catalog.json`` shows it (:func:`at_or_above`)."""
         s = torch.nan_to_num(score, nan=float("-inf"))
-        hits = (s >= self.threshold).nonzero().tolist()
+        hits = at_or_above(s, self.threshold).nonzero().tolist()
         hits.sort(key=lambda lh: -float(s[lh[0], lh[1]]))
         return [HeadIndex(int(layer), int(head)) for layer, head in hits]
 

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from headmech._version import __version__
 from headmech.errors import CatalogFileError, InputError
+from headmech.head_type import at_or_above
 from headmech.heads import HeadIndex
 from headmech.models import ModelInfo, model_info
 from headmech.provenance import SCHEMA_VERSION, check_weights, dumps
@@ -151,7 +152,8 @@ class TypeResult:
         reaches it."""
         reach = self.score if self.high is None else torch.maximum(self.score, self.high)
         reach = torch.nan_to_num(reach, nan=float("-inf"))
-        out = {HeadIndex(int(a), int(b)) for a, b in (reach >= self.threshold).nonzero().tolist()}
+        at = at_or_above(reach, self.threshold).nonzero().tolist()
+        out = {HeadIndex(int(a), int(b)) for a, b in at}
         return out | set(self.heads) | {HeadIndex.parse(str(r["head"])) for r in self.not_labelled}
 
     def to_json(self) -> dict[str, Any]:

@@ -220,3 +220,14 @@ def test_redundancy_is_the_set_over_the_sum_and_none_across_signs():
     assert lower["ratio"] == 1.0
     part = _per_head([a, b], [(a, 0.2, None)], 1.0)
     assert "redundancy" not in part and part["per_head_note"].startswith("1 of 2 labelled")
+
+
+def test_a_score_shown_at_the_threshold_is_at_the_threshold():
+    """0.5 - 0.4 is 0.09999999 in float32, shown as 0.1 in catalog.json: it reaches 0.1."""
+    from headmech.head_type import at_or_above
+
+    gain = torch.tensor([0.5], dtype=torch.float32) - torch.tensor([0.4], dtype=torch.float32)
+    assert float(gain) < 0.1 and bool(at_or_above(gain, 0.1))
+    assert not bool(at_or_above(torch.tensor([0.0999994]), 0.1))
+    t = headmech.get_head_type("previous_token")(threshold=0.1)
+    assert t.above(torch.stack([gain, torch.tensor([0.05])], 1)) == [HeadIndex(0, 0)]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from headmech.claims import control_space
-from headmech.heads import head_types
+from headmech.heads import HeadIndex, head_types
 from headmech.publish import MODELS, check_json, expected_types
 
 ROOT = Path(__file__).resolve().parents[1] / "catalog"
@@ -257,3 +257,45 @@ def test_published_catalog_is_current(name, request):
             n = min(5, possible)
             assert asked == 5 and len(v["random_effects"]) == n, (name, t)
             assert v["effect_interval"] is not None
+
+
+def _at_or_above(t: dict[str, Any], grid: Any) -> set[tuple[int, int]]:
+    return {
+        (la, h)
+        for la, row in enumerate(grid)
+        for h, v in enumerate(row)
+        if v is not None and v >= t["threshold"]
+    }
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("file", ["catalog.json", "check.json"])
+def test_every_head_at_or_above_a_threshold_is_labelled_or_listed_with_its_reason(name, file):
+    data = _read(name, file)
+    for t_name, t in data["types"].items():
+        above = _at_or_above(t, t["score"])
+        labelled = {(a, b) for a, b in t["heads"]}
+        listed = {HeadIndex.parse(e["head"]) for e in t.get("not_labelled", [])}
+        assert labelled <= above, (name, t_name, "a labelled head below the threshold")
+        assert above == labelled | {tuple(h) for h in listed}, (name, t_name)
+        assert all(e["reason"] and "no reason given" not in e["reason"] for e in t["not_labelled"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_no_control_set_holds_a_head_that_may_be_of_the_type(name):
+    """Controls come from heads below the threshold whose interval does not reach it,
+    neither labelled nor rejected; and every labelled head measured alone is recorded."""
+    data = _read(name, "catalog.json")
+    for t_name, t in data["types"].items():
+        v = t["details"].get("validation") or {}
+        may_be = _at_or_above(t, t["score"]) | _at_or_above(
+            t, (t.get("interval") or {}).get("high", [])
+        )
+        drawn = {(a, b) for s in v.get("control_sets") or [] for a, b in s}
+        assert not drawn & may_be, (name, t_name, sorted(drawn & may_be))
+        measured = {
+            h for h, e in t.get("per_head", {}).items() if "effect" in e and e.get("labelled")
+        }
+        if v.get("effect") is not None and t["heads"]:
+            want = min(len(t["heads"]), 24)
+            assert len(measured) == want, (name, t_name, len(measured), want)

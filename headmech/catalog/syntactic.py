@@ -11,6 +11,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headmech.engine import HeadStats, ProbeBatch, Reducer
+from headmech.head_type import at_or_above
 from headmech.heads import HeadIndex, HeadType
 from headmech.probes.relations import RELATIONS
 
@@ -258,7 +259,7 @@ class SyntacticHead(HeadType):
         acc, baseline, _, n = self._table(stats)
         _, q = self.significance(stats)
         gain = acc - baseline[:, None, None]
-        passes = (gain >= self.threshold) & (n >= self.min_cases)[:, None, None]
+        passes = at_or_above(gain, self.threshold) & (n >= self.min_cases)[:, None, None]
         best_q = q.masked_fill(~passes, 2.0).min(0).values  # over the passing pairs
         out = {}
         for a, b in (best_q > self.alpha).nonzero().tolist():
@@ -289,7 +290,8 @@ class SyntacticHead(HeadType):
             best = int(acc[k].flatten().argmax())
             h = HeadIndex(best // n_heads, best % n_heads)
             gain = float(acc[k][h] - baseline[k])
-            passes = bool(int(n[k]) >= self.min_cases and gain >= self.threshold)
+            reaches = bool(at_or_above(torch.tensor(gain), self.threshold))
+            passes = bool(int(n[k]) >= self.min_cases and reaches)
             relations.setdefault(rel, {})[direction] = {
                 "head": [h.layer, h.head],
                 "accuracy": round(float(acc[k][h]), 4),
@@ -303,7 +305,8 @@ class SyntacticHead(HeadType):
             if int(n[k]) >= self.min_cases:
                 for lh in heads:
                     gain_lh = float(acc[k][lh] - baseline[k])
-                    if gain_lh >= self.threshold and float(q[k][lh]) <= self.alpha:
+                    reaches = bool(at_or_above(torch.tensor(gain_lh), self.threshold))
+                    if reaches and float(q[k][lh]) <= self.alpha:
                         per_head[str(lh)].append(f"{rel}.{direction}")
         return {
             "relations": relations,
