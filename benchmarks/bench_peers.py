@@ -59,7 +59,7 @@ def _loss_from_logits(
 
 
 def run_headmech(model: Any, task: Any, batches: list, heads: list, fast: bool) -> torch.Tensor:
-    from headmech.ablation import ablation_variants
+    from headmech.interventions.ablation import ablation_variants
     from headmech.interventions import run_variants
 
     variants = ablation_variants(model, batches, [[h] for h in heads], "zero")

@@ -65,8 +65,8 @@ def validate_heads(
         ``control`` is ``same_layers``, ``any_layer`` (fallback) or ``none``;
         ``per_head``: ``{"L18H6": {"effect", "interval", "labelled"}}``; ``redundancy``.
     """
-    from headmech.ablation import ablation_variants
     from headmech.interventions import run_variants
+    from headmech.interventions.ablation import ablation_variants
     from headmech.progress import active
     from headmech.tasks import get_task
     from headmech.uncertainty import UnitValues

@@ -118,8 +118,8 @@ def _distinct_sets(
     """``n_random`` control sets of as many heads as ``heads``, outside ``banned``, no two
     the same set of heads; as many as exist where fewer do
     (:func:`headmech.claims.control_space`)."""
-    from headmech.ablation import random_heads
     from headmech.claims import control_space
+    from headmech.interventions.ablation import random_heads
 
     _, possible = control_space(heads, info.n_layers, info.n_heads, kind, banned)
     sets: list[list[HeadIndex]] = []

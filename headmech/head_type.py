@@ -164,6 +164,16 @@ class HeadType:
         stream (``[n_layers, n_heads]`` each, stored as ``name.key``). Default: none."""
         return {}
 
+    def candidate_statistics(
+        self, model: Any, batches: Sequence[ProbeBatch], heads: Sequence[HeadIndex]
+    ) -> dict[str, Tensor]:
+        """Per-head statistics measured only for ``heads``, those whose score reaches the
+        threshold (:meth:`above`), when a measurement costs a pass per head — such as each
+        head's own effect, ablated alone, which :meth:`rejected` may test
+        (``[n_layers, n_heads]`` each, NaN elsewhere; stored as ``name.key``). Default:
+        none."""
+        return {}
+
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         """The per-head score the threshold applies to (default: mean attention mass on target)."""

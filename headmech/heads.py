@@ -80,6 +80,22 @@ def checked_score(t: HeadType, stats: HeadStats) -> tuple[Tensor, list[HeadIndex
             the shape expected (instead of a broadcasting error deep in torch).
     """
     shape = (stats.n_layers, stats.n_heads)
+    score = _score_only(t, stats)
+    heads = t.select(score, stats)
+    if not isinstance(heads, (list, tuple)):
+        raise PluginError(
+            f"{_method(t, 'select')} returned {_describe(heads)}; expected a list of (layer, head)"
+        )
+    try:
+        heads = check_heads(heads, *shape, what=_method(t, "select"))
+    except HeadIndexError as e:
+        raise PluginError(str(e)) from None
+    return score, heads
+
+
+def _score_only(t: HeadType, stats: HeadStats) -> Tensor:
+    """``t.score(stats)``, checked as :func:`checked_score` checks it."""
+    shape = (stats.n_layers, stats.n_heads)
     score = t.score(stats)
     if (
         not isinstance(score, Tensor)
@@ -91,16 +107,7 @@ def checked_score(t: HeadType, stats: HeadStats) -> tuple[Tensor, list[HeadIndex
             f"{_method(t, 'score')} returned {_describe(score)}; expected a real tensor "
             f"[n_layers, n_heads] of shape {shape}"
         )
-    heads = t.select(score, stats)
-    if not isinstance(heads, (list, tuple)):
-        raise PluginError(
-            f"{_method(t, 'select')} returned {_describe(heads)}; expected a list of (layer, head)"
-        )
-    try:
-        heads = check_heads(heads, *shape, what=_method(t, "select"))
-    except HeadIndexError as e:
-        raise PluginError(str(e)) from None
-    return score, heads
+    return score
 
 
 def _check_grid(t: HeadType, method: str, values: Any, shape: tuple[int, int]) -> dict[str, Tensor]:
@@ -152,6 +159,11 @@ def collect_statistics(
         computed = t.model_statistics(model, batches)
         for key, value in _check_grid(t, "model_statistics", computed, shape).items():
             stats.set(f"{t.name}.{key}", value)
+        if type(t).candidate_statistics is not HeadType.candidate_statistics:
+            candidates = t.above(_score_only(t, stats))
+            computed = t.candidate_statistics(model, batches, candidates)
+            for key, value in _check_grid(t, "candidate_statistics", computed, shape).items():
+                stats.set(f"{t.name}.{key}", value)
     return stats
 
 

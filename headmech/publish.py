@@ -60,7 +60,7 @@ __all__ = [
     "redraw_heatmaps",
 ]
 
-MODELS = ("smollm2-135m", "gemma3-270m", "minilm-l6", "toy-induction")
+MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "minilm-l6", "toy-induction")
 """The bundled models published in ``catalog/``."""
 
 
@@ -103,12 +103,17 @@ FULL: dict[str, Size] = {
     # half SmolLM2's prose: Gemma 3's forward, with its 262k-token unembedding and four norms
     # a block, costs 2-3x SmolLM2's per token on this CPU, and validation is most of the time
     "gemma3-270m": Size(n_sentences=64, n_sequences=16),
+    # Qwen2.5-Coder-0.5B: 336 heads (24 x 14), a 151k-token unembedding and 4.9k-wide MLPs,
+    # about 4x SmolLM2's forward: smaller probes and 3 control sets keep it under an hour
+    "qwen2.5-coder-0.5b": Size(
+        n_sentences=48, n_sequences=12, context=(300, 700, 1100), n_random=3
+    ),
     "minilm-l6": Size(),
     "toy-induction": Size(),
 }
 """The published sizes: the command line's defaults with validation; half the prose and
 sequences for SmolLM2-135M (its run with validation: about an hour on 2 CPU cores), a quarter
-of the prose and half the sequences for Gemma 3 270M."""
+of the prose and half the sequences for Gemma 3 270M, less again for Qwen2.5-Coder-0.5B."""
 
 CHECK = Size(
     n_sentences=16,

@@ -32,14 +32,15 @@ import functools
 import re
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from headmech.controls import PLANTED, POSITIVE_CONTROLS
-from headmech.engine import HeadStats, stream_statistics
+from headmech.engine import HeadStats, ProbeBatch, stream_statistics
 from headmech.heads import HeadType, collect_statistics, head_types
 from headmech.interventions import Intervention, Set, applied
 from headmech.probes import PROBES, Probe, ProbeOptions, build_probe
@@ -58,6 +59,7 @@ __all__ = [
     "check_positive_control",
     "check_score_shape_and_finite",
     "head_type_checks",
+    "planted_statistics",
     "tiny_model",
 ]
 
@@ -130,15 +132,28 @@ def _control_model(head_type: HeadType) -> TransformerBridge:
 def _stats(
     head_type: HeadType, model: TransformerBridge, probe: Probe, plant: bool = False
 ) -> HeadStats:
-    """Stream the type's statistics; with ``plant``, head PLANTED attends ideally and its
-    weight and model statistics are the type's ideal ones (the conditions some
-    attention-scored types add to their score, such as induction's copying; a type whose
-    score is such a statistic has a hand-built control instead, :data:`POSITIVE_CONTROLS`)."""
+    """Stream the type's statistics; with ``plant``, head PLANTED attends ideally
+    (:func:`planted_statistics`)."""
     if not plant:
         return collect_statistics([head_type], model, probe.batches)
+    return planted_statistics(head_type, model, probe.batches)
+
+
+def planted_statistics(
+    head_type: HeadType,
+    model: TransformerBridge,
+    batches: Sequence[ProbeBatch],
+    pattern: Callable[[ProbeBatch], Tensor] | None = None,
+) -> HeadStats:
+    """The type's statistics with head PLANTED attending by ``pattern(batch)``
+    (``[batch, query_pos, key_pos]``; default: the type's ideal pattern), and its weight,
+    model and candidate statistics at the type's ideal values for that head (the
+    conditions some attention-scored types add to their score, such as induction's
+    copying; a type whose score is such a statistic has a hand-built control instead,
+    :data:`POSITIVE_CONTROLS`)."""
     total: HeadStats | None = None
-    for batch in probe.batches:
-        ideal = head_type.ideal_pattern(batch)[:, None]  # [batch, 1, query_pos, key_pos]
+    for batch in batches:
+        ideal = (pattern or head_type.ideal_pattern)(batch)[:, None]  # [batch, 1, q, k]
         planted = Intervention.on([PLANTED], Set(ideal), site="pattern")
         # only the statistics need the planted pattern: some bridges (BERT) warn that the
         # edit does not reach the model's output, which is fine here
@@ -148,11 +163,17 @@ def _stats(
         total = s if total is None else total + s
     assert total is not None
     measured = {**head_type.weight_statistics(model)}
-    measured.update(head_type.model_statistics(model, probe.batches))
+    measured.update(head_type.model_statistics(model, batches))
+    for key, value in measured.items():
+        total.set(f"{head_type.name}.{key}", value)
+    # measured on the heads at or above the threshold, the planted one among them
+    candidates = head_type.above(head_type.score(total))
+    measured.update(head_type.candidate_statistics(model, batches, candidates))
+    ideal_values = head_type.ideal_weight_statistics()
     for key, value in measured.items():
         value = value.clone()
-        if key in head_type.ideal_weight_statistics():
-            value[PLANTED] = head_type.ideal_weight_statistics()[key]
+        if key in ideal_values:
+            value[PLANTED] = ideal_values[key]
         total.set(f"{head_type.name}.{key}", value)
     return total
 

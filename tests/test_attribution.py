@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import headmech
-from headmech.ablation import mean_head_outputs
 from headmech.attribution import METHODS, activation_patching, attribution_patching, importance
 from headmech.attribution.ablation import ablation_importance
 from headmech.attribution.mask_gradient import mask_gradient
 from headmech.attribution.patching import patching_importance, prompt_pair_task, spearman
 from headmech.cli import main
 from headmech.errors import HeadmechError
+from headmech.interventions.ablation import mean_head_outputs
 from headmech.probes import ProbeOptions
 from headmech.pruning import head_mask_hooks
 from headmech.tasks import CallableTask, get_task

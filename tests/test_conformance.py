@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import inspect
 import textwrap
-import warnings
 from collections.abc import Callable
 
 import pytest
@@ -39,13 +38,19 @@ from headmech.controls import (
     inactive_model,
     successor_model,
 )
-from headmech.engine import HeadStats, ProbeBatch, stream_statistics
+from headmech.engine import HeadStats, ProbeBatch
 from headmech.heads import HeadType, get_head_type, head_types
-from headmech.interventions import Intervention, Set, Zero, applied, capture
+from headmech.interventions import Intervention, Zero, applied, capture
 from headmech.probes import build_probe
 from headmech.probes.icl import shuffle_labels
 from headmech.probes.ordinal import ordinal_runs
-from headmech.testing import CONTROL_OPTIONS, check_positive_control, head_type_checks, tiny_model
+from headmech.testing import (
+    CONTROL_OPTIONS,
+    check_positive_control,
+    head_type_checks,
+    planted_statistics,
+    tiny_model,
+)
 
 
 @pytest.mark.parametrize(("head_type", "check"), list(head_type_checks()))
@@ -301,23 +306,9 @@ def _model(t: HeadType):
 
 
 def _planted_stats(t: HeadType, model, batches: list[ProbeBatch], pattern) -> HeadStats:
-    """The type's statistics with head PLANTED attending by ``pattern(batch)``, and its
-    weight statistics at their ideal values for that head (as the harness does)."""
-    total: HeadStats | None = None
-    for batch in batches:
-        planted = Intervention.on([PLANTED], Set(pattern(batch)[:, None]), site="pattern")
-        with applied(model, [planted], strict=False), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # BERT: the edit misses the output
-            s = stream_statistics(model, [batch], t.reducers())
-        total = s if total is None else total + s
-    assert total is not None
-    ideal = t.ideal_weight_statistics()
-    for key, value in {**t.weight_statistics(model), **t.model_statistics(model, batches)}.items():
-        value = value.clone()
-        if key in ideal:
-            value[PLANTED] = ideal[key]
-        total.set(f"{t.name}.{key}", value)
-    return total
+    """The type's statistics with head PLANTED attending by ``pattern(batch)`` (as the
+    harness plants it, its other statistics at their ideal values for that head)."""
+    return planted_statistics(t, model, batches, lambda b: pattern(b))
 
 
 def test_every_type_has_a_hand_definition():

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import headmech
-from headmech.ablation import ablation_variants
 from headmech.forward import block_inputs, fast_attention, run_blocks, starting_at
 from headmech.interventions import (
     Cost,
@@ -18,6 +17,7 @@ from headmech.interventions import (
     capture_z,
     run_variants,
 )
+from headmech.interventions.ablation import ablation_variants
 from headmech.interventions.runner import CPU_ACTIVATION_BYTES, MAX_CHUNK, chunk_size
 from headmech.probes import ProbeOptions
 from headmech.stats import ProbeBatch

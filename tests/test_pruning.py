@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from headmech.ablation import ablation_hooks
 from headmech.cli import main
+from headmech.interventions.ablation import ablation_hooks
 from headmech.metrics import task_metric
 from headmech.probes import ProbeOptions, build_probe
 from headmech.pruning import HeadMask, head_mask, michel_prune, prune_heads

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import headmech
-from headmech.ablation import ablation, ablation_hooks
 from headmech.catalog.retrieval import RetrievalHead
 from headmech.engine import stream_statistics
 from headmech.errors import HeadmechError, InputError
 from headmech.interventions import evaluate
+from headmech.interventions.ablation import ablation, ablation_hooks
 from headmech.models import model_info
 from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.needle import needle_recall

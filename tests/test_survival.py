@@ -65,8 +65,8 @@ def test_compare_orders_on_a_tiny_model(tiny_models):
     assert all(v[1]["n_kept"] == 4 for v in res.values())
     assert res["importance"][1]["metric"] != res["importance"][0]["metric"]
     # which heads each order removes first, and the metric with exactly those zeroed
-    from headmech.ablation import ablation
     from headmech.interventions import evaluate
+    from headmech.interventions.ablation import ablation
 
     task = get_task("lm", model)
     least = [HeadIndex(0, h) for h in range(4)]  # importance 0..3: layer 0 goes first

@@ -1,7 +1,7 @@
 """Ablation importance: take a head out and measure how much the task gets worse.
 
 The importance of a head (or a set of heads) is ``metric(ablated) - metric(clean)`` on
-the task's probe, with any of the ablations of :mod:`headmech.ablation` (zero, mean,
+the task's probe, with any of the ablations of :mod:`headmech.interventions.ablation` (zero, mean,
 resample, uniform attention).
 
 Batching: the intervention runner (:func:`headmech.interventions.run_variants`) stacks a
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.ablation import ABLATION_MODES, AblationMode, ablation_variants
 from headmech.engine import ProbeBatch
 from headmech.heads import HeadIndex
 from headmech.interventions import Cost, run_variants
+from headmech.interventions.ablation import ABLATION_MODES, AblationMode, ablation_variants
 from headmech.tasks import Task
 from headmech.uncertainty import UnitValues
 

@@ -137,8 +137,8 @@ def compare_orders(
     Returns:
         order → ``[{"fraction_removed", "n_kept", "metric"}]`` (random: mean over draws).
     """
-    from headmech.ablation import ablation
     from headmech.interventions import evaluate
+    from headmech.interventions.ablation import ablation
     from headmech.tasks import get_task
 
     t = get_task(task, model)

@@ -51,6 +51,7 @@ __all__ = [
     "ablation_hooks",
     "ablation_variants",
     "mean_head_outputs",
+    "own_effects",
     "random_heads",
 ]
 
@@ -79,7 +80,9 @@ def ablation(
         return Intervention.on(heads, Zero())
     if mode == "mean":
         if means is None:
-            raise HeadmechError("mean ablation needs `means` (headmech.ablation.mean_head_outputs)")
+            raise HeadmechError(
+                "mean ablation needs `means` (headmech.interventions.ablation.mean_head_outputs)"
+            )
         return Intervention.on(heads, Mean(means))
     if mode == "resample":
         if source_z is None:
@@ -137,6 +140,40 @@ def ablation_variants(
         return [[ablation(s, mode, means, source)] if s else [] for s in sets]
 
     return for_batch
+
+
+def own_effects(
+    model: TransformerBridge,
+    task: Any,
+    batches: Sequence[ProbeBatch],
+    heads: Sequence[HeadIndex],
+    mode: str = "zero",
+    *,
+    seed: int = 0,
+) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+    """Each of ``heads`` ablated alone (``mode``), all in the same batched passes: the
+    task metric's change, ablated minus clean (higher: the head helps the task), and its
+    95% bootstrap interval over the probe's units (paired with the clean run).
+
+    Returns:
+        ``{"effect", "low", "high"}``, ``[n_layers, n_heads]`` each; NaN for heads not in
+        ``heads`` (and for an interval no unit scored).
+    """
+    from headmech.interventions import run_variants
+    from headmech.uncertainty import UnitValues
+
+    shape = (int(model.cfg.n_layers), int(model.cfg.n_heads))
+    out = {k: torch.full(shape, float("nan")) for k in ("effect", "low", "high")}
+    if not heads:
+        return out
+    variants = ablation_variants(model, batches, [[h] for h in heads], mode)
+    values, clean, sums, counts = run_variants(model, task, batches, variants, per_unit=True)
+    for i, h in enumerate(heads):
+        out["effect"][h.layer, h.head] = float(values[i]) - clean
+        interval = UnitValues(sums[1 + i] - sums[0], counts[0]).interval(seed=seed)
+        if interval is not None:
+            out["low"][h.layer, h.head], out["high"][h.layer, h.head] = map(float, interval)
+    return out
 
 
 def random_heads(
