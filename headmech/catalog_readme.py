@@ -10,11 +10,15 @@ writes it.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["quote", "readme", "type_verdict"]
+if TYPE_CHECKING:
+    from headmech.results import HeadCatalog, TypeResult
+
+__all__ = ["heatmap_png", "quote", "readme", "redraw_heatmaps", "type_verdict", "write_heatmaps"]
 
 
 def _heads_cell(t: dict[str, Any], most: int = 12) -> str:
@@ -283,12 +287,12 @@ the code's results or a new head type fails CI until `make catalog` is run again
 
 
 def _across(root: Path, models: Sequence[str]) -> list[str]:
-    """The cross-model section: the table of :mod:`headmech.compare` and the types the
-    published decoders share."""
-    from headmech.compare import cross_model_rows, cross_model_table, shared_types
+    """The cross-model section: the table of :mod:`headmech.compare` and the types every
+    published decoder labels."""
+    from headmech.compare import DECODERS, cross_model_rows, cross_model_table, shared_types
 
-    decoders = [m for m in ("smollm2-135m", "gemma3-270m") if (root / m / "catalog.json").is_file()]
-    both = shared_types(cross_model_rows(root, list(models)), decoders)
+    decoders = [m for m in DECODERS if (root / m / "catalog.json").is_file()]
+    every = shared_types(cross_model_rows(root, list(models)), decoders)
     return [
         "## Across models",
         "",
@@ -297,8 +301,8 @@ def _across(root: Path, models: Sequence[str]) -> list[str]:
         "the controls' median (n/a: the type does not apply to the model).",
         "",
         cross_model_table(root, [m for m in models if m != "toy-induction"]),
-        f"Types with labelled heads in both decoders ({', '.join(decoders)}): "
-        f"{', '.join(f'`{n}`' for n in both) or 'none'}.",
+        f"Types with labelled heads in every decoder ({', '.join(decoders)}): "
+        f"{', '.join(f'`{n}`' for n in every) or 'none'}.",
     ]
 
 
@@ -311,3 +315,43 @@ def readme(root: Path, models: Sequence[str]) -> str:
     for f in folders:
         lines += _model_section(f)
     return "\n".join(lines)
+
+
+def heatmap_png(name: str, r: TypeResult, model: str, path: Path) -> None:
+    """One type's score as a seaborn heatmap on the fixed scale (:func:`headmech.plot.type_heatmap`:
+    the threshold marked on the colour bar, labelled heads solid, borderline heads dashed)."""
+    import matplotlib.pyplot as plt
+
+    from headmech.plot import CRITERION, criterion, type_heatmap
+    from headmech.results import score_ranges
+
+    n_layers, n_heads = r.score.shape
+    fig, ax = plt.subplots(figsize=(3.2 + 0.4 * n_heads, 2.0 + 0.22 * n_layers))
+    title = f"{model}: {name} ({r.reference})\nlabelled: {criterion(r)}"
+    type_heatmap(r, ax=ax, title=title, scale=score_ranges([name])[name])
+    ax.title.set_fontsize(9)
+    fig.text(0.5, 0.01, CRITERION.replace("; ", ";\n"), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    # no "Software" entry: the PNG's bytes do not change with matplotlib's version
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+def write_heatmaps(catalog: HeadCatalog, folder: Path) -> None:
+    """``folder/<type>.png`` for every type of ``catalog``; stale PNGs are removed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.png"):
+        if old.stem not in catalog.types:
+            old.unlink()
+    for name, r in catalog.types.items():
+        heatmap_png(name, r, catalog.model.name, folder / f"{name}.png")
+
+
+def redraw_heatmaps(root: Path, names: list[str]) -> None:
+    """``--heatmaps``: each model's ``heatmaps/`` drawn again from its committed
+    ``catalog.json`` (no model runs: after a change to the figures alone)."""
+    from headmech.results import HeadCatalog
+
+    for name in names:
+        write_heatmaps(HeadCatalog.load(root / name / "catalog.json"), root / name / "heatmaps")
+        print(f"redrew {root / name / 'heatmaps'}", file=sys.stderr)

@@ -21,16 +21,31 @@ __all__ = [
     "END",
     "LITERATURE",
     "Cell",
+    "DECODERS",
     "cross_model_rows",
     "cross_model_table",
     "readme_block",
     "replace_block",
+    "shared_findings",
     "shared_types",
 ]
 
 BEGIN = "<!-- cross-model table: written by `make catalog` (headmech.compare); do not edit -->"
 END = "<!-- end of the cross-model table -->"
-PUBLISHED = ["smollm2-135m", "gemma3-270m", "minilm-l6"]
+DECODERS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+"""The published real decoders, compared type by type."""
+PUBLISHED = [*DECODERS, "minilm-l6"]
+
+# what a reader asks of the decoders together, type by type (the issue's questions)
+_FINDINGS: dict[str, str] = {
+    "induction": "induction heads",
+    "retrieval": "retrieval heads (Wu et al.: 3-6% of heads)",
+    "attention_sink": "attention sinks",
+    "copy_suppression": "copy suppression",
+    "name_mover": "IOI name movers",
+    "negative_name_mover": "IOI negative name movers",
+    "s_inhibition": "IOI S-inhibition",
+}
 
 LITERATURE: dict[str, str] = {
     "attention_sink": "sinks in all 30 open LMs tested (Gu et al. 2025)",
@@ -140,21 +155,49 @@ def cross_model_table(root: Path, models: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def shared_findings(rows: dict[str, dict[str, Cell]], models: list[str]) -> list[str]:
+    """One line per finding the decoders are compared on (:data:`_FINDINGS`): on each
+    model, how many heads (share), where (median relative depth) and the verdict."""
+
+    def said(c: Cell) -> str:
+        if c.note:
+            return c.note
+        if not c.n_heads:
+            return "none"
+        verdict = f", {c.verdict}" if c.verdict else ""
+        return f"{c.n_heads} ({100 * c.share:.1f}%) at depth {c.depth:.2f}{verdict}"
+
+    lines = []
+    for name, what in _FINDINGS.items():
+        cells = rows.get(name, {})
+        if all(m in cells for m in models):
+            each = "; ".join(f"{m} {said(cells[m])}" for m in models)
+            lines.append(f"- {what}: {each}.")
+    return lines
+
+
 def readme_block(root: Path, models: list[str] = PUBLISHED) -> str:
     """The README's cross-model section body between :data:`BEGIN` and :data:`END`: the
-    table and which types the published decoders share and which only one has."""
+    table, which types every published decoder labels and which only some do, and the
+    findings compared (:func:`shared_findings`)."""
     rows = cross_model_rows(root, models)
     decoders = [m for m in models if m != "minilm-l6" and (root / m / "catalog.json").is_file()]
-    both = shared_types(rows, decoders)
-    one = {
-        m: [n for n, c in rows.items() if c[m].n_heads and n not in both]
-        for m in decoders
-        if m in next(iter(rows.values()), {})
+    every = shared_types(rows, decoders)
+    some = {
+        n: [m for m in decoders if cells[m].n_heads]
+        for n, cells in rows.items()
+        if n not in every and any(m in cells and cells[m].n_heads for m in decoders)
     }
     lines = [BEGIN, cross_model_table(root, models)]
-    lines.append(f"Labelled in both decoders: {', '.join(f'`{n}`' for n in both) or 'none'}.")
-    for m, names in one.items():
-        lines.append(f"Only in {m}: {', '.join(f'`{n}`' for n in names) or 'none'}.")
+    lines.append(
+        f"Labelled in every decoder ({', '.join(decoders)}): "
+        f"{', '.join(f'`{n}`' for n in every) or 'none'}."
+    )
+    only = [f"`{n}` ({', '.join(ms)})" for n, ms in some.items()]
+    lines.append(f"Labelled in some decoders only: {', '.join(only) or 'none'}.")
+    findings = shared_findings(rows, decoders)
+    if findings:
+        lines.append("The decoders compared:\n\n" + "\n".join(findings))
     return "\n".join([*lines[:2], *(line + "\n" for line in lines[2:]), END])
 
 

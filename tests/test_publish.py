@@ -344,7 +344,7 @@ def test_readme_cross_model_section(root):
     table = [line.split(" | ")[0][3:-1] for line in across if line.startswith("| `")]
     assert table == sorted(set(LITERATURE) | set(rows))
     assert (
-        "Types with labelled heads in both decoders (smollm2-135m): `induction`, "
+        "Types with labelled heads in every decoder (smollm2-135m): `induction`, "
         "`negative_name_mover`." in lines
     )
 
@@ -353,12 +353,14 @@ def test_publish_readme_covers_the_published_models_in_order(root):
     """publish.readme: every model of publish.MODELS that has a catalog (gemma3-270m has
     none here), in that order; the toy has a section but no column in the cross-model
     table."""
-    assert publish.MODELS == ("smollm2-135m", "gemma3-270m", "minilm-l6", "toy-induction")
+    assert publish.MODELS == (
+        "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "minilm-l6", "toy-induction"
+    )  # fmt: skip
     text = publish.readme(root)
     assert _section(text, "smollm2-135m") == SMOLLM2_SECTION
     assert _section(text, "minilm-l6") == MINILM_SECTION
     assert _section(text, "toy-induction") == TOY_SECTION
-    assert "gemma3-270m" not in text
+    assert "gemma3-270m" not in text and "qwen2.5" not in text
     assert "| type | `smollm2-135m` | `minilm-l6` | literature |" in text.split("\n")
     # (3417.2 + 23) s = 57.3 minutes
     assert "about 57 minutes on 2 CPU cores" in text
@@ -388,5 +390,12 @@ def test_publish_main_writes_both_readmes(root, monkeypatch, capsys):
     block = readme_block(catalog)
     assert front == f"# headmech\n\nintro\n{block}\ntail\n"
     assert "stale table" not in front and "| `induction` | 2 (50.0%), depth 1.00;" in block
+    # the findings the decoders are compared on, one line each, from the same cells
+    lines = block.split("\n")
+    assert "The decoders compared:" in lines
+    assert any(
+        line.startswith("- induction heads: smollm2-135m 2 (50.0%) at depth 1.00") for line in lines
+    )
+    assert "- attention sinks: smollm2-135m none." in lines
     err = capsys.readouterr().err
     assert f"wrote {catalog}/README.md" in err and "updated the cross-model table" in err

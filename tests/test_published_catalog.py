@@ -17,12 +17,13 @@ import pytest
 
 from headmech.claims import control_space
 from headmech.heads import HeadIndex, head_types
-from headmech.publish import MODELS, check_json, expected_types
+from headmech.publish import FULL, MODELS, check_json, expected_types
 
 ROOT = Path(__file__).resolve().parents[1] / "catalog"
 FIXTURES = {
     "smollm2-135m": "smollm2",
     "gemma3-270m": "gemma3",
+    "qwen2.5-coder-0.5b": "qwen25",
     "minilm-l6": "minilm",
     "toy-induction": "toy_induction",
 }
@@ -144,7 +145,7 @@ def test_readme_cross_model_table_is_the_catalogs():
     got = text[text.index(BEGIN) : text.index(END) + len(END)]
     if got != readme_block(ROOT):
         _stale("README.md", "the cross-model table differs from the published catalogs")
-    assert "gemma3-270m" in got and "smollm2-135m" in got and "minilm-l6" in got
+    assert all(m in got for m in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "minilm-l6"))
 
 
 def test_cross_model_cells_read_the_catalog():
@@ -247,15 +248,17 @@ def test_published_catalog_is_current(name, request):
         v = r["details"].get("validation")
         assert v is not None and v["n_heads"] == len(r["heads"]), f"{name}/{t} not validated"
         if r["heads"] and v["control"] != "none":
-            # 5 distinct control sets, or as many as exist where fewer do (then recorded)
-            asked = v.get("n_controls_asked", 5)
+            # the published number of distinct control sets, or as many as exist where
+            # fewer do (then recorded)
+            want = FULL[name].n_random
+            asked = v.get("n_controls_asked", want)
             m = data["model"]
             _, possible = control_space(
                 r["heads"], m["n_layers"], m["n_heads"], v["control"],
                 v.get("excluded_from_controls", []),
             )  # fmt: skip
-            n = min(5, possible)
-            assert asked == 5 and len(v["random_effects"]) == n, (name, t)
+            n = min(want, possible)
+            assert asked == want and len(v["random_effects"]) == n, (name, t)
             assert v["effect_interval"] is not None
 
 
