@@ -60,6 +60,7 @@ def update_validations(
     n_random: int,
     type_options: dict[str, dict[str, Any]] | None = None,
     command: str = "",
+    alone: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Recompute the validation of ``types`` in ``root/<name>/catalog.json`` (labelled
     heads, probe sizes and control draws as published) and record the update in the
@@ -93,7 +94,10 @@ def update_validations(
     for t in types:
         head_type = get_head_type(t)(**(type_options or {}).get(t, {}))
         t1 = time.perf_counter()
-        v = _validation(model, head_type, labelled[t], options, n_random, labelled, *_of(data, t))
+        v = _validation(
+            model, head_type, labelled[t], options, n_random, labelled, *_of(data, t),
+            alone=alone,
+        )  # fmt: skip
         _store_validation(data["types"][t], v)
         seconds[t] = round(time.perf_counter() - t1, 1)
     record = {"types": list(types), **_run_record(command, seconds, t0, c0)}
@@ -212,8 +216,9 @@ def _validate(
         head_type = get_head_type(t)(**size.type_options.get(t, {}))
         instances.append(head_type)
         v = _validation(
-            model, head_type, labelled[t], options, size.n_random, labelled, *_of(data, t)
-        )
+            model, head_type, labelled[t], options, size.n_random, labelled, *_of(data, t),
+            alone=size.alone,
+        )  # fmt: skip
         _store_validation(data["types"][t], v)
         seconds[t] = round(time.perf_counter() - t1, 1)
     _read_broadly(model, data, instances)

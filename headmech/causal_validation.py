@@ -227,6 +227,8 @@ def _validation(
     labelled: dict[str, list[HeadIndex]] | None = None,
     excluded: Collection[HeadIndex] = (),
     rejected: Sequence[HeadIndex] = (),
+    *,
+    alone: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """The type's validation (``head_type.validation``, :mod:`headmech.claims`): the
     ablation on its task, or the direct path to the logits (with the backup heads), or
@@ -236,24 +238,26 @@ def _validation(
     Controls are drawn from heads not of the type (``excluded``: those that may be,
     :meth:`headmech.results.TypeResult.not_controls`). The labelled heads (at most
     :data:`MAX_PER_HEAD`) and the heads ``rejected`` above the threshold by a further
-    criterion (at most :data:`MAX_REJECTED`) are each ablated alone too: their own
-    effects decide whether the criterion was right (``per_head``)."""
+    criterion (at most :data:`MAX_REJECTED`; other caps: ``alone``) are each ablated
+    alone too: their own effects decide whether the criterion was right (``per_head``)."""
     from headmech.tasks import is_causal
 
-    alone = [*heads[:MAX_PER_HEAD], *[h for h in rejected if h not in heads][:MAX_REJECTED]]
+    n_labelled, n_rejected = alone or (MAX_PER_HEAD, MAX_REJECTED)
+    extra = [h for h in rejected if h not in heads][:n_rejected]
+    alone_heads = [*heads[:n_labelled], *extra]
     method = getattr(head_type, "validation", "ablation")
     if method == "k_composition":  # the induction task: repeated halves that fit the context
         fit = (int(model.cfg.n_ctx) - 2) // 2  # a BOS before, a separator after
         options = dataclasses.replace(options, half_len=max(2, min(options.half_len, fit)))
     if method == "direct_path" and is_causal(model):
-        record = _direct_path(model, head_type, heads, options, n_random, excluded, alone)
+        record = _direct_path(model, head_type, heads, options, n_random, excluded, alone_heads)
     elif method == "k_composition" and not is_causal(model):  # no induction task: the lm
         record = validate_heads(
             model, head_type, heads, options, n_random=n_random, task="lm", excluded=excluded,
-            one_by_one=alone,
+            one_by_one=alone_heads,
         )  # fmt: skip
     else:
-        record = _task_validation(model, head_type, heads, options, n_random, excluded, alone)
+        record = _task_validation(model, head_type, heads, options, n_random, excluded, alone_heads)
     if method == "k_composition" and is_causal(model) and record.get("effect") is not None:
         receivers = list((labelled or {}).get("induction", []))
         record["k_composition"] = _k_record(model, heads, record, receivers, options)

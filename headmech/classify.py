@@ -202,6 +202,7 @@ def classify(
     n_boot: int = 200,
     progress: bool = False,
     units: Units | None = None,
+    alone: tuple[int, int] | None = None,
     **probe_options: Any,
 ) -> HeadCatalog:
     """Score and label every head of ``model`` for each head type.
@@ -218,6 +219,10 @@ def classify(
             the threshold, ablated alone (``per_head``); and their attention on ordinary
             text (``per_head[h]["broad_share"]``, :mod:`headmech.broad`).
         n_random: control draws for validation.
+        alone: validation ablates at most this many labelled heads and heads rejected
+            above the threshold alone, the highest scores first (default
+            ``(MAX_PER_HEAD, MAX_REJECTED)`` of :mod:`headmech.causal_validation`: 24, 8;
+            each is a pass of the task per head).
         n_boot: bootstrap resamples of the probe's examples for each score's interval
             (0: no interval).
         progress: show progress bars.
@@ -238,7 +243,7 @@ def classify(
 
     _check_arguments(validate, n_random, n_boot)
     with reporting(progress), recording(units):
-        return _classify(model, types, validate, n_random, n_boot, progress, probe_options)
+        return _classify(model, types, validate, n_random, n_boot, progress, probe_options, alone)
 
 
 def _classify(
@@ -249,6 +254,7 @@ def _classify(
     n_boot: int,
     progress: bool,
     probe_options: dict[str, Any],
+    alone: tuple[int, int] | None = None,
 ) -> HeadCatalog:
     from headmech.provenance import provenance, weights_hash
     from headmech.resume import unit
@@ -270,6 +276,8 @@ def _classify(
     def catalog(done: list[HeadType]) -> HeadCatalog:
         settings: dict[str, Any] = {"types": {t.name: repr(t) for t in done}, "skipped": skipped}
         settings.update(validate=validate, n_random=n_random, n_boot=n_boot)
+        if alone is not None:  # recorded where it is not the default
+            settings["alone"] = list(alone)
         prov = provenance(model, probes=used, options=options, settings=settings)
         return HeadCatalog(info, {t.name: results[t.name] for t in done}, meta, prov)
 
@@ -291,7 +299,7 @@ def _classify(
             rejected = [HeadIndex.parse(e["head"]) for e in r.not_labelled]
             run = partial(
                 _validation, model, t, r.heads, options, n_random, labelled,
-                sorted(r.not_controls()), rejected,
+                sorted(r.not_controls()), rejected, alone=alone,
             )  # fmt: skip
             v = unit(f"validate-{t.name}", run)
             r.per_head = v.pop("per_head", {})

@@ -44,6 +44,10 @@ class Size:
     n_boot: int = 200  # bootstrap resamples for score intervals (not a CLI flag)
     extra: dict[str, Any] = field(default_factory=dict)  # more ProbeOptions fields
     type_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per type: its arguments
+    # validation's labelled and rejected heads ablated alone, at most (None: classify's
+    # default, 24 and 8); not in the repr, which a resumed run compares: each validation
+    # records how many it ablated alone (``per_head_note``)
+    alone: tuple[int, int] | None = field(default=None, repr=False)
 
     def probe_options(self) -> dict[str, Any]:
         """Keyword arguments for :func:`headmech.classify` (the CLI's defaults beside)."""
@@ -73,8 +77,9 @@ FULL: dict[str, Size] = {
     "gemma3-270m": Size(n_sentences=64, n_sequences=16),
     # Qwen2.5-Coder-0.5B: 336 heads (24 x 14), a 151k-token unembedding and 4.9k-wide MLPs,
     # about 4x SmolLM2's forward: smaller probes and 3 control sets keep it under an hour
+    # (each head ablated alone is a pass of the task: 8 labelled and 4 rejected at most)
     "qwen2.5-coder-0.5b": Size(
-        n_sentences=48, n_sequences=12, context=(300, 700, 1100), n_random=3
+        n_sentences=48, n_sequences=12, context=(300, 700, 1100), n_random=3, alone=(8, 4)
     ),
     "minilm-l6": Size(),
     "toy-induction": Size(),
@@ -182,6 +187,7 @@ def build_catalog(
         n_random=size.n_random,
         n_boot=size.n_boot,
         progress=progress,
+        alone=size.alone,
         **size.probe_options(),
     )
 
