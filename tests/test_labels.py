@@ -244,3 +244,26 @@ def test_a_score_shown_at_the_threshold_is_at_the_threshold():
     assert not bool(at_or_above(torch.tensor([0.0999994]), 0.1))
     t = headmech.get_head_type("previous_token")(threshold=0.1)
     assert t.above(torch.stack([gain, torch.tensor([0.05])], 1)) == [HeadIndex(0, 0)]
+
+
+def test_validation_ablates_alone_at_most_as_many_heads_as_asked(toy):
+    """``classify(alone=(labelled, rejected))``: the highest-scoring labelled heads alone,
+    the rest said in ``per_head_note``, and the cap in the provenance's settings."""
+    cat = headmech.classify(
+        toy, [InductionHead(copying_threshold=0.1)], validate=True, n_random=1, alone=(1, 2), **SIZE
+    )
+    r = cat["induction"]
+    assert len(r.heads) == 1 and len(r.not_labelled) == 3
+    alone = {h: e for h, e in r.per_head.items() if "effect" in e}  # (all are read broadly)
+    labelled = [h for h, e in alone.items() if e["labelled"]]
+    rejected = [h for h, e in alone.items() if not e["labelled"]]
+    assert labelled == ["L1H0"] and len(rejected) == 2
+    assert set(rejected) == {e["head"] for e in r.not_labelled[:2]}  # the best first
+    assert cat.to_json()["provenance"]["settings"]["alone"] == [1, 2]
+    default = headmech.classify(toy, ["induction"], validate=True, n_random=1, **SIZE)
+    assert "alone" not in default.to_json()["provenance"]["settings"]
+    two = headmech.classify(toy, ["induction"], validate=True, n_random=1, alone=(2, 0), **SIZE)
+    assert sum("effect" in e for e in two["induction"].per_head.values()) == 2
+    assert two["induction"].details["validation"]["per_head_note"] == (
+        "2 of 4 labelled heads ablated alone (the highest scores)"
+    )

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from headmech.causal_validation import MAX_PER_HEAD, MAX_REJECTED
 from headmech.claims import control_space
 from headmech.heads import HeadIndex, head_types
 from headmech.publish import FULL, MODELS, check_json, expected_types
@@ -300,5 +301,8 @@ def test_no_control_set_holds_a_head_that_may_be_of_the_type(name):
             h for h, e in t.get("per_head", {}).items() if "effect" in e and e.get("labelled")
         }
         if v.get("effect") is not None and t["heads"]:
-            want = min(len(t["heads"]), 24)
+            cap = (FULL[name].alone or (MAX_PER_HEAD, MAX_REJECTED))[0]
+            want = min(len(t["heads"]), cap)
             assert len(measured) == want, (name, t_name, len(measured), want)
+            if want < len(t["heads"]):  # the reader is told how many were
+                assert v["per_head_note"].startswith(f"{want} of {len(t['heads'])} labelled")
