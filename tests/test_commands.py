@@ -4,7 +4,7 @@ the files written and that the printed report names every type and every validat
 result.
 
 The matrix: the rows of :data:`COMMANDS` (classify with validation, importance, circuit,
-prune with ``--catalog``, discover, kv-plan) for each of the four bundled models, the
+prune with ``--catalog``, discover, kv-plan) for each of the five bundled models, the
 encoder (MiniLM) beside the decoders; then the option combinations that change code paths:
 validation with and without a possible control (the sink labels most heads), ``--dtype
 bfloat16``, ``--force`` over an earlier result and ``--resume`` of a stopped run. Each
@@ -29,8 +29,8 @@ from headmech.report import validation_line
 
 pytestmark = pytest.mark.slow  # the bundled real models and the toy
 
-MODELS = ("toy-induction", "minilm-l6", "smollm2-135m", "gemma3-270m")
-DECODERS = ("toy-induction", "smollm2-135m", "gemma3-270m")
+MODELS = ("toy-induction", "minilm-l6", "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+DECODERS = ("toy-induction", "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 
 # per model: classify's types (one whose control sets can be drawn, the sink whose cannot
 # on decoders) and sizes
@@ -43,6 +43,10 @@ CLASSIFY = {
     # 4 sentences: the sink still labels 63 of 72 heads (62 with 8), 16% less CPU
     "gemma3-270m": ["--types", "induction,attention_sink", "--n-sequences", "4",
                     "--n-sentences", "4"],
+    # 2 and 2: the sink labels 246 of 336 heads, induction 9 (controls drawn); of its 70 s
+    # of CPU (one thread), 26 s are the broad-behaviour windows --validate always reads
+    "qwen2.5-coder-0.5b": ["--types", "induction,attention_sink", "--n-sequences", "2",
+                           "--n-sentences", "2"],
 }  # fmt: skip
 
 RESULTS = {
@@ -59,7 +63,12 @@ RESULTS = {
 def loads(request):
     """``load_model`` remembered per arguments (the session's model for a float32 load)."""
     real = headmech.models.load_model
-    session = {"smollm2-135m": "smollm2", "gemma3-270m": "gemma3", "minilm-l6": "minilm"}
+    session = {
+        "smollm2-135m": "smollm2",
+        "gemma3-270m": "gemma3",
+        "qwen2.5-coder-0.5b": "qwen25",
+        "minilm-l6": "minilm",
+    }
     seen: dict = {}
 
     def load(name, device=None, dtype=None, **where):
@@ -132,7 +141,7 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
         section = printed.split(f"\n{name}:\n", 1)[1]
         shown = next(x for x in section.splitlines() if x.strip().startswith("validation"))
         assert _numbers(shown) == pytest.approx(_numbers(line), abs=2e-4), (name, line)
-    if model in ("smollm2-135m", "gemma3-270m"):  # the sink labels most heads: no control
+    if model in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):  # sink: most heads
         sink = catalog["types"]["attention_sink"]["details"]["validation"]
         assert sink["random_mean"] is None
         assert "no control possible" in validation_line(sink)
@@ -155,6 +164,7 @@ IMPORTANCE = {
     # CPU, 20 s with this task: the rest is the 72 heads' suffix passes)
     "gemma3-270m": ["--method", "zero", "--task", "induction", "--n-sequences", "2",
                     "--half-len", "8"],
+    "qwen2.5-coder-0.5b": ["--method", "dla", "--n-sentences", "4"],
 }  # fmt: skip
 
 
@@ -209,13 +219,17 @@ def test_prune_reports_which_catalogued_heads_survive(loads, outputs, capsys, mo
             assert name in printed, name  # the --catalog branch of the report
 
 
+# discover's sizes where a model needs fewer (Qwen: 35 s of CPU at the others', 22 s here)
+DISCOVER = {"qwen2.5-coder-0.5b": ["--n-sentences", "4", "--n-sequences", "2"]}
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_discover(loads, outputs, capsys, model):
     out = outputs / model / "discover"
     types = {"minilm-l6": "positional,previous_token", "toy-induction": "duplicate_token,induction"}
     types = types.get(model, "previous_token,induction")
-    argv = ["discover", model, "--types", types, "--n-sentences", "8", "--n-sequences", "4",
-            "--clusters", "2"]  # fmt: skip
+    sizes = DISCOVER.get(model, ["--n-sentences", "8", "--n-sequences", "4"])
+    argv = ["discover", model, "--types", types, *sizes, "--clusters", "2"]
     code, printed, err = run(capsys, *argv, "--out", out)
     assert code == 0, err[-2000:]
     _files(out, "discover")

@@ -182,7 +182,14 @@ def toy_induction():
 NOT_REGENERATED = {
     "smollm2-135m": {"function_vector"},
     "gemma3-270m": {"copy_suppression", "name_mover"},
-}
+    # Qwen2.5's forward costs about 4x SmolLM2's (a 151k-token unembedding): the types read
+    # from attention on its probes are regenerated, those with a pass per head or a
+    # vocabulary-wide OV circuit are left to SmolLM2 and Gemma 3
+    "qwen2.5-coder-0.5b": {
+        "copy_suppression", "function_vector", "inactive", "name_mover",
+        "negative_name_mover", "s_inhibition", "successor", "syntactic",
+    },
+}  # fmt: skip
 
 
 def _part(data: dict[str, Any], types: set[str], probes: set[str]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Fast tests: a tiny random Qwen2 model written as a float32 GGUF here (``gguf.GGU
 loaded by path through the same dequantise-and-cache path as the bundled GGUF models; its
 logits equal the original's, its tokenizer prepends nothing, its provenance names the file's
 SHA-256. The join of the bundled parts, checked against fake part packages: a missing part
-or a corrupt one fails in one line naming it. Slow: the real model.
+or a corrupt one fails in one line naming it. Slow: the real model (the bridge against
+transformers, pattern-free statistics against the eager pattern, head ablations against
+a hand forward, the full-cache KV plan against the plain model, a resumed classify).
 """
 
 from __future__ import annotations
@@ -397,8 +399,15 @@ def test_qwen_is_listed():
 # --- the real model ---------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def qwen25_hf():
+    """Transformers' own Qwen2.5-Coder model (eager attention) and its tokenizer, loaded
+    apart from the bridge (their weights are not shared)."""
+    return models.load_hf(QWEN)
+
+
 @pytest.mark.slow
-def test_qwen25_bridge_equals_hf(qwen25):
+def test_qwen25_bridge_equals_hf(qwen25, qwen25_hf):
     """Qwen2.5-Coder-0.5B-Instruct through the bridge: the shape the model card gives, no
     BOS before a probe sentence, the same logits as transformers' own model, and where its
     weights came from in the provenance."""
@@ -408,7 +417,7 @@ def test_qwen25_bridge_equals_hf(qwen25):
     info = headmech.model_info(qwen25)
     assert (info.n_layers, info.n_heads, info.n_kv_heads, info.d_head) == (24, 14, 2, 64)
     assert int(qwen25.cfg.d_vocab) == 151_936 and info.n_ctx == 32_768
-    hf, tok = models.load_hf(QWEN)
+    hf, tok = qwen25_hf
     assert not hf.config.tie_word_embeddings
     ids = tok(SENTENCE, add_special_tokens=False)["input_ids"]
     assert ids == [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]
@@ -428,6 +437,178 @@ def test_qwen25_bridge_equals_hf(qwen25):
         source["licence"].startswith("Apache-2.0 (as the upstream") and source["prepended"] is None
     )
     assert (models.cache_dir() / QWEN / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_qwen25_blocks_equal_pattern(qwen25):
+    """Grouped-query attention (7 query heads per KV head), q/k/v biases, no BOS: inside
+    the attention call, every statistic of every type equals the eager pattern's. To
+    4e-5 of the value rather than 1e-5: the first-token mass summed over the domains
+    probe differs by 1.5e-5 of itself, float32 rounding (against the model run in
+    float64: 7e-6 for the pattern path, 1.4e-5 for the blocks)."""
+    from test_blockwise import assert_paths_agree
+
+    from headmech import engine
+    from headmech.probes import ProbeOptions
+
+    assert engine._pattern_free(qwen25) == ("call", None)
+    small = ProbeOptions(
+        n_sentences=4, n_sequences=2, half_len=8, needle_lengths=(100,), needle_depths=(0.5,)
+    )
+    assert_paths_agree(qwen25, small, budget=2**20, rtol=4e-5)
+
+
+def _induction_loss_by_hand(hf, batches, heads: list[tuple[int, int]], d_head: int) -> float:
+    """The induction task's mean loss on the repeated halves (every repeated token but the
+    first, predicted from the position before it) from transformers' own model, with each
+    of ``heads`` zeroed: its slice of the input of its layer's ``self_attn.o_proj``."""
+
+    def zero(cols):
+        def hook(module, args):
+            x = args[0].clone()
+            for h in cols:
+                x[..., h * d_head : (h + 1) * d_head] = 0
+            return (x, *args[1:])
+
+        return hook
+
+    layers = sorted({la for la, _ in heads})
+    handles = [
+        hf.model.layers[la].self_attn.o_proj.register_forward_pre_hook(
+            zero([h for la2, h in heads if la2 == la])
+        )
+        for la in layers
+    ]
+    total, count = 0.0, 0
+    try:
+        for b in batches:
+            half, off = int(b.extras["half_len"]), int(b.extras["offset"])
+            assert bool(b.attention_mask.bool().all()) and b.input_ids.shape[1] == off + 2 * half
+            with torch.no_grad():
+                logits = hf(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+            pos = torch.arange(off + half, off + 2 * half - 1)
+            target = b.input_ids[:, pos + 1]
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, pos].flatten(0, 1).double(), target.flatten(), reduction="sum"
+            )
+            total += float(loss)
+            count += target.numel()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total / count
+
+
+@pytest.mark.slow
+def test_qwen25_zero_ablation_equals_a_hand_forward(qwen25, qwen25_hf):
+    """Heads zeroed through headmech's batched runner (stacked variants, prefix reuse,
+    fused attention) give the induction loss that transformers' own model gives with the
+    heads' slices of ``o_proj``'s input zeroed: a head of the first layer, an induction
+    head of layer 9, two induction heads of layer 16 that share a KV head (grouped-query:
+    the other five query heads of their group keep it) and a head of the last layer."""
+    from headmech.interventions import run_variants
+    from headmech.interventions.ablation import ablation_variants
+    from headmech.probes import ProbeOptions
+    from headmech.tasks import get_task
+
+    hf, _ = qwen25_hf
+    info = headmech.model_info(qwen25)
+    group = info.n_heads // info.n_kv_heads  # query heads per KV head
+    sets = [[(0, 2)], [(9, 8)], [(16, 7), (16, 9)], [(23, 13)]]
+    assert 7 // group == 9 // group != 2 // group  # H7 and H9 share a KV head; H2 does not
+    assert hf.config.num_key_value_heads == info.n_kv_heads == 2
+    d_head = info.d_head
+    task = get_task("induction", qwen25)
+    batches = task.batches(qwen25, ProbeOptions(n_sequences=2, half_len=8, batch_size=2))
+    got, clean = run_variants(qwen25, task, batches, ablation_variants(qwen25, batches, sets))
+    want = [_induction_loss_by_hand(hf, batches, s, d_head) for s in sets]
+    # measured: 4e-6 apart; the smallest effect here (L0H2) is 8e-3, L9H9 for L9H8 9e-2
+    assert clean == pytest.approx(_induction_loss_by_hand(hf, batches, [], d_head), abs=1e-4)
+    torch.testing.assert_close(
+        got.double(), torch.tensor(want, dtype=torch.float64), atol=1e-4, rtol=0
+    )
+    assert float((got - clean).abs().max()) > 0.05  # some of these heads matter
+
+
+@pytest.mark.slow
+def test_qwen25_full_cache_plan_is_the_plain_model(qwen25):
+    """The KV plan that keeps every head's cache (both KV heads of each of the 24 layers):
+    its prose NLL is the plain model's (by hand from the bridge's logits) and it generates
+    the bridge's greedy tokens, with its logits; a windowed plan through the same masks
+    is not the plain model."""
+    from headmech.kv import KVPlan, evaluate, generate, prose_batches
+
+    plan = KVPlan.full_cache(qwen25)
+    assert tuple(plan.full.shape) == (24, 2) and bool(plan.full.all())
+    prose = prose_batches(qwen25, 64, n=1)
+    ids = prose[0].input_ids
+    with torch.inference_mode():
+        logits = qwen25(ids)[0, :-1].double()
+    hand = float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+    full = evaluate(qwen25, plan, prose=prose)
+    # measured 2e-3 apart (3e-5 a token: transformers' attention against the bridge's)
+    assert full.n_tokens == 63 and full.nll_sum == pytest.approx(hand, abs=6e-3)
+    windowed = evaluate(qwen25, KVPlan.windowed(qwen25, sinks=2, window=8), prose=prose)
+    assert windowed.nll_sum > hand + 5  # measured: 10 nats more over the 63 tokens
+    prompt, steps = ids[:, :32], 3
+    gen = generate(qwen25, plan, prompt, max_new_tokens=steps)
+    out, want = prompt, []
+    with torch.inference_mode():
+        for _ in range(steps):
+            want.append(qwen25(out)[:, -1].float())
+            out = torch.cat([out, want[-1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(gen.tokens, out[:, prompt.shape[1] :])
+    assert float((gen.logits - torch.stack(want, 1)).abs().max()) < 1e-4  # measured 1.5e-5
+
+
+@pytest.mark.slow
+def test_qwen25_classify_stopped_and_resumed_writes_the_same_bytes(
+    qwen25, monkeypatch, tmp_path, capsys
+):
+    """``headmech classify qwen2.5-coder-0.5b`` on two probes (prose, repeated random
+    tokens), Ctrl-C as the second is scored: the first probe's unit is kept, and the
+    command the error line names (``--resume``) scores only the second and writes the
+    bytes of an uninterrupted run."""
+    import importlib
+    import shlex
+
+    from headmech.cli import main
+    from headmech.resume import STAGING
+
+    classify_module = importlib.import_module("headmech.classify")
+    monkeypatch.setattr(headmech.models, "load_model", lambda *a, **k: qwen25)
+    real, calls, stop = classify_module._classify_probe, [], []
+
+    def counting(model, probe, *args, **kwargs):
+        calls.append(probe.name)
+        if stop and len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(model, probe, *args, **kwargs)
+
+    monkeypatch.setattr(classify_module, "_classify_probe", counting)
+    argv = ["classify", QWEN, "--types", "previous_token,duplicate_token",
+            "--n-sentences", "4", "--n-sequences", "2"]  # fmt: skip
+    files = ("catalog.json", "heatmap.png")
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0, capsys.readouterr().err
+    assert calls == ["prose", "repeated_random"]
+    whole = {n: (tmp_path / "a" / n).read_bytes() for n in files}
+
+    calls.clear()
+    stop.append(True)
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "finished unit(s) kept in" in line, line
+    assert not (tmp_path / "b" / "catalog.json").exists()
+    assert (tmp_path / "b" / STAGING / "classify" / "manifest.json").is_file()
+
+    calls.clear()
+    stop.clear()
+    how = shlex.split(line.split("continue with: ", 1)[1])
+    assert how[0] == "headmech" and how[-1] == "--resume"
+    assert main(how[1:]) == 0
+    assert calls == ["repeated_random"]  # the prose probe's unit read back, not scored again
+    assert {n: (tmp_path / "b" / n).read_bytes() for n in files} == whole
+    assert not (tmp_path / "b" / STAGING).exists()
 
 
 def test_prepended_token_names_what_the_tokenizer_adds():
