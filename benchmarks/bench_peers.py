@@ -59,8 +59,8 @@ def _loss_from_logits(
 
 
 def run_headmech(model: Any, task: Any, batches: list, heads: list, fast: bool) -> torch.Tensor:
-    from headmech.interventions.ablation import ablation_variants
     from headmech.interventions import run_variants
+    from headmech.interventions.ablation import ablation_variants
 
     variants = ablation_variants(model, batches, [[h] for h in heads], "zero")
     values, _ = run_variants(model, task, batches, variants, reuse_prefix=fast, fast=fast)
