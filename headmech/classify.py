@@ -242,6 +242,13 @@ def classify(
     from headmech.resume import recording
 
     _check_arguments(validate, n_random, n_boot)
+    if alone is not None and not (
+        len(alone) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in alone)
+    ):
+        raise ArgumentError(
+            f"alone must be two integers of at least 0 (labelled, rejected), got {alone!r}"
+        )
     with reporting(progress), recording(units):
         return _classify(model, types, validate, n_random, n_boot, progress, probe_options, alone)
 

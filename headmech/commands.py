@@ -89,7 +89,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
         try:
             catalog = classify(
                 model, types, validate=args.validate, n_random=n_random, progress=True,
-                units=units, **options,
+                units=units, alone=getattr(args, "alone", None), **options,
             )  # fmt: skip
         except IncompleteRunError as e:  # keep the finished types, then fail in one line
             _save_partial(args, e, "catalog")

@@ -316,6 +316,17 @@ def _fit_types(
     return kept, {name: f"measured on prose, but {problem}" for name in prose}
 
 
+def _alone(text: str) -> tuple[int, int]:
+    """``--alone L,R``: two integers of at least 0."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise InputError(
+            f"--alone takes two counts, labelled and rejected heads ablated alone, as L,R "
+            f"(e.g. 24,8), got {text!r}"
+        )
+    return int(parts[0]), int(parts[1])
+
+
 def _check_classify(
     args: argparse.Namespace, command: str
 ) -> tuple[list[str] | None, list[str] | None]:
@@ -332,6 +343,10 @@ def _check_classify(
             )
         if not args.validate:
             V.warn("--n-random is ignored without --validate")
+    if getattr(args, "alone", None) is not None:
+        args.alone = _alone(args.alone)
+        if not args.validate:
+            V.warn("--alone is ignored without --validate")
     corpus = getattr(args, "corpus", None)
     sentences = corpus_file(corpus) if corpus is not None else None
     if hasattr(args, "n_sentences"):

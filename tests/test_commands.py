@@ -46,7 +46,7 @@ CLASSIFY = {
     # 2 and 2: the sink labels 246 of 336 heads, induction 9 (controls drawn); of its 70 s
     # of CPU (one thread), 26 s are the broad-behaviour windows --validate always reads
     "qwen2.5-coder-0.5b": ["--types", "induction,attention_sink", "--n-sequences", "2",
-                           "--n-sentences", "2"],
+                           "--n-sentences", "2", "--alone", "2,1"],
 }  # fmt: skip
 
 RESULTS = {
@@ -145,6 +145,11 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
         sink = catalog["types"]["attention_sink"]["details"]["validation"]
         assert sink["random_mean"] is None
         assert "no control possible" in validation_line(sink)
+    if "--alone" in CLASSIFY[model]:  # at most 2 labelled heads ablated alone, said
+        sink = catalog["types"]["attention_sink"]
+        alone = [h for h, e in sink["per_head"].items() if "effect" in e and e["labelled"]]
+        assert len(alone) == 2 and sink["details"]["validation"]["per_head_note"].startswith("2 of")
+        assert catalog["provenance"]["settings"]["alone"] == [2, 1]
     if model != "minilm-l6":  # induction labelled, with controls drawn
         v = catalog["types"]["induction"]["details"]["validation"]
         heads = catalog["types"]["induction"]["heads"]

@@ -25,10 +25,10 @@ def _fail_on(name, error):
     """A ``_validation`` that raises ``error`` for type ``name``, else validates."""
     real = classify_module._validation
 
-    def validation(model, t, heads, options, n_random, *rest):
+    def validation(model, t, heads, options, n_random, *rest, **kw):
         if t.name == name:
             raise error
-        return real(model, t, heads, options, n_random, *rest)
+        return real(model, t, heads, options, n_random, *rest, **kw)
 
     return validation
 

@@ -267,3 +267,15 @@ def test_validation_ablates_alone_at_most_as_many_heads_as_asked(toy):
     assert two["induction"].details["validation"]["per_head_note"] == (
         "2 of 4 labelled heads ablated alone (the highest scores)"
     )
+
+
+def test_alone_is_checked_in_python_and_on_the_command_line(toy, capsys):
+    from headmech.cli import main
+
+    with pytest.raises(headmech.errors.ArgumentError, match="alone must be two integers"):
+        headmech.classify(toy, ["induction"], validate=True, alone=(1,))
+    with pytest.raises(headmech.errors.ArgumentError, match="alone must be two integers"):
+        headmech.classify(toy, ["induction"], validate=True, alone=(-1, 2))
+    assert main(["classify", "toy-induction", "--validate", "--alone", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--alone takes two counts" in err[0]

@@ -31,7 +31,9 @@ MODELS = sorted(p.parent.name for p in CATALOG.glob("*/catalog.json"))
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     summary = build_site(CATALOG, out)
-    assert summary.bytes < 5_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
+    # about 12 kB a head page: a model that labels most heads as sinks (SmolLM2, Qwen2.5)
+    # adds about 3 MB; five models' catalogs stay under 8 MB (tutorials apart)
+    assert summary.bytes < 8_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
     return out
 
 

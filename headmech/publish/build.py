@@ -67,6 +67,8 @@ class Size:
         flags += f"--context {','.join(map(str, self.context))}"
         if self.validate:
             flags += f" --validate --n-random {self.n_random}"
+            if self.alone is not None:
+                flags += f" --alone {self.alone[0]},{self.alone[1]}"
         return f"headmech classify {model} {flags}"
 
 
