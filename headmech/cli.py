@@ -161,12 +161,8 @@ def _add_classify(sub: Any) -> None:
     p.add_argument(
         "--n-random", type=int, default=None, help="random head sets for --validate (default 5)"
     )
-    p.add_argument(
-        "--alone",
-        default=None,
-        metavar="L,R",
-        help="--validate ablates at most L labelled and R rejected heads alone (default 24,8)",
-    )
+    alone = "--validate ablates at most L labelled and R rejected heads alone (default 24,8)"
+    p.add_argument("--alone", default=None, metavar="L,R", help=alone)
     _add_resume(p)
     p.set_defaults(func=commands.cmd_classify)
 
