@@ -100,10 +100,10 @@ catalog: setup
 		$(if $(CATALOG_MODELS),--models $(CATALOG_MODELS)) $(CATALOG_ARGS)
 	$(MAKE) site
 
-# The head atlas (catalog/site/, headmech.site): the attention examples of the labelled heads
+# The head atlas (catalog/site/, headmech.publish.site): the attention examples of the labelled heads
 # where catalog/<model>/examples.json is missing or stale (seconds a model), then the pages
 site: setup
-	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.site --examples --catalog catalog
+	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.publish.site --examples --catalog catalog
 
 # docs/screenshots/{index,head}.png for the README, taken by the browser test
 site-screenshots: setup browser

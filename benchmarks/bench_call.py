@@ -7,7 +7,7 @@ LLaMA-3.2-1B's; grouped-query attention) runs one sequence of ``T`` tokens (BOS,
 random tokens, the same tokens again: the induction probe) four ways:
 
 * ``bare``: transformers' SDPA attention, nothing else;
-* ``points``: every layer through :func:`headmech.attention_call.stats_attention` with the
+* ``points``: every layer through :func:`headmech.stream.attention_call.stats_attention` with the
   induction and duplicate-token statistics (attention mass on one target key per query,
   and whether it is the row's argmax) from point masses ``exp(scale · q · k − LSE)``, the
   log-sum-exp coming from the fused kernel that computes the output (CPU: flash
@@ -51,10 +51,10 @@ if importlib.util.find_spec("transformer_lens") is None:
 
 from common import add_arguments, clock, memory_mb, peak_mb, record, reset_peak, start  # noqa: E402
 
-from headmech import attention_call, engine  # noqa: E402
-from headmech.points import Points  # noqa: E402
-from headmech.reducers import target_reducer  # noqa: E402
-from headmech.stats import HeadStats, ProbeBatch  # noqa: E402
+from headmech.core.stats import HeadStats, ProbeBatch  # noqa: E402
+from headmech.stream import attention_call, engine  # noqa: E402
+from headmech.stream.points import Points  # noqa: E402
+from headmech.stream.reducers import target_reducer  # noqa: E402
 
 CONFIGS = {
     "smollm2-135m": dict(
@@ -117,7 +117,7 @@ def build(args: argparse.Namespace) -> Any:
 
 def statistics(model: Any, batch: ProbeBatch, rs: list, budget: int) -> HeadStats:
     """One pass of the decoder (no unembedding) with ``rs`` reduced inside every layer's
-    attention call, as the engine does it (:func:`headmech.engine._call_reducer`)."""
+    attention call, as the engine does it (:func:`headmech.stream.engine._call_reducer`)."""
     cfg = model.config
     stats = HeadStats(cfg.num_hidden_layers, cfg.num_attention_heads)
     state = {

@@ -24,10 +24,10 @@ from common import add_arguments, clock, record, start
 
 def figure_1(model, device) -> dict:  # type: ignore[no-untyped-def]
     import headmech
-    from headmech.engine import bare_forward
-    from headmech.heads import collect_statistics, resolve_types
+    from headmech.headtypes.registry import collect_statistics, resolve_types
     from headmech.models import model_info
     from headmech.probes import ProbeOptions, build_probe
+    from headmech.stream.engine import bare_forward
 
     info = model_info(model)
     types = [t for t in resolve_types(None) if t.check_model(info) is None]
@@ -84,8 +84,8 @@ def tl_targets(kind: str):  # type: ignore[no-untyped-def]
 def figure_2(model, n_prompts: int, seq_len: int, device) -> dict:  # type: ignore[no-untyped-def]
     from transformer_lens.head_detector import detect_head
 
-    from headmech.engine import stream_statistics, target_reducer
     from headmech.probes import batch_sequences, random_token_ids
+    from headmech.stream.engine import stream_statistics, target_reducer
 
     tok = model.tokenizer
     g = torch.Generator().manual_seed(0)

@@ -46,8 +46,8 @@ from common import (
 def memory_probe(model_name: str, mode: str, seq_len: int, device: str | None) -> dict:
     """Run in a subprocess: peak memory of one pass at `seq_len` tokens."""
     import headmech
-    from headmech.engine import bare_forward, stream_statistics
     from headmech.probes import batch_sequences, random_token_ids
+    from headmech.stream.engine import bare_forward, stream_statistics
 
     model = headmech.load_model(model_name, device=device)
     tok = model.tokenizer
@@ -102,8 +102,8 @@ def main() -> None:
         return
 
     import headmech
-    from headmech.engine import bare_forward, stream_statistics
     from headmech.probes import ProbeOptions, build_probe
+    from headmech.stream.engine import bare_forward, stream_statistics
 
     t = time.perf_counter()
     model = headmech.load_model(args.model, device=args.device)

@@ -174,8 +174,8 @@ def rankings_for(hf: Any, catalog: Any, importance: list) -> dict[str, list]:
 
 # --- the run ---------------------------------------------------------------------------
 def run(args: argparse.Namespace, store: dict, save: Any) -> None:
+    from headmech.classification.results import HeadCatalog
     from headmech.kv import kv_importance
-    from headmech.results import HeadCatalog
 
     hf, shim = load(args)
     catalog = HeadCatalog.load(args.catalog)

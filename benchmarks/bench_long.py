@@ -12,7 +12,7 @@ sink) plus Voita's confidence, three ways, each in a fresh subprocess:
   every layer's whole ``hook_pattern`` (the path before pattern-free statistics);
 * ``points``: only the types whose statistics are point masses (induction, duplicate
   token: attention on one key per query) in the pattern-free path, where models whose
-  attention call returns the log-sum-exp (:mod:`headmech.attention_call`) build no
+  attention call returns the log-sum-exp (:mod:`headmech.stream.attention_call`) build no
   pattern rows but the few whose argmax the points leave open.
 
 Rotary decoders (SmolLM2, Gemma 3) reduce inside their attention call; Gemma 3's sliding
@@ -87,9 +87,9 @@ def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
     """In a subprocess: seconds and peak memory above the model of one pass."""
     import headmech
     from headmech.attribution.confidence import confidence_reducer
-    from headmech.engine import bare_forward, stream_statistics
-    from headmech.forward import fast_attention
     from headmech.probes import ProbeOptions, build_probe
+    from headmech.stream.engine import bare_forward, stream_statistics
+    from headmech.stream.forward import fast_attention
 
     model = _load(args)
     opts = ProbeOptions(n_sequences=1, half_len=(n - 1) // 2, batch_size=1)

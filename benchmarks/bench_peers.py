@@ -161,7 +161,7 @@ def floor_seconds(model: Any, task: Any, batches: list, heads: list, device: Any
     reuse must still run); its ratio to a peer is the best any exact method can do."""
     from common import fastest
 
-    from headmech.forward import fast_attention, run_blocks
+    from headmech.stream.forward import fast_attention, run_blocks
     from headmech.tasks import token_losses
 
     n_layers = int(model.cfg.n_layers)

@@ -12,12 +12,13 @@ Examples:
 from __future__ import annotations
 
 from headmech._version import __version__
-from headmech.classify import HeadCatalog, TypeResult, classify
-from headmech.engine import HeadStats, ProbeBatch, Reducer, stream_statistics, target_reducer
-from headmech.errors import HeadmechError
-from headmech.examples import show
-from headmech.heads import HeadIndex, HeadType, get_head_type, head_types
+from headmech.classification.classify import HeadCatalog, TypeResult, classify
+from headmech.core.errors import HeadmechError
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.registry import HeadType, get_head_type, head_types
 from headmech.models import ModelInfo, list_models, load_hf, load_model, model_info
+from headmech.publish.examples import show
+from headmech.stream.engine import HeadStats, ProbeBatch, Reducer, stream_statistics, target_reducer
 
 __all__ = [
     "HeadCatalog",

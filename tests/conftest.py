@@ -50,7 +50,7 @@ def pytest_configure(config):
     marker is caught there instead of slowing the fast tier down unseen."""
     if not FAST_TIER:
         return
-    from headmech import bundled
+    from headmech.models import bundled
 
     message = "make test-fast loaded a bundled real model: mark this test @pytest.mark.slow"
     load_hf_dir = bundled.load_hf_dir

@@ -23,7 +23,7 @@ KEY_NAMES = {
     "headmech.interventions": "Intervention",
     "headmech.pruning": "michel_prune",
     "headmech.kv": "KVPlan",
-    "headmech.path_patching": "path_patch",
+    "headmech.circuits.path_patching": "path_patch",
     "headmech.discover": "discover",
     "headmech.testing": "check_head_type",
 }
@@ -67,7 +67,7 @@ def page(api: Path, module: str) -> Path:
 
 def test_the_rule_finds_the_subpackages():
     found = set(public_modules())
-    assert {"headmech.catalog.induction", "headmech.kv.plan", "headmech.pruning"} <= found
+    assert {"headmech.headtypes.induction", "headmech.kv.plan", "headmech.pruning"} <= found
     assert not {"headmech._version", "headmech.__main__"} & found
 
 

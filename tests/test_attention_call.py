@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headmech import attention_call, engine
-from headmech.attention_call import LayerCall, pattern_rows
-from headmech.engine import ProbeBatch, stream_statistics, target_reducer
-from headmech.points import Points
+from headmech.stream import attention_call, engine
+from headmech.stream.attention_call import LayerCall, pattern_rows
+from headmech.stream.engine import ProbeBatch, stream_statistics, target_reducer
+from headmech.stream.points import Points
 
 
 def _scores(q, k, scale, allowed):

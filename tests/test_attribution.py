@@ -14,7 +14,7 @@ from headmech.attribution.ablation import ablation_importance
 from headmech.attribution.mask_gradient import mask_gradient
 from headmech.attribution.patching import patching_importance, prompt_pair_task, spearman
 from headmech.cli import main
-from headmech.errors import HeadmechError
+from headmech.core.errors import HeadmechError
 from headmech.interventions.ablation import mean_head_outputs
 from headmech.probes import ProbeOptions
 from headmech.pruning import head_mask_hooks

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import headmech
-from headmech import blockwise, engine
-from headmech.engine import stream_statistics
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.interventions import Intervention, Set, applied
 from headmech.probes import ProbeOptions, build_probe
+from headmech.stream import blockwise, engine
+from headmech.stream.engine import stream_statistics
 
 SMALL = ProbeOptions(
     n_sentences=12, n_sequences=4, half_len=12, needle_lengths=(120,), needle_depths=(0.5,)
@@ -179,7 +179,7 @@ def test_unsupported_attention_is_named(tiny_models, monkeypatch):
     sliding window is in the mask the call receives); where that call cannot be reached,
     the geometry rebuilt from q and k names what it does not reproduce, auto falls back
     to the pattern in silence and ``attention="blocks"`` refuses in one line naming both."""
-    from headmech import attention_call
+    from headmech.stream import attention_call
 
     model = tiny_models["llama"]
     hf = model.blocks[0].attn.original_component
@@ -238,7 +238,7 @@ def test_blocks_with_bf16_accumulate_in_fp32(tiny_dirs):
     """A bf16 model's rebuilt rows are fp32, and its statistic is the fp32 computation on
     its bf16 q and k (by hand) to 2e-6; the pattern rounded to bf16, or the sums
     accumulated in bf16, land at least 5 and 100 times further away."""
-    from headmech.engine import Reducer
+    from headmech.stream.engine import Reducer
 
     m16 = headmech.load_model(str(tiny_dirs["llama"]), dtype="bfloat16")
     t = headmech.get_head_type("previous_token")()
@@ -269,7 +269,7 @@ def test_blocks_run_inside_the_attention_call(smollm2, monkeypatch):
     """In the pattern-free path SmolLM2 attends through headmech's attention function
     (the fused kernel, every layer), no hook reads the pattern, and hook_z reducers still
     run."""
-    from headmech import attention_call
+    from headmech.stream import attention_call
 
     calls, fired = [], []
     real = attention_call.stats_attention
@@ -297,7 +297,7 @@ def test_blocks_run_inside_the_attention_call(smollm2, monkeypatch):
 def test_conformance_catches_a_reducer_that_ignores_its_rows(tiny_models):
     """check_blocks_add_up fails a blockwise reducer that reads its prepared data as if
     every block started at query 0."""
-    from headmech.engine import Reducer
+    from headmech.stream.engine import Reducer
     from headmech.testing import check_blocks_add_up
 
     base = headmech.get_head_type("previous_token")

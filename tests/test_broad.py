@@ -1,4 +1,4 @@
-"""Behaviour beyond the probe (headmech.broad): the patterns on ordinary text against
+"""Behaviour beyond the probe (headmech.classification.broad): the patterns on ordinary text against
 brute force, and the shares against a hand computation from the full attention patterns."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headmech.broad import LENGTHS, NARROW, _grids, broad_behaviour, merge
-from headmech.engine import ProbeBatch
-from headmech.heads import HeadIndex, get_head_type
+from headmech.classification.broad import LENGTHS, NARROW, _grids, broad_behaviour, merge
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.registry import get_head_type
 from headmech.probes.broad import (
     DOMAINS,
     after_earlier_copy,
@@ -16,6 +16,7 @@ from headmech.probes.broad import (
     copy_of_next,
     special_tokens,
 )
+from headmech.stream.engine import ProbeBatch
 
 
 def _batch(ids: list[list[int]], special: list[list[bool]] | None = None) -> ProbeBatch:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import headmech
-from headmech.classify import HeadCatalog
-from headmech.errors import CatalogFileError, UnknownHeadTypeError
+from headmech.classification.classify import HeadCatalog
+from headmech.core.errors import CatalogFileError, UnknownHeadTypeError
 
 
 def test_classify_round_trips_through_json(tiny_models, tmp_path):
@@ -41,7 +41,7 @@ def test_threshold_is_overridable(tiny_models):
     ],
 )
 def test_a_threshold_outside_the_score_range_is_a_one_line_error(name, bad):
-    from headmech.errors import ArgumentError
+    from headmech.core.errors import ArgumentError
 
     T = headmech.get_head_type(name)
     with pytest.raises(ArgumentError, match=rf"threshold of head type '{name}' must lie in") as e:
@@ -79,8 +79,8 @@ def test_unknown_type():
 def test_duplicate_registration_is_refused():
     """Registration is explicit: defining a class registers nothing; registering a second
     class under a taken name is refused and leaves the first in place."""
-    from headmech.heads import HeadType, register
-    from headmech.registry import HEAD_TYPES
+    from headmech.core.registry import HEAD_TYPES
+    from headmech.headtypes.registry import HeadType, register
 
     class Again(HeadType):
         name = "previous_token"
@@ -118,8 +118,8 @@ def test_engine_matches_transformerlens_detector(tiny_models):
     excluding special tokens as targets."""
     from transformer_lens.head_detector import detect_head
 
-    from headmech.engine import stream_statistics, target_reducer
     from headmech.probes import batch_sequences
+    from headmech.stream.engine import stream_statistics, target_reducer
 
     model = tiny_models["gpt2"]
     text = "The cat sat on the mat because the mat was warm."
@@ -146,7 +146,7 @@ def test_engine_matches_transformerlens_detector(tiny_models):
 
 
 HEAD_TYPE_FILE = '''import torch
-from headmech.heads import HeadType
+from headmech.headtypes.registry import HeadType
 
 
 class {cls}(HeadType):
@@ -170,7 +170,7 @@ def test_entry_point_head_types_are_discovered(tmp_path, monkeypatch):
     """A third-party package registers a type through the `headmech.head_types` group."""
     from importlib.metadata import EntryPoint
 
-    from headmech import registry
+    from headmech.core import registry
 
     text = HEAD_TYPE_FILE.format(cls="FirstTokenHead", name="first_token_test")
     (tmp_path / "thirdparty_heads.py").write_text(text)
@@ -197,7 +197,7 @@ def test_every_extension_point_takes_plugins(tmp_path, monkeypatch, kind):
     fails to import is a one-line error naming it."""
     from importlib.metadata import EntryPoint
 
-    from headmech import registry
+    from headmech.core import registry
 
     reg = {
         "tasks": registry.TASKS,
@@ -229,9 +229,9 @@ def test_every_extension_point_takes_plugins(tmp_path, monkeypatch, kind):
 def test_catalog_path_folders_are_discovered(tmp_path, monkeypatch):
     """A type in a $HEADMECH_CATALOG_PATH folder is found by discovery and the CLI; a
     broken file there is a one-line error."""
-    from headmech import heads
     from headmech.cli import main
-    from headmech.registry import HEAD_TYPES
+    from headmech.core.registry import HEAD_TYPES
+    from headmech.headtypes import registry as heads
 
     text = HEAD_TYPE_FILE.format(cls="FirstTokenPathHead", name="first_token_path")
     (tmp_path / "first_token_path.py").write_text(text)

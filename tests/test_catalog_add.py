@@ -10,7 +10,7 @@ import pytest
 
 import headmech
 from headmech import publish
-from headmech.provenance import dumps
+from headmech.runs.provenance import dumps
 
 NAME = "toy-induction"
 SMALL = publish.Size(

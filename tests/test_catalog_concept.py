@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headmech.catalog.concept_induction import ConceptInductionHead
-from headmech.heads import HeadIndex, collect_statistics
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.concept_induction import ConceptInductionHead
+from headmech.headtypes.registry import collect_statistics
 from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.words import word_pieces
-from headmech.task_words import select_word_copying
+from headmech.tasks.words import select_word_copying
 from headmech.testing import tiny_model
 
 OPTIONS = ProbeOptions(n_sequences=6, half_len=8, batch_size=3, seed=0)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import headmech
-from headmech.classify import validate_heads
+from headmech.classification.classify import validate_heads
+from headmech.models.weights import head_weights, ov_copying_scores
 from headmech.probes import ProbeOptions
-from headmech.weights import head_weights, ov_copying_scores
 
 OPTIONS = ProbeOptions(n_sentences=48, n_sequences=16, half_len=32, batch_size=16)
 

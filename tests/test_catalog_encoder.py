@@ -7,14 +7,14 @@ import pytest
 import torch
 
 import headmech
-from headmech.catalog.positional import OFFSETS as POS_OFFSETS
-from headmech.catalog.positional import PositionalHead
-from headmech.catalog.rare_word import RareWordHead
-from headmech.catalog.syntactic import DIRECTIONS, SyntacticHead
-from headmech.catalog.syntactic import OFFSETS as SYN_OFFSETS
-from headmech.engine import ProbeBatch
-from headmech.heads import HeadIndex
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.positional import OFFSETS as POS_OFFSETS
+from headmech.headtypes.positional import PositionalHead
+from headmech.headtypes.rare_word import RareWordHead
+from headmech.headtypes.syntactic import DIRECTIONS, SyntacticHead
+from headmech.headtypes.syntactic import OFFSETS as SYN_OFFSETS
 from headmech.probes.prose import DEP_LABELS
+from headmech.stream.engine import ProbeBatch
 
 # --- hand-made batches ------------------------------------------------------------------
 
@@ -312,7 +312,7 @@ def test_minilm_has_no_rare_word_head(catalog):
 def test_validation_on_an_encoder_says_why_a_decoder_task_cannot_run():
     """``duplicate_token`` is measured on encoders, but its task (next-token loss on
     repeated sequences) needs a decoder: validation records why instead of failing."""
-    from headmech.catalog.duplicate_token import DuplicateTokenHead
+    from headmech.headtypes.duplicate_token import DuplicateTokenHead
     from headmech.testing import tiny_model
 
     model = tiny_model("encoder")

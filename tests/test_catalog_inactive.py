@@ -9,9 +9,9 @@ import contextlib
 import pytest
 import torch
 
-from headmech.catalog.inactive import InactiveHead
-from headmech.causal_validation import _effects
-from headmech.heads import HeadIndex
+from headmech.classification.validation import _effects
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.inactive import InactiveHead
 from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.domains import DOMAINS, code_snippets
 from headmech.testing import check_causal, tiny_model
@@ -106,7 +106,7 @@ def test_a_head_made_quiet_by_hand_is_the_one_labelled(model, probe):
     """Shrinking one head's output columns tenfold makes it the only inactive head; the
     random model's heads, untouched, are none of them."""
     t = InactiveHead()
-    from headmech.heads import collect_statistics
+    from headmech.headtypes.registry import collect_statistics
 
     before = collect_statistics([t], model, probe.batches)
     assert t.select(t.score(before), before) == []
@@ -137,7 +137,7 @@ def test_check_causal_fails_when_zeroing_costs_more_than_random(monkeypatch, mod
     """check_causal's "little" rule, on records standing in for classify's."""
     import importlib
 
-    classify_module = importlib.import_module("headmech.classify")
+    classify_module = importlib.import_module("headmech.classification.classify")
 
     def record(effect, random_mean, relative):
         v = {"n_heads": 2, "effect": effect, "random_mean": random_mean, "relative_effect": relative,

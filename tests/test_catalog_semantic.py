@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headmech.catalog.semantic_induction import SemanticInductionHead, tail_gains
+from headmech.headtypes.semantic_induction import SemanticInductionHead, tail_gains
 from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.relations import RELATIONS, relation_cases
-from headmech.task_words import select_relation_tail
+from headmech.tasks.words import select_relation_tail
 from headmech.testing import tiny_model
 
 OPTIONS = ProbeOptions(n_sentences=12, batch_size=6, seed=0)
@@ -93,7 +93,7 @@ def test_tail_gain_matches_a_hand_computation(model, batches):
 
 
 def test_score_is_attention_times_gain(model, batches):
-    from headmech.heads import collect_statistics
+    from headmech.headtypes.registry import collect_statistics
 
     t = SemanticInductionHead()
     stats = collect_statistics([t], model, batches)

@@ -22,8 +22,8 @@ from headmech.circuits import (
     path_patch_scores,
     save_graph,
 )
+from headmech.models.weights import head_weights
 from headmech.probes import ProbeOptions
-from headmech.weights import head_weights
 
 
 @pytest.fixture(scope="session")
@@ -342,7 +342,7 @@ def test_toy_previous_token_head_feeds_the_induction_keys(toy):
     every induction key costs 0.08-0.16 nats; L0H1 (second by K-composition) 0.01-0.04;
     L0H0 and L0H2 nothing; no layer-0 head feeds the induction queries. Patched into all
     four keys at once, L0H3's path costs ~5.5 nats: all of its activation-patching effect."""
-    from headmech.catalog.previous_token import PreviousTokenHead
+    from headmech.headtypes.previous_token import PreviousTokenHead
 
     opts = dict(n_sequences=16, half_len=40)
     cat = headmech.classify(toy, [PreviousTokenHead(probe="repeated_random"), "induction"], **opts)

@@ -10,7 +10,7 @@ import tomllib
 import yaml
 
 import headmech
-from headmech import provenance
+from headmech.runs import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 

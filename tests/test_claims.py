@@ -1,4 +1,4 @@
-"""Validation on each type's own claim (headmech.claims, headmech.direct_effects, the
+"""Validation on each type's own claim (headmech.classification.claims, headmech.interventions.direct_effects, the
 copy_suppression task): each metric against a hand computation on a tiny model, control
 sets counted, verdicts, degenerate controls on toy-induction, and the partial update of a
 published catalog."""
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from headmech.claims import control_space, n_distinct, verdict
-from headmech.heads import HeadIndex, get_head_type
+from headmech.classification.claims import control_space, n_distinct, verdict
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.registry import get_head_type
 from headmech.interventions import capture_z
 from headmech.probes import ProbeOptions, build_probe
 from headmech.tasks import get_task
@@ -47,8 +48,8 @@ def _ioi(model):
 def test_direct_path_effect_is_the_hand_computed_logit_difference(dead_head_model):
     """Path patching to the logits = the head's corrupted-minus-clean write at the last
     token, added to the final residual, through the final norm and W_U, by hand."""
-    from headmech.direct_effects import direct_path_effects
-    from headmech.engine import run_blocks
+    from headmech.interventions.direct_effects import direct_path_effects
+    from headmech.stream.engine import run_blocks
 
     m = dead_head_model
     task, batch, corrupt = _ioi(m)
@@ -76,8 +77,8 @@ def test_direct_path_effect_is_the_hand_computed_logit_difference(dead_head_mode
 
 
 def test_head_direct_effects_by_hand_and_zero_for_a_dead_head(dead_head_model):
-    from headmech.direct_effects import head_direct_effects
-    from headmech.engine import run_blocks
+    from headmech.interventions.direct_effects import head_direct_effects
+    from headmech.stream.engine import run_blocks
 
     m = dead_head_model
     task, batch, _ = _ioi(m)
@@ -103,7 +104,7 @@ def test_copy_task_is_the_in_context_tokens_log_probability_by_hand():
     the copy task selects exactly the positions whose argmax is already in context, and
     its metric is minus their cross-entropy, by hand from the full logits."""
     import headmech
-    from headmech.task_data import CopyTask, copy_candidates
+    from headmech.tasks.data import CopyTask, copy_candidates
 
     toy = headmech.load_model("toy-induction")
     batch = build_probe("repeated_random", toy, ProbeOptions(n_sequences=4)).batches[0]
@@ -133,7 +134,7 @@ def test_copy_task_is_the_in_context_tokens_log_probability_by_hand():
 def test_ablating_a_dead_head_leaves_the_claims_unchanged(dead_head_model):
     """Zero-ablating a head that writes nothing changes the induction metric (previous
     token's claim) and the copy task by 0; its direct path to the logits is 0."""
-    from headmech.causal_validation import _validation
+    from headmech.classification.validation import _validation
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -156,7 +157,7 @@ def test_ablating_a_dead_head_leaves_the_claims_unchanged(dead_head_model):
 def test_k_composition_patches_only_the_receivers_keys(dead_head_model):
     """A sender that writes nothing reaches no key (0); a live layer-0 head's write,
     patched into a layer-1 key, moves the induction metric."""
-    from headmech.claims import k_composition
+    from headmech.classification.claims import k_composition
 
     m = dead_head_model
     task = get_task("induction", m)
@@ -192,8 +193,8 @@ def test_degenerate_controls_on_toy_induction_are_said(capsys):
     heads. One distinct set is drawn of the 3 asked for, the record counts one possible
     set, the verdict does not judge against it, and the report's line says so."""
     import headmech
-    from headmech.causal_validation import _validation
-    from headmech.report import validation_line
+    from headmech.classification.validation import _validation
+    from headmech.cli.report import validation_line
 
     toy = headmech.load_model("toy-induction")
     heads = [HeadIndex(1, h) for h in range(4)]
@@ -254,7 +255,7 @@ def test_readme_findings_quote_the_published_catalogs():
     validated SmolLM2 row and names only heads the catalog labels."""
     import re
 
-    from headmech.catalog_readme import quote
+    from headmech.publish.markdown import quote
 
     text = (ROOT.parent / "README.md").read_text()
     verdicts = "not validated|validated|degenerate controls|no control|no heads|not run"

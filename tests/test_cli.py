@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from headmech.claims import control_space
+from headmech.classification.claims import control_space
 from headmech.cli import main
 
 
@@ -64,7 +64,7 @@ def test_classify_validate_and_evidence(capsys, tiny_dirs, tmp_path, model):
     is 0) and on the trained toy decoder, whose induction and duplicate-token heads are
     labelled (its duplicate-token heads are not): each labelled set gets control sets from the same layers, disjoint from it, and the
     printed evidence shows each type's validation line."""
-    from headmech.report import validation_line
+    from headmech.cli.report import validation_line
 
     if model == "bert":
         argv = [

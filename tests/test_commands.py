@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 import headmech
-from headmech.claims import control_space
+from headmech.classification.claims import control_space
 from headmech.cli import main
-from headmech.report import validation_line
+from headmech.cli.report import validation_line
 
 pytestmark = pytest.mark.slow  # the bundled real models and the toy
 
@@ -260,7 +260,7 @@ def test_kv_plan_refuses_the_encoder(loads, outputs, capsys):
     assert "minilm-l6 is an encoder" in err and "loading" not in err  # before loading
     from headmech.kv import KVPlan
 
-    with pytest.raises(headmech.errors.InputError, match="is an encoder"):
+    with pytest.raises(headmech.core.errors.InputError, match="is an encoder"):
         KVPlan.windowed(headmech.models.load_model("minilm-l6"))
 
 

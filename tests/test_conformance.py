@@ -11,7 +11,7 @@ entry, and a head planted with the hand-written pattern must be the type's top h
 
 Types scored from weights or from runs of the model (copy_suppression, successor,
 function_vector, inactive): nothing is planted; the positive control is a tiny model built
-by hand (``headmech.controls.POSITIVE_CONTROLS``) whose head PLANTED does the job, and the
+by hand (``headmech.testing.controls.POSITIVE_CONTROLS``) whose head PLANTED does the job, and the
 type's own score, computed from that model as from any other, must rank it first. Here
 each hand-built head is shown to do its job by a direct reading of the model (attention,
 its direct effect on the logits, the answer's probability with and without it), and the
@@ -28,28 +28,28 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from headmech.catalog.induction import InductionHead
-from headmech.catalog.previous_token import PreviousTokenHead
-from headmech.controls import (
-    PLANTED,
-    POSITIVE_CONTROLS,
-    copy_suppression_model,
-    function_vector_model,
-    inactive_model,
-    successor_model,
-)
-from headmech.engine import HeadStats, ProbeBatch
-from headmech.heads import HeadType, get_head_type, head_types
+from headmech.headtypes.induction import InductionHead
+from headmech.headtypes.previous_token import PreviousTokenHead
+from headmech.headtypes.registry import HeadType, get_head_type, head_types
 from headmech.interventions import Intervention, Zero, applied, capture
 from headmech.probes import build_probe
 from headmech.probes.icl import shuffle_labels
 from headmech.probes.ordinal import ordinal_runs
+from headmech.stream.engine import HeadStats, ProbeBatch
 from headmech.testing import (
     CONTROL_OPTIONS,
     check_positive_control,
     head_type_checks,
     planted_statistics,
     tiny_model,
+)
+from headmech.testing.controls import (
+    PLANTED,
+    POSITIVE_CONTROLS,
+    copy_suppression_model,
+    function_vector_model,
+    inactive_model,
+    successor_model,
 )
 
 
@@ -487,17 +487,17 @@ def _mutant(module_name: str, function: str, old: str, new: str) -> Callable:
 # (type, module, function, original, mutation): each mutation leaves the type's score
 # running and wrong; a control that planted the score's statistic passed every one
 MUTANTS = [
-    ("copy_suppression", "headmech.catalog.copy_suppression", "suppression_scores",
+    ("copy_suppression", "headmech.headtypes.copy_suppression", "suppression_scores",
      "_, below = own_token_ranks", "below, _ = own_token_ranks"),  # counts raised tokens
-    ("successor", "headmech.catalog.successor", "succession_counts",
+    ("successor", "headmech.headtypes.successor", "succession_counts",
      "== (src + 1)", "== (src - 1)"),  # the previous item
-    ("successor", "headmech.catalog.successor", "succession_counts",
+    ("successor", "headmech.headtypes.successor", "succession_counts",
      "logits.argmax(-1)", "logits.argmin(-1)"),
-    ("function_vector", "headmech.catalog.function_vector", "indirect_effects",
+    ("function_vector", "headmech.headtypes.function_vector", "indirect_effects",
      "(clean - values)", "(values - clean)"),
-    ("function_vector", "headmech.catalog.function_vector", "indirect_effects",
+    ("function_vector", "headmech.headtypes.function_vector", "indirect_effects",
      '"z", pos=-1', '"z", pos=0'),  # patched at the first token, not the query
-    ("inactive", "headmech.catalog.inactive", "output_norms",
+    ("inactive", "headmech.headtypes.inactive", "output_norms",
      'torch.einsum("nhd,hdm->nhm", z[la][real], w_o[la].to(z.device))',
      "z[la][real]"),  # the norm of z, without W_O
 ]  # fmt: skip

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from headmech.cli import main
+from headmech.core.head_index import HeadIndex
 from headmech.discover import ATTENTION_FEATURES, attention_reducer, discover
-from headmech.engine import stream_statistics
-from headmech.heads import HeadIndex
 from headmech.interventions import Intervention, applied
 from headmech.interventions.effects import Effect
 from headmech.probes import ProbeOptions, build_probe
+from headmech.stream.engine import stream_statistics
 from headmech.testing import tiny_model
 
 TYPES = ["previous_token", "positional", "attention_sink", "induction", "duplicate_token"]
@@ -149,7 +149,7 @@ def test_attention_statistics_equal_a_hand_computation(model, attention):
 
 
 def test_bad_cluster_counts(model):
-    from headmech.errors import InputError
+    from headmech.core.errors import InputError
 
     with pytest.raises(InputError, match="at least 2"):
         discover(model, TYPES, n_clusters=1, **SMALL)

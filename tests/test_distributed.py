@@ -102,8 +102,8 @@ def test_two_gloo_processes_importance_equals_one(tiny_dirs, tmp_path, method):
 
 
 def test_a_single_process_merges_nothing():
-    from headmech.distributed import merge_stats, shard, world
-    from headmech.engine import HeadStats
+    from headmech.core.distributed import merge_stats, shard, world
+    from headmech.stream.engine import HeadStats
 
     s = HeadStats(2, 4)
     assert world() == (0, 1) and merge_stats(s, [4]) is s and shard([1, 2, 3]) == [1, 2, 3]

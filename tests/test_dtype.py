@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import headmech
-import headmech.provenance
+import headmech.runs.provenance
 from headmech.attribution import importance
-from headmech.errors import InputError
+from headmech.core.errors import InputError
+from headmech.core.registry import METHODS
 from headmech.probes import ProbeOptions
-from headmech.registry import METHODS
 
 SMALL = ProbeOptions(n_sentences=8, n_sequences=4, half_len=8, batch_size=4)
 TYPES = ["positional", "previous_token", "attention_sink", "induction", "duplicate_token"]
@@ -29,7 +29,7 @@ def test_load_in_bf16_casts_weights_not_rotary_buffers(bf16_models):
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     buffers = {n: b.dtype for n, b in model.named_buffers() if b.is_floating_point()}
     assert all(d == torch.float32 for n, d in buffers.items() if "inv_freq" in n), buffers
-    assert headmech.provenance.provenance(model)["model"]["dtype"] == "bfloat16"
+    assert headmech.runs.provenance.provenance(model)["model"]["dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from headmech.engine import HeadStats, ProbeBatch, stream_statistics, target_reducer
-from headmech.heads import get_head_type
+from headmech.headtypes.registry import get_head_type
 from headmech.probes import ProbeOptions, batch_sequences, build_probe, encode_sentences
+from headmech.stream.engine import HeadStats, ProbeBatch, stream_statistics, target_reducer
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -134,7 +134,7 @@ def test_engine_keeps_no_cache_and_does_not_touch_inputs(tiny_models):
         seen.append(pattern.shape)
         return {"max": (pattern.amax(-1).sum((0, 2)), batch.attention_mask.sum())}
 
-    from headmech.engine import Reducer
+    from headmech.stream.engine import Reducer
 
     stream_statistics(model, batches, [Reducer("spy", spy)])
     assert len(seen) == model.cfg.n_layers  # once per layer, one layer at a time
@@ -145,7 +145,7 @@ def test_engine_keeps_no_cache_and_does_not_touch_inputs(tiny_models):
 
 
 def test_head_output_reducer_on_hook_z(tiny_models):
-    from headmech.engine import Reducer
+    from headmech.stream.engine import Reducer
 
     model = tiny_models["llama"]
     (batch,) = batch_sequences(encode_sentences(model, SENTENCES[:2]), model.tokenizer, 2)
@@ -183,7 +183,7 @@ def test_probes_are_deterministic(tiny_models):
 def test_run_blocks_stops_before_the_unembedding(kind):
     """Statistics passes never compute logits: TransformerLens' ``stop_at_layer=n_layers``
     did not stop, and on BERT the bridge never stops; ``run_blocks`` does."""
-    from headmech.engine import run_blocks
+    from headmech.stream.engine import run_blocks
     from headmech.testing import tiny_model
 
     model = tiny_model(kind)

@@ -1,4 +1,4 @@
-"""Attention examples (headmech.examples), headmech.show and the site's builder, on the
+"""Attention examples (headmech.publish.examples), headmech.show and the site's builder, on the
 toy induction model and the committed catalogs."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import headmech
-from headmech.errors import HeadIndexError, InputError
-from headmech.examples import record_examples, update_examples
-from headmech.head_index import HeadIndex
-from headmech.site import build_site, main
+from headmech.core.errors import HeadIndexError, InputError
+from headmech.core.head_index import HeadIndex
+from headmech.publish.examples import record_examples, update_examples
+from headmech.publish.site import build_site, main
 
 CATALOG = Path(__file__).resolve().parent.parent / "catalog"
 

@@ -1,6 +1,6 @@
 """The architecture conformance matrix: every analysis on a tiny random model of each family.
 
-Each family of :mod:`headmech.families` (GPT-2, GPT-NeoX, LLaMA, Mistral, Qwen2, Qwen3,
+Each family of :mod:`headmech.models.families` (GPT-2, GPT-NeoX, LLaMA, Mistral, Qwen2, Qwen3,
 Gemma 2, Gemma 3, Phi-3, OLMo 2, gpt-oss, BERT) is built once with random weights (2
 layers, 4 heads, ``d_model`` 64, a 512-token byte-level BPE) and loaded through
 :func:`headmech.load_model`. Wherever an independent reference exists the check is on
@@ -33,11 +33,10 @@ import torch
 import torch.nn.functional as F
 
 import headmech
-from headmech import engine
 from headmech.attribution import importance
-from headmech.engine import ProbeBatch, stream_statistics, target_reducer
-from headmech.errors import HeadmechError
-from headmech.families import (
+from headmech.core.errors import HeadmechError
+from headmech.models import model_info
+from headmech.models.families import (
     CHECKS,
     FAMILIES,
     PARTS,
@@ -48,8 +47,9 @@ from headmech.families import (
     unsupported,
     write_matrix_page,
 )
-from headmech.models import model_info
 from headmech.probes import ProbeOptions, build_probe
+from headmech.stream import engine
+from headmech.stream.engine import ProbeBatch, stream_statistics, target_reducer
 from headmech.tasks import get_task
 
 PROBE_KW = {"n_sentences": 6, "n_sequences": 3, "half_len": 8, "batch_size": 3}
@@ -102,7 +102,7 @@ def _attempt(fam: Built, check: str, run: Callable[[], T]) -> tuple[T | None, st
         ``(result, None)`` where it worked, ``(None, reason)`` where it was refused.
     """
     phrases = FAMILIES[fam.name].refuses.get(check)
-    fix = f"if intended, update {fam.name}'s refuses in headmech/families.py, then {REGENERATE}"
+    fix = f"if intended, update {fam.name}'s refuses in headmech/models/families.py, then {REGENERATE}"
     try:
         result = run()
     except HeadmechError as e:
@@ -336,7 +336,7 @@ def test_classify_every_applicable_type(fam):
         # on a decoder a type is skipped only where its probe needs English words the
         # 512-token vocabulary does not hold as single tokens
         assert "cannot be built" in reason, (name, reason)
-    from headmech.heads import resolve_types
+    from headmech.headtypes.registry import resolve_types
 
     assert ran | set(skipped) == {t.name for t in resolve_types(None)}
     if fam.causal:
@@ -648,7 +648,7 @@ def _hf_path_patch(fam, clean, corrupt, sender, receiver) -> float:
 def test_path_patching_equals_a_hand_written_patch(fam, batches):
     _needs(fam)
     from headmech.attribution.patching import patching_pairs
-    from headmech.path_patching import path_patch
+    from headmech.circuits.path_patching import path_patch
 
     bs = batches["prose"]
     got, reason = _attempt(
@@ -786,7 +786,7 @@ def test_discover(fam, batches):
 
 def test_provenance(fam, tmp_path):
     _needs(fam)
-    from headmech.provenance import provenance, weights_hash
+    from headmech.runs.provenance import provenance, weights_hash
 
     record = provenance(fam.model)
     assert record["model"]["n_heads"] == 4

@@ -12,11 +12,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from headmech.heads import HeadIndex  # noqa: E402
+from headmech.classification.results import HeadCatalog, TypeResult, score_ranges  # noqa: E402
+from headmech.core.plot import SCALE, criterion, type_heatmap  # noqa: E402
+from headmech.headtypes.registry import HeadIndex  # noqa: E402
 from headmech.models import ModelInfo  # noqa: E402
-from headmech.plot import SCALE, criterion, type_heatmap  # noqa: E402
 from headmech.publish import main as publish_main  # noqa: E402
-from headmech.results import HeadCatalog, TypeResult, score_ranges  # noqa: E402
 
 
 def weak_type(name: str = "rare_word") -> TypeResult:
@@ -94,7 +94,7 @@ def test_a_signed_score_diverges_from_zero(ax):
 
 def test_the_signed_types_are_the_differences():
     """Shares of attention and rates on (0, 1); differences on a range around 0."""
-    from headmech.heads import head_types
+    from headmech.headtypes.registry import head_types
 
     ranges = score_ranges([*head_types(), "unregistered"])
     signed = {n for n, (lo, _) in ranges.items() if lo < 0}

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import headmech
-from headmech import report
 from headmech.attribution import importance
-from headmech.classify import HeadCatalog, validate_heads
-from headmech.heads import HeadIndex
+from headmech.classification.classify import HeadCatalog, validate_heads
+from headmech.cli import report
+from headmech.core.head_index import HeadIndex
 from headmech.probes import ProbeOptions
-from headmech.provenance import WeightsMismatchError, weights_hash
+from headmech.runs.provenance import WeightsMismatchError, weights_hash
 from headmech.tasks import get_task
 
 SMALL = ProbeOptions(n_sentences=8, n_sequences=6, half_len=8, batch_size=4)

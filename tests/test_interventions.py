@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import headmech
-from headmech.forward import block_inputs, fast_attention, run_blocks, starting_at
+from headmech.core.stats import ProbeBatch
 from headmech.interventions import (
     Cost,
     Intervention,
@@ -20,7 +20,7 @@ from headmech.interventions import (
 from headmech.interventions.ablation import ablation_variants
 from headmech.interventions.runner import CPU_ACTIVATION_BYTES, MAX_CHUNK, chunk_size
 from headmech.probes import ProbeOptions
-from headmech.stats import ProbeBatch
+from headmech.stream.forward import block_inputs, fast_attention, run_blocks, starting_at
 from headmech.tasks import get_task
 
 SMALL = ProbeOptions(n_sentences=8, n_sequences=4, half_len=8, batch_size=4)
@@ -193,7 +193,7 @@ def test_fast_attention_equals_eager_and_steps_aside_for_pattern_hooks(tiny_mode
 
 
 def fast_attention_possible_on(model):
-    from headmech.forward import fast_attention_possible
+    from headmech.stream.forward import fast_attention_possible
 
     return fast_attention_possible(model)
 
@@ -226,7 +226,7 @@ def test_cpu_chunks_keep_each_activation_small(tiny_models):
 def test_tiled_token_losses_equal_cross_entropy_of_the_full_logits(tiny_models, monkeypatch):
     """Loss tiles (rows x vocabulary slices, targets in every tile and at tile edges) give
     F.cross_entropy of the whole logits, and the same gradient."""
-    import headmech.unembedding as unembedding
+    import headmech.models.unembedding as unembedding
 
     model = tiny_models["llama"]
     monkeypatch.setattr(unembedding, "LOSS_ROWS", 7)  # several row chunks, one ragged

@@ -9,8 +9,8 @@ import torch
 
 import headmech
 from headmech.attribution.logit import direct_effects
-from headmech.catalog.function_vector import indirect_effects
-from headmech.catalog.name_mover import name_copying
+from headmech.headtypes.function_vector import indirect_effects
+from headmech.headtypes.name_mover import name_copying
 from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.icl import N_EXAMPLES, shuffle_labels
 from headmech.probes.ioi import corrupt_ioi, ioi_names
@@ -266,7 +266,7 @@ def test_smollm2_does_ioi_with_name_movers_and_a_negative_name_mover(smollm2):
 
 
 def test_function_vector_reads_at_most_max_prompts(llama):
-    from headmech.catalog.function_vector import FunctionVectorHead
+    from headmech.headtypes.function_vector import FunctionVectorHead
 
     batches = build_probe("icl", llama, ProbeOptions(n_sequences=10, batch_size=4)).batches
     got = FunctionVectorHead(max_prompts=6).model_statistics(llama, batches)["aie"]

@@ -12,8 +12,9 @@ import math
 import pytest
 import torch
 
-from headmech.errors import HeadmechError, InputError
-from headmech.heads import HeadIndex
+from headmech.classification.results import HeadCatalog, TypeResult
+from headmech.core.errors import HeadmechError, InputError
+from headmech.core.head_index import HeadIndex
 from headmech.interventions import Intervention, Window, applied
 from headmech.kv import (
     KVPlan,
@@ -29,7 +30,6 @@ from headmech.kv import (
 )
 from headmech.kv.attention import allowed_keys
 from headmech.models import ModelInfo
-from headmech.results import HeadCatalog, TypeResult
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def _ids(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
 
 
 def _catalog(model, heads, scores=None) -> HeadCatalog:
-    from headmech.provenance import provenance
+    from headmech.runs.provenance import provenance
 
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     score = torch.zeros(n_layers, n_heads) if scores is None else scores

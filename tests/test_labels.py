@@ -19,11 +19,11 @@ import pytest
 import torch
 
 import headmech
-from headmech.catalog.induction import InductionHead
-from headmech.classify import validate_heads
-from headmech.heads import HeadIndex
+from headmech.classification.classify import validate_heads
+from headmech.classification.results import HeadCatalog
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.induction import InductionHead
 from headmech.probes import ProbeOptions
-from headmech.results import HeadCatalog
 
 SIZE = {"n_sequences": 8}
 
@@ -116,13 +116,13 @@ def test_not_labelled_and_per_head_round_trip_and_are_checked(strict, tmp_path):
     assert back["induction"].not_labelled == strict["induction"].not_labelled
     entry["not_labelled"][0]["head"] = "L7H0"  # outside the 2-layer toy
     (tmp_path / "catalog.json").write_text(json.dumps(data))
-    with pytest.raises(headmech.errors.CatalogFileError, match="not_labelled names head"):
+    with pytest.raises(headmech.core.errors.CatalogFileError, match="not_labelled names head"):
         HeadCatalog.load(tmp_path / "catalog.json")
 
 
 def test_a_head_parses_from_its_name():
     assert HeadIndex.parse("L18H6") == HeadIndex(18, 6) == HeadIndex.parse(" l18h6 ")
-    with pytest.raises(headmech.errors.HeadIndexError, match="write it as L<layer>H<head>"):
+    with pytest.raises(headmech.core.errors.HeadIndexError, match="write it as L<layer>H<head>"):
         HeadIndex.parse("18.6")
 
 
@@ -152,7 +152,7 @@ def test_syntactic_significance_is_the_exact_sign_test_then_benjamini_hochberg(m
     past the threshold, but not significantly: rejected, with its q."""
     from scipy.stats import binomtest, false_discovery_control
 
-    from headmech.catalog.syntactic import SyntacticHead
+    from headmech.headtypes.syntactic import SyntacticHead
 
     t = SyntacticHead(relations=("nsubj",))
     acc = torch.tensor([[[0.60, 0.52]], [[0.0, 0.0]]])  # [n_pairs, 1 layer, 2 heads]
@@ -175,7 +175,7 @@ def test_syntactic_significance_is_the_exact_sign_test_then_benjamini_hochberg(m
 def test_the_command_lines_table_and_report_name_the_heads_not_labelled(strict, capsys):
     """`headmech classify` prints the table and the evidence: the rejected heads appear in
     both, with the criterion they failed and (validated) their own effect."""
-    from headmech import report
+    from headmech.cli import report
 
     table = strict.table()
     row = next(line for line in table.splitlines() if line.startswith("induction"))
@@ -200,8 +200,8 @@ def test_controls_widen_to_nearby_layers_when_the_same_layers_hold_too_few_sets(
     eligible heads within one layer instead (none of them of the type), and say so."""
     import warnings
 
-    from headmech.causal_validation import _controls
-    from headmech.claims import control_space
+    from headmech.classification.claims import control_space
+    from headmech.classification.validation import _controls
     from headmech.models import ModelInfo
 
     info = ModelInfo("m", 30, 9, 3, 0, 0, True)
@@ -223,7 +223,7 @@ def test_controls_widen_to_nearby_layers_when_the_same_layers_hold_too_few_sets(
 def test_redundancy_is_the_set_over_the_sum_and_none_across_signs():
     """Qwen2.5's induction heads: the set +0.14, its heads' own effects summing to -0.04:
     no ratio (a ratio of -3.8 would read as strong back-up)."""
-    from headmech.causal_validation import _per_head
+    from headmech.classification.validation import _per_head
 
     a, b = HeadIndex(0, 0), HeadIndex(0, 1)
     assert _per_head([a, b], [(a, 0.2, None), (b, 0.3, None)], 1.0)["redundancy"]["ratio"] == 2.0
@@ -237,7 +237,7 @@ def test_redundancy_is_the_set_over_the_sum_and_none_across_signs():
 
 def test_a_score_shown_at_the_threshold_is_at_the_threshold():
     """0.5 - 0.4 is 0.09999999 in float32, shown as 0.1 in catalog.json: it reaches 0.1."""
-    from headmech.head_type import at_or_above
+    from headmech.headtypes.base import at_or_above
 
     gain = torch.tensor([0.5], dtype=torch.float32) - torch.tensor([0.4], dtype=torch.float32)
     assert float(gain) < 0.1 and bool(at_or_above(gain, 0.1))
@@ -272,9 +272,9 @@ def test_validation_ablates_alone_at_most_as_many_heads_as_asked(toy):
 def test_alone_is_checked_in_python_and_on_the_command_line(toy, capsys):
     from headmech.cli import main
 
-    with pytest.raises(headmech.errors.ArgumentError, match="alone must be two integers"):
+    with pytest.raises(headmech.core.errors.ArgumentError, match="alone must be two integers"):
         headmech.classify(toy, ["induction"], validate=True, alone=(1,))
-    with pytest.raises(headmech.errors.ArgumentError, match="alone must be two integers"):
+    with pytest.raises(headmech.core.errors.ArgumentError, match="alone must be two integers"):
         headmech.classify(toy, ["induction"], validate=True, alone=(-1, 2))
     assert main(["classify", "toy-induction", "--validate", "--alone", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

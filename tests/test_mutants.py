@@ -20,8 +20,8 @@ import re
 import pytest
 import torch
 
-from headmech.stats import HeadStats
-from headmech.uncertainty import UnitValues, stats_interval
+from headmech.core.stats import HeadStats
+from headmech.stream.uncertainty import UnitValues, stats_interval
 
 # --- uncertainty (beyond tests/test_uncertainty.py): what a score sees, two units -----------
 
@@ -76,7 +76,7 @@ def test_two_units_are_enough_for_an_interval():
 def test_the_default_bootstrap_seed_is_zero():
     """The published catalogs' intervals were drawn with seed 0: every entry point's default
     is that seed (and another seed gives other resamples, so the comparison can fail)."""
-    from headmech.uncertainty import bootstrap_weights
+    from headmech.stream.uncertainty import bootstrap_weights
 
     torch.testing.assert_close(bootstrap_weights(6, 50), bootstrap_weights(6, 50, seed=0))
     assert not torch.equal(bootstrap_weights(6, 50, seed=0), bootstrap_weights(6, 50, seed=1))
@@ -120,7 +120,7 @@ def causal():
 
 
 def _batch(n_seq: int = 2, n_pos: int = 7, pad: int | None = 5, seed: int = 0):
-    from headmech.stats import ProbeBatch
+    from headmech.core.stats import ProbeBatch
 
     ids = torch.randint(5, 300, (n_seq, n_pos), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones_like(ids)
@@ -233,8 +233,7 @@ def test_uniform_pattern_spreads_over_the_keys_a_query_sees(causal):
 def test_uniform_pattern_on_an_encoder_leaves_padding_out(monkeypatch):
     """BERT's bridge ignores pattern edits (strict hooks refuse them); the edited pattern
     itself, as hooked statistics see it, is uniform over the real keys."""
-    from headmech.errors import HeadmechError
-    from headmech.forward import run_blocks
+    from headmech.core.errors import HeadmechError
     from headmech.interventions import (
         Intervention,
         Uniform,
@@ -242,6 +241,7 @@ def test_uniform_pattern_on_an_encoder_leaves_padding_out(monkeypatch):
         pattern_edits_apply,
         recording,
     )
+    from headmech.stream.forward import run_blocks
     from headmech.testing import tiny_model
 
     model = tiny_model("encoder")
@@ -331,8 +331,8 @@ def _hidden_task(batch):
 
 
 def test_gradients_match_autograd_through_a_hand_hook(causal):
-    from headmech.forward import run_blocks
     from headmech.interventions import gradients
+    from headmech.stream.forward import run_blocks
 
     batch = _batch()
     task = _hidden_task(batch)
@@ -413,8 +413,8 @@ def test_pattern_blocks_follow_the_memory_budget(causal, monkeypatch):
     """Without the eager pattern, a blockwise reducer gets each layer's query rows in
     blocks of exactly ``rows_per_block(sequences, heads, T, block_memory)`` rows, every row
     once, and its sums over the blocks are those of the whole eager pattern."""
-    from headmech import blockwise
-    from headmech.engine import Reducer, stream_statistics
+    from headmech.stream import blockwise
+    from headmech.stream.engine import Reducer, stream_statistics
 
     batch = _batch(n_pos=9)
     budget = 3 * 2 * 4 * 9 * blockwise._BYTES_PER_ENTRY  # 3 rows of [2 seqs, 4 heads, 9 keys]
@@ -430,7 +430,7 @@ def test_pattern_blocks_follow_the_memory_budget(causal, monkeypatch):
 
     # every builder of pattern rows (rebuilt from q and k, or inside the attention call)
     built: list[int] = []
-    for name in ("headmech.blockwise", "headmech.attention_call"):
+    for name in ("headmech.stream.blockwise", "headmech.stream.attention_call"):
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -467,8 +467,8 @@ def test_a_target_beyond_a_blocks_keys_gets_no_mass(causal):
     block of query rows holds only the keys up to its last row, so the last row's next
     token lies one past the block's keys: it is left out (mass 0, as on the whole pattern),
     not read out of bounds."""
-    from headmech import blockwise
-    from headmech.engine import stream_statistics, target_reducer
+    from headmech.stream import blockwise
+    from headmech.stream.engine import stream_statistics, target_reducer
 
     batch = _batch(n_pos=9, pad=None)
 
@@ -495,7 +495,7 @@ def test_every_visible_key_with_the_query_itself_holds_the_whole_row(causal, att
     """Targets = every key a causal query sees, itself included: each real row's mass is 1
     on every head, from the whole pattern and from the call's points (a rule that drops
     the diagonal, the query's attention to itself, loses that key's weight)."""
-    from headmech.engine import stream_statistics, target_reducer
+    from headmech.stream.engine import stream_statistics, target_reducer
 
     batch = _batch(n_pos=9, pad=None)
 
@@ -511,8 +511,8 @@ def test_every_visible_key_with_the_query_itself_holds_the_whole_row(causal, att
 def test_no_attention_pattern_outlives_a_pass(causal, attention):
     """The argmax cache of the last pattern block is dropped after every layer, so no
     ``T x T`` pattern stays referenced once statistics are streamed."""
-    from headmech import blockwise
-    from headmech.engine import stream_statistics, target_reducer
+    from headmech.stream import blockwise
+    from headmech.stream.engine import stream_statistics, target_reducer
 
     stream_statistics(
         causal, [_batch()], [target_reducer("prev", _previous_token)], attention=attention
@@ -526,8 +526,8 @@ def test_auto_checks_an_unchecked_model_once_and_keeps_the_pattern_free_path(cau
     pattern's statistics; with a caller's hook on the model it skips the check."""
     import warnings
 
-    from headmech import engine
-    from headmech.engine import stream_statistics, target_reducer
+    from headmech.stream import engine
+    from headmech.stream.engine import stream_statistics, target_reducer
 
     batch, reducers = _batch(), [target_reducer("prev", _previous_token)]
     eager = stream_statistics(causal, [batch], reducers, attention="pattern")
@@ -546,8 +546,8 @@ def test_auto_checks_an_unchecked_model_once_and_keeps_the_pattern_free_path(cau
 
 
 def test_layers_restrict_the_statistics_and_the_blocks_that_run(causal):
-    from headmech.engine import stream_statistics, target_reducer
-    from headmech.errors import HeadIndexError
+    from headmech.core.errors import HeadIndexError
+    from headmech.stream.engine import stream_statistics, target_reducer
 
     batch, reducers = _batch(), [target_reducer("prev", _previous_token)]
     whole = stream_statistics(causal, [batch], reducers)
@@ -572,8 +572,8 @@ def test_layers_restrict_the_statistics_and_the_blocks_that_run(causal):
 
 
 def test_progress_bar_only_when_asked_and_closed_after_an_error(causal, monkeypatch):
-    import headmech.progress as progress
-    from headmech.engine import Reducer, stream_statistics, target_reducer
+    import headmech.core.progress as progress
+    from headmech.stream.engine import Reducer, stream_statistics, target_reducer
 
     events: list = []
 
@@ -607,7 +607,7 @@ def test_progress_bar_only_when_asked_and_closed_after_an_error(causal, monkeypa
 
 
 def test_a_reducer_that_is_not_blockwise_refuses_part_of_the_rows():
-    from headmech.engine import ProbeBatch, Reducer
+    from headmech.stream.engine import ProbeBatch, Reducer
 
     seen = []
     r = Reducer("whole", lambda a, b, p, la: seen.append(a.shape) or {})
@@ -643,7 +643,7 @@ def test_mean_outputs_is_the_mean_head_output_over_real_tokens(causal):
 
 
 def test_interventions_refuse_sites_effects_and_heads_that_do_not_fit(causal):
-    from headmech.errors import HeadIndexError, HeadmechError
+    from headmech.core.errors import HeadIndexError, HeadmechError
     from headmech.interventions import Intervention, Mean, Uniform, Window, Zero, hooks
 
     with pytest.raises(HeadmechError, match="unknown site 'x' \\(have: z, pattern, q, k, v\\)"):
@@ -702,8 +702,8 @@ def _first_self_next(batch):
 
 @pytest.mark.parametrize("attention", ["pattern", "blocks"])
 def test_target_statistics_equal_hand_sums_over_the_cached_pattern(causal, attention):
-    from headmech import blockwise
-    from headmech.engine import stream_statistics, target_reducer
+    from headmech.stream import blockwise
+    from headmech.stream.engine import stream_statistics, target_reducer
 
     batch = _batch(n_pos=8, pad=6)  # query 7 of the first sequence has no target
     budget = 2 * 2 * 4 * 8 * blockwise._BYTES_PER_ENTRY  # blocks of 2 rows
@@ -736,8 +736,8 @@ def test_target_statistics_equal_hand_sums_over_the_cached_pattern(causal, atten
 
 
 def test_targets_of_the_wrong_kind_are_refused_in_one_line_naming_the_plug_in():
-    from headmech.engine import ProbeBatch, target_reducer
-    from headmech.errors import PluginError
+    from headmech.core.errors import PluginError
+    from headmech.stream.engine import ProbeBatch, target_reducer
 
     ids = torch.ones(2, 5, dtype=torch.long)
     batch = ProbeBatch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool))
@@ -767,9 +767,9 @@ def test_path_patch_finds_each_stacked_copy_and_refuses_an_edited_input(causal):
     """Two variants stacked in one pass: each copy's q input is recomputed from that copy's
     own residual (which differs: variant 1 also zeroes a layer-0 head) plus its own delta;
     a q input already edited before the patch is refused."""
-    from headmech.errors import HeadmechError
-    from headmech.forward import run_blocks
+    from headmech.core.errors import HeadmechError
     from headmech.interventions import Intervention, PathPatch, Zero, applied, recording
+    from headmech.stream.forward import run_blocks
 
     batch = _batch()
     hf = causal.blocks[1].original_component

@@ -9,11 +9,11 @@ import torch
 
 import headmech
 from headmech.attribution import importance
-from headmech.errors import HeadmechError, InputError
+from headmech.core.errors import HeadmechError, InputError
+from headmech.core.registry import METHODS
+from headmech.models.toys import ToyInductionConfig, _build_model, make_toy_tokenizer
 from headmech.probes import ProbeOptions
-from headmech.provenance import weights_hash
-from headmech.registry import METHODS
-from headmech.toys import ToyInductionConfig, _build_model, make_toy_tokenizer
+from headmech.runs.provenance import weights_hash
 
 OPTS = ProbeOptions(n_sequences=8, half_len=16, batch_size=4)
 

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
 
     sys.meta_path.insert(0, NoSpacy())
     import headmech
-    from headmech.errors import HeadmechError
+    from headmech.core.errors import HeadmechError
 
     model = headmech.load_model(sys.argv[1])
     cat = headmech.classify(model, ["positional", "previous_token"], n_sentences=16)

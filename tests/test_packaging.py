@@ -85,7 +85,7 @@ def test_importing_headmech_changes_nothing_global():
     code = (
         "import os, random, torch, matplotlib\n"
         "env, state, backend = dict(os.environ), torch.random.get_rng_state(), matplotlib.get_backend()\n"
-        "import headmech, headmech.cli, headmech.plot, headmech.models, headmech.testing\n"
+        "import headmech, headmech.cli, headmech.core.plot, headmech.models, headmech.testing\n"
         "import headmech.attribution, headmech.pruning, headmech.circuits\n"
         "assert dict(os.environ) == env, set(os.environ) ^ set(env)\n"
         "assert torch.equal(torch.random.get_rng_state(), state)\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from headmech.errors import HeadmechError
+from headmech.core.errors import HeadmechError
 from headmech.probes import text
 from headmech.probes.text import (
     CorpusError,

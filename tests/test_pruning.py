@@ -9,7 +9,7 @@ import torch
 
 from headmech.cli import main
 from headmech.interventions.ablation import ablation_hooks
-from headmech.metrics import task_metric
+from headmech.interventions.metrics import task_metric
 from headmech.probes import ProbeOptions, build_probe
 from headmech.pruning import HeadMask, head_mask, michel_prune, prune_heads
 from headmech.tasks import get_task
@@ -137,8 +137,8 @@ def test_michel_bookkeeping(tiny_models, arch, task, tmp_path):
 def test_michel_steps_and_survival(tiny_models):
 
     model = tiny_models["gpt2"]
-    from headmech.classify import HeadCatalog, TypeResult
-    from headmech.heads import HeadIndex
+    from headmech.classification.classify import HeadCatalog, TypeResult
+    from headmech.core.head_index import HeadIndex
     from headmech.models import model_info
 
     heads = [HeadIndex(0, 0), HeadIndex(1, 1)]

@@ -1,4 +1,4 @@
-"""``catalog/README.md``'s writer (:mod:`headmech.catalog_readme`, :func:`headmech.publish.readme`
+"""``catalog/README.md``'s writer (:mod:`headmech.publish.markdown`, :func:`headmech.publish.readme`
 and the README step of ``python -m headmech.publish``) on small synthetic catalogs: every
 cell against the exact text it must hold, computed by hand from the numbers planted."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from headmech import publish
-from headmech.catalog_readme import _heads_cell, _validation_cell, readme
-from headmech.compare import BEGIN, END, LITERATURE, readme_block
+from headmech.publish.compare import BEGIN, END, LITERATURE, readme_block
+from headmech.publish.markdown import _heads_cell, _validation_cell, readme
 
 SHA = "ab" * 32
 ENCODER = "needs a causal (decoder) model"

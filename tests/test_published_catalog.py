@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from headmech.causal_validation import MAX_PER_HEAD, MAX_REJECTED
-from headmech.claims import control_space
-from headmech.heads import HeadIndex, head_types
+from headmech.classification.claims import control_space
+from headmech.classification.validation import MAX_PER_HEAD, MAX_REJECTED
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.registry import head_types
 from headmech.publish import FULL, MODELS, check_json, expected_types
 
 ROOT = Path(__file__).resolve().parents[1] / "catalog"
@@ -138,9 +139,9 @@ def test_readme_has_every_model_and_type():
 
 
 def test_readme_cross_model_table_is_the_catalogs():
-    """The README's cross-model block is what :func:`headmech.compare.readme_block` makes
+    """The README's cross-model block is what :func:`headmech.publish.compare.readme_block` makes
     of the committed catalogs (numbers cannot drift from the files they cite)."""
-    from headmech.compare import BEGIN, END, readme_block
+    from headmech.publish.compare import BEGIN, END, readme_block
 
     text = (ROOT.parent / "README.md").read_text()
     got = text[text.index(BEGIN) : text.index(END) + len(END)]
@@ -153,7 +154,7 @@ def test_cross_model_cells_read_the_catalog():
     """A cell: count and share of the labelled heads, their median relative depth, the
     validation effect vs the controls' median; n/a with the reason for a decoder type on
     an encoder."""
-    from headmech.compare import cross_model_rows
+    from headmech.publish.compare import cross_model_rows
 
     rows = cross_model_rows(ROOT, ["smollm2-135m", "minilm-l6"])
     data = _read("smollm2-135m", "catalog.json")["types"]["induction"]
@@ -239,7 +240,7 @@ def test_check_json_regenerates(name, request):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_published_catalog_is_current(name, request):
-    from headmech.provenance import weights_hash
+    from headmech.runs.provenance import weights_hash
 
     model = request.getfixturevalue(FIXTURES[name])
     data = _read(name, "catalog.json")

@@ -21,14 +21,15 @@ import pytest
 import torch
 
 import headmech
-from headmech import bundled, models
-from headmech import gguf as headmech_gguf
-from headmech.errors import (
+from headmech import models
+from headmech.core.errors import (
     InputError,
     MissingPackageError,
     UnknownModelError,
     UnsupportedModelError,
 )
+from headmech.models import bundled
+from headmech.models import gguf as headmech_gguf
 
 QWEN = "qwen2.5-coder-0.5b"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -67,7 +68,7 @@ def write_gguf(path: Path, arch: str = "qwen2", licence: str | None = "apache-2.
     tokenizer (as llama.cpp's converter lays it out); return the original HF model."""
     import gguf
 
-    from headmech.families import tiny_tokenizer
+    from headmech.models.families import tiny_tokenizer
 
     tok = tiny_tokenizer(causal=True)
     spec = json.loads(tok.backend_tokenizer.to_str())
@@ -152,7 +153,7 @@ def test_qwen2_gguf_gets_no_bos(tiny_gguf, cache):
     """A Qwen2 GGUF names a BOS token it was not trained with (add_bos_token false): the
     cached tokenizer has none, and the bridge neither prepends one nor invents one."""
     from headmech.probes import ProbeOptions, build_probe, encode_sentences
-    from headmech.provenance import provenance
+    from headmech.runs.provenance import provenance
 
     path, _ = tiny_gguf
     model = headmech.load_model(str(path))
@@ -257,7 +258,7 @@ def test_cli_accepts_a_gguf_path(tiny_gguf, tmp_path, cache, capsys):
     """``headmech classify FILE.gguf``: the name check accepts it (its shape read from the
     header), a bad one is refused in one line before loading."""
     from headmech.cli import main
-    from headmech.commands_base import config_shape, model_name
+    from headmech.cli.base import config_shape, model_name
 
     path, _ = tiny_gguf
     assert model_name(str(path)) == str(path)
@@ -412,7 +413,7 @@ def test_qwen25_bridge_equals_hf(qwen25, qwen25_hf):
     BOS before a probe sentence, the same logits as transformers' own model, and where its
     weights came from in the provenance."""
     from headmech.probes import encode_sentences
-    from headmech.provenance import provenance
+    from headmech.runs.provenance import provenance
 
     info = headmech.model_info(qwen25)
     assert (info.n_layers, info.n_heads, info.n_kv_heads, info.d_head) == (24, 14, 2, 64)
@@ -448,8 +449,8 @@ def test_qwen25_blocks_equal_pattern(qwen25):
     float64: 7e-6 for the pattern path, 1.4e-5 for the blocks)."""
     from test_blockwise import assert_paths_agree
 
-    from headmech import engine
     from headmech.probes import ProbeOptions
+    from headmech.stream import engine
 
     assert engine._pattern_free(qwen25) == ("call", None)
     small = ProbeOptions(
@@ -573,9 +574,9 @@ def test_qwen25_classify_stopped_and_resumed_writes_the_same_bytes(
     import shlex
 
     from headmech.cli import main
-    from headmech.resume import STAGING
+    from headmech.runs.resume import STAGING
 
-    classify_module = importlib.import_module("headmech.classify")
+    classify_module = importlib.import_module("headmech.classification.classify")
     monkeypatch.setattr(headmech.models, "load_model", lambda *a, **k: qwen25)
     real, calls, stop = classify_module._classify_probe, [], []
 
@@ -612,7 +613,7 @@ def test_qwen25_classify_stopped_and_resumed_writes_the_same_bytes(
 
 
 def test_prepended_token_names_what_the_tokenizer_adds():
-    from headmech.families import tiny_tokenizer
+    from headmech.models.families import tiny_tokenizer
 
     assert models.prepended_token(tiny_tokenizer(causal=True)) == "<bos>"
     assert models.prepended_token(tiny_tokenizer(causal=False)) == "[CLS]"

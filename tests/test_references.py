@@ -49,12 +49,12 @@ from transformer_lens.head_detector import (
 )
 
 import headmech
-import headmech.uncertainty
-from headmech.engine import ProbeBatch, stream_statistics, target_reducer
-from headmech.examples import example_texts, labelled_heads
-from headmech.heads import get_head_type
+import headmech.stream.uncertainty
+from headmech.headtypes.registry import get_head_type
 from headmech.probes import ProbeOptions, build_probe
-from headmech.uncertainty import LEVEL, N_BOOT
+from headmech.publish.examples import example_texts, labelled_heads
+from headmech.stream.engine import ProbeBatch, stream_statistics, target_reducer
+from headmech.stream.uncertainty import LEVEL, N_BOOT
 
 pytestmark = pytest.mark.slow  # SmolLM2 (once per session)
 
@@ -176,7 +176,7 @@ def _numpy_weights(n_units: int, n_boot: int = N_BOOT, seed: int = 0) -> torch.T
 @pytest.fixture(scope="module")
 def catalog(smollm2):
     with pytest.MonkeyPatch.context() as mp:  # classify on the resamples drawn here
-        mp.setattr(headmech.uncertainty, "bootstrap_weights", _numpy_weights)
+        mp.setattr(headmech.stream.uncertainty, "bootstrap_weights", _numpy_weights)
         return headmech.classify(
             smollm2, ["induction", "duplicate_token", "previous_token"], **vars(OPTIONS)
         )

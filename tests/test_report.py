@@ -1,4 +1,4 @@
-"""What the command line prints beside its files (:mod:`headmech.report`): one line for
+"""What the command line prints beside its files (:mod:`headmech.cli.report`): one line for
 every shape of validation record, every type named, and the pruning survival table."""
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import warnings
 import pytest
 import torch
 
-from headmech import report
-from headmech.classify import _controls, _validation, classify, validate_heads
-from headmech.heads import HeadIndex, get_head_type
+from headmech.classification.classify import _controls, _validation, classify, validate_heads
+from headmech.classification.results import HeadCatalog, TypeResult
+from headmech.cli import report
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.registry import get_head_type
 from headmech.models import ModelInfo
 from headmech.probes import ProbeOptions
 from headmech.pruning.result import PruningResult
-from headmech.results import HeadCatalog, TypeResult
 
 INFO = ModelInfo("m", 2, 4, 4, 8, 64, True)
 METRIC = "next-token loss on the repeated half"
@@ -25,7 +26,7 @@ SMALL = ProbeOptions(n_sequences=4, half_len=6, batch_size=4)
 
 
 def _record(heads: list[HeadIndex], n_random: int, **over: object) -> dict:
-    """A record shaped as :func:`headmech.classify.validate_heads` writes it, its control
+    """A record shaped as :func:`headmech.classification.classify.validate_heads` writes it, its control
     sets drawn by the real ``_controls``; effects 0.5 + 0.1 per set."""
     with warnings.catch_warnings():  # the fallback's warning: tested in test_findings.py
         warnings.simplefilter("ignore")
@@ -344,7 +345,7 @@ def test_real_details_with_labelled_heads_print_every_head(tiny_models, tmp_path
 def test_function_vector_report_is_best_first_after_a_json_round_trip(tmp_path):
     """catalog.json sorts keys, so the details read back list heads by name: the report
     still prints the five largest AIEs, largest first (it printed the first five names)."""
-    from headmech.provenance import dumps
+    from headmech.runs.provenance import dumps
 
     details = {
         "aie": {"L3H3": 0.0019, "L1H2": 0.0312, "L0H1": -0.0042, "L2H0": 0.002, "L0H0": 0.001,

@@ -1,4 +1,4 @@
-"""Resumable runs (:mod:`headmech.resume`): a run stopped at a random unit, by Ctrl-C in
+"""Resumable runs (:mod:`headmech.runs.resume`): a run stopped at a random unit, by Ctrl-C in
 process or by SIGKILL of its process, continues with ``--resume`` and writes the same
 bytes as an uninterrupted run; ``--resume`` refuses other arguments or weights in one line.
 
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 import headmech
-from headmech import resume
 from headmech.cli import main
-from headmech.resume import STAGING, Units
+from headmech.runs import resume
+from headmech.runs.resume import STAGING, Units
 
-classify_module = importlib.import_module("headmech.classify")
+classify_module = importlib.import_module("headmech.classification.classify")
 runner_module = importlib.import_module("headmech.interventions.runner")
 michel_module = importlib.import_module("headmech.pruning.michel")
 
@@ -113,7 +113,7 @@ def test_ctrl_c_then_resume_writes_the_same_bytes(cli, monkeypatch, tmp_path, co
 
 _KILLING = """
 import os, signal, sys
-from headmech import resume
+from headmech.runs import resume
 from headmech.cli import main
 
 after, saved, real = int(os.environ["KILL_AFTER"]), [], resume.Units.save
@@ -240,7 +240,7 @@ def test_units_read_back_give_the_same_result(tiny_models, monkeypatch, tmp_path
 def test_exact_encoding_round_trips():
     import torch
 
-    from headmech.heads import HeadIndex
+    from headmech.core.head_index import HeadIndex
 
     value = {
         "t": torch.tensor([[0.1, float("nan")], [float("inf"), -0.0]]),

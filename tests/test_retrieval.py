@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import headmech
-from headmech.catalog.retrieval import RetrievalHead
-from headmech.engine import stream_statistics
-from headmech.errors import HeadmechError, InputError
+from headmech.core.errors import HeadmechError, InputError
+from headmech.headtypes.retrieval import RetrievalHead
 from headmech.interventions import evaluate
 from headmech.interventions.ablation import ablation, ablation_hooks
 from headmech.models import model_info
 from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.needle import needle_recall
+from headmech.stream.engine import stream_statistics
 from headmech.tasks import get_task
 from headmech.testing import CONTROL_OPTIONS, check_causal, tiny_model
 

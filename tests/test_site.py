@@ -1,4 +1,4 @@
-"""The head atlas (headmech.site) in a real browser: Chromium driven by Playwright.
+"""The head atlas (headmech.publish.site) in a real browser: Chromium driven by Playwright.
 
 The site is built into a temporary folder from the committed catalogs and opened from the
 file system, as a reader opens it. The browser is found by :func:`find_chromium`
@@ -18,8 +18,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from headmech.attention_view import view_html
-from headmech.site import build_site
+from headmech.publish.attention_view import view_html
+from headmech.publish.site import build_site
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOG = ROOT / "catalog"

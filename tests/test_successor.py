@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 import headmech
-from headmech.catalog.successor import succession_counts
+from headmech.core.registry import TASKS
+from headmech.headtypes.successor import succession_counts
 from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.ordinal import ORDINAL_TASKS, ordinal_runs
-from headmech.registry import TASKS
 
 
 def _hand_counts(model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,8 +93,8 @@ def test_own_token_ranks_count_the_vocabulary_in_either_order(tiny_models):
     """Many tokens go through (e W_V)(W_O W_U) in tiles of rows, few through
     ((e W_V) W_O) W_U: both count the tokens above and below each token's own logit as
     a float64 computation does (up to a tie within float32 rounding)."""
-    from headmech.catalog.copy_suppression import word_tokens
-    from headmech.weights import effective_embeddings, head_weights, own_token_ranks
+    from headmech.headtypes.copy_suppression import word_tokens
+    from headmech.models.weights import effective_embeddings, head_weights, own_token_ranks
 
     model = tiny_models["llama"]
     ids = word_tokens(model.tokenizer, n=40)  # 40 tokens: the tiled order; 2: the other
@@ -114,7 +114,7 @@ def test_own_token_ranks_count_the_vocabulary_in_either_order(tiny_models):
 def test_suppression_scores_equal_a_hand_computation(tiny_models):
     """The share of tokens whose own logit is among the 10 most negative of the whole
     vocabulary, against run_with_cache, the real input norm and unfolded weights."""
-    from headmech.catalog.copy_suppression import TOP_K, suppression_scores, word_tokens
+    from headmech.headtypes.copy_suppression import TOP_K, suppression_scores, word_tokens
 
     model = tiny_models["llama"]
     ids = word_tokens(model.tokenizer, n=40)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headmech.classify import HeadCatalog, TypeResult
-from headmech.heads import HeadIndex
+from headmech.classification.classify import HeadCatalog, TypeResult
+from headmech.core.head_index import HeadIndex
 from headmech.models import ModelInfo
 from headmech.pruning.survival import compare_orders, enrichment, removal_order, survival
 

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 import headmech
 from headmech.models import ensure_toy
-from headmech.toys import (
+from headmech.models.toys import (
     ToyInductionConfig,
     make_toy_tokenizer,
     repeated_random_tokens,
@@ -78,7 +78,7 @@ def test_checkpoints_are_taken_on_schedule_and_do_not_change_training():
 
 @pytest.mark.slow
 def test_cached_toy_has_loadable_checkpoints():
-    from headmech.toys import TOY_CHECKPOINT_EVERY, toy_checkpoints
+    from headmech.models.toys import TOY_CHECKPOINT_EVERY, toy_checkpoints
 
     ckpts = toy_checkpoints("toy-induction")
     steps = ToyInductionConfig().steps
@@ -112,7 +112,7 @@ def test_toy_induction_forms_the_circuit(toy):
     # no induction head in layer 0: it needs the previous-token head's output
     assert all(h.layer == 1 for h in cat.heads("induction"))
     # ablating the induction heads destroys in-context copying ...
-    from headmech.classify import validate_heads
+    from headmech.classification.classify import validate_heads
     from headmech.probes import ProbeOptions
 
     opts = ProbeOptions(n_sequences=32, half_len=40)

@@ -1,4 +1,4 @@
-"""Bootstrap intervals (headmech.uncertainty) against independent references: a
+"""Bootstrap intervals (headmech.stream.uncertainty) against independent references: a
 percentile bootstrap written out by hand (NumPy, a loop over resamples drawn with NumPy's
 Generator) on the same draws handed to headmech in place of ``bootstrap_weights``; the
 same hand bootstrap and scipy.stats.bootstrap, each with its own resamples, against
@@ -13,9 +13,9 @@ import pytest
 import scipy.stats
 import torch
 
-import headmech.uncertainty
-from headmech.engine import HeadStats
-from headmech.uncertainty import LEVEL, N_BOOT, UnitValues, bootstrap_weights, stats_interval
+import headmech.stream.uncertainty
+from headmech.stream.engine import HeadStats
+from headmech.stream.uncertainty import LEVEL, N_BOOT, UnitValues, bootstrap_weights, stats_interval
 
 PCT = [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2]  # 2.5 and 97.5
 
@@ -39,7 +39,7 @@ def numpy_resamples(monkeypatch):
         counts = np.stack([np.bincount(row, minlength=n_units) for row in idx])
         return torch.tensor(counts, dtype=torch.float64)
 
-    monkeypatch.setattr(headmech.uncertainty, "bootstrap_weights", weights)
+    monkeypatch.setattr(headmech.stream.uncertainty, "bootstrap_weights", weights)
     return asked
 
 

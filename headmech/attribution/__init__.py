@@ -10,7 +10,7 @@ Methods: ``zero``, ``mean``, ``resample``, ``uniform`` (ablation), ``patching`` 
 ``attribution_patching`` (between the task's clean and corrupted inputs),
 ``mask_gradient`` (Michel et al. 2019), ``dla`` (direct logit attribution),
 ``confidence`` (Voita et al. 2019) and ``lrp`` (:mod:`headmech.attribution.lrp`, imported
-when used). Methods live in :data:`headmech.registry.METHODS`, each with a dataclass of
+when used). Methods live in :data:`headmech.core.registry.METHODS`, each with a dataclass of
 typed options; a plug-in package adds one through the entry-point group
 ``headmech.methods`` (a function ``(model, task, batches, cost, options, progress) ->
 (score, metric_clean, metric_description)`` with an ``options`` attribute naming its
@@ -39,20 +39,20 @@ from headmech.attribution.methods import (
     PatchingOptions,
 )
 from headmech.attribution.patching import activation_patching, attribution_patching, spearman
-from headmech.checks import method_options
-from headmech.engine import ProbeBatch
-from headmech.errors import HeadmechError, UnknownMethodError
+from headmech.core.checks import method_options
+from headmech.core.errors import HeadmechError, UnknownMethodError
+from headmech.core.registry import METHODS, build_options
 from headmech.interventions import Cost
 from headmech.probes import ProbeOptions
-from headmech.provenance import SCHEMA_VERSION, dumps
-from headmech.registry import METHODS, build_options
-from headmech.resume import counting, recording
+from headmech.runs.provenance import SCHEMA_VERSION, dumps
+from headmech.runs.resume import counting, recording
+from headmech.stream.engine import ProbeBatch
 from headmech.tasks import Task, get_task
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.resume import Units
+    from headmech.runs.resume import Units
 
 __all__ = [
     "AblationOptions",
@@ -88,7 +88,7 @@ class ImportanceResult:
         details: method-specific extras (its options, the probe size).
         low, high: the bootstrap interval of ``score`` over probe examples (None where the
             method gives no per-example values).
-        provenance: weights, probe data, versions, settings (:mod:`headmech.provenance`).
+        provenance: weights, probe data, versions, settings (:mod:`headmech.runs.provenance`).
     """
 
     method: str
@@ -124,7 +124,7 @@ class ImportanceResult:
 
     def save(self, out: str | os.PathLike) -> Path:
         """Write ``out/importance.json`` and ``out/importance.png``; returns the JSON path."""
-        from headmech.plot import score_heatmap
+        from headmech.core.plot import score_heatmap
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -183,15 +183,15 @@ def importance(
 
     Args:
         model: a ``TransformerBridge``.
-        method: a name in :data:`headmech.registry.METHODS`.
+        method: a name in :data:`headmech.core.registry.METHODS`.
         task: ``lm``, ``induction``, ``retrieval`` or a :class:`headmech.tasks.Task`.
         batches: probe batches to use (default: the task's probe under ``probe_options``).
         probe_options: sizes of the probe.
         progress: show progress bars.
         n_boot: bootstrap resamples of the probe's examples for the score's interval (0:
             none; seeded by the ``seed`` option where the method has one, else 0).
-        units: a :class:`headmech.resume.Units` store: each probe batch's work is read
-            from it where stored, else stored as it finishes (:mod:`headmech.resume`).
+        units: a :class:`headmech.runs.resume.Units` store: each probe batch's work is read
+            from it where stored, else stored as it finishes (:mod:`headmech.runs.resume`).
         **options: the method's typed options (:class:`AblationOptions`,
             :class:`PatchingOptions`, :class:`MaskGradientOptions`, :class:`DLAOptions`,
             :class:`LRPOptions`); an option the method does not take is a one-line error.
@@ -240,7 +240,7 @@ def _result(
 ) -> ImportanceResult:
     """The result with its bootstrap interval and provenance (timings filled by the caller)."""
     from headmech.models import model_info
-    from headmech.provenance import provenance
+    from headmech.runs.provenance import provenance
 
     score, units = out.score.detach().float().cpu(), out.units
     seed = int(options.get("seed", 0))

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
-from headmech.heads import HeadIndex
+from headmech.core.head_index import HeadIndex
 from headmech.interventions import Cost, run_variants
 from headmech.interventions.ablation import ABLATION_MODES, AblationMode, ablation_variants
+from headmech.stream.engine import ProbeBatch
+from headmech.stream.uncertainty import UnitValues
 from headmech.tasks import Task
-from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge

@@ -5,7 +5,7 @@ query tokens of a probe; special tokens (BOS/CLS/SEP/EOS, padding) are excluded 
 queries and as keys (Voita et al. excluded EOS, where heads park attention). Confident
 heads put most of their mass on one token; Voita et al. found that the heads LRP ranks
 important tend to be confident. It needs no task metric: one streaming pass over the probe
-(a :class:`headmech.engine.Reducer`, no cache).
+(a :class:`headmech.stream.engine.Reducer`, no cache).
 
 References:
     Voita, Talbot, Moiseev, Sennrich, Titov 2019, "Analyzing Multi-Head Self-Attention:
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from headmech import blockwise
-from headmech.engine import ProbeBatch, Reducer, stream_statistics
+from headmech.stream import blockwise
+from headmech.stream.engine import ProbeBatch, Reducer, stream_statistics
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -55,8 +55,8 @@ def confidence(
     return_units: bool = False,
 ) -> Any:
     """Mean maximum attention weight per head (Voita et al. 2019); with ``return_units``
-    also the per-sequence values (:class:`~headmech.uncertainty.UnitValues`)."""
-    from headmech.uncertainty import UnitValues
+    also the per-sequence values (:class:`~headmech.stream.uncertainty.UnitValues`)."""
+    from headmech.stream.uncertainty import UnitValues
 
     stats = stream_statistics(
         model, batches, [confidence_reducer()], progress=progress, total=len(batches)

@@ -33,13 +33,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headmech import resume
-from headmech.engine import ProbeBatch
-from headmech.errors import HeadmechError
+from headmech.core.errors import HeadmechError
 from headmech.interventions import Cost, capture, recording
+from headmech.models.weights import _norm_weight
+from headmech.runs import resume
+from headmech.stream.engine import ProbeBatch
+from headmech.stream.uncertainty import UnitValues
 from headmech.tasks import EmbeddingTask, LogitDiffTask, Task, TokenLossTask
-from headmech.uncertainty import UnitValues
-from headmech.weights import _norm_weight
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge

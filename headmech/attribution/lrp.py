@@ -62,7 +62,6 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headmech import resume
 from headmech.attribution.lrp_explain import (
     Taps,
     explain_logit,
@@ -74,9 +73,10 @@ from headmech.attribution.lrp_explain import (
     tapped,
 )
 from headmech.attribution.lrp_rules import QKV_SCALE, RuleHooks, installed_rules, lrp_rules
-from headmech.engine import ProbeBatch
-from headmech.errors import InputError
-from headmech.uncertainty import UnitValues
+from headmech.core.errors import InputError
+from headmech.runs import resume
+from headmech.stream.engine import ProbeBatch
+from headmech.stream.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -304,7 +304,7 @@ def lrp_head_relevance(
 
     Args:
         model: a ``TransformerBridge``.
-        batches: right-padded probe batches (:class:`~headmech.engine.ProbeBatch`).
+        batches: right-padded probe batches (:class:`~headmech.stream.engine.ProbeBatch`).
         normalise: normalise within each layer (see above).
         per_prediction: normalise each prediction separately (one backward per position).
         progress: show a progress bar.

@@ -19,7 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from headmech.attribution.lrp_rules import installed_rules
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle

@@ -50,7 +50,7 @@ from headmech.attribution.lrp_grad import (
     activation_identity_forward,
     norm_identity_forward,
 )
-from headmech.errors import UnsupportedModelError
+from headmech.core.errors import UnsupportedModelError
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle

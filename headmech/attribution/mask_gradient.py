@@ -28,12 +28,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech import distributed, resume
-from headmech.engine import ProbeBatch
-from headmech.errors import HeadmechError
+from headmech.core import distributed
+from headmech.core.errors import HeadmechError
 from headmech.interventions import Cost, gradients
+from headmech.runs import resume
+from headmech.stream.engine import ProbeBatch
+from headmech.stream.uncertainty import UnitValues
 from headmech.tasks import Task
-from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge

@@ -1,5 +1,5 @@
 """The importance methods: each a function ``(model, task, batches, cost, options,
-progress) -> MethodOutput`` registered in :data:`headmech.registry.METHODS` with a
+progress) -> MethodOutput`` registered in :data:`headmech.core.registry.METHODS` with a
 dataclass of typed options.
 
 Attribution patching reports, on every run, its agreement with exact activation patching
@@ -24,11 +24,11 @@ from headmech.attribution.confidence import confidence
 from headmech.attribution.logit import direct_logit_attribution
 from headmech.attribution.mask_gradient import mask_gradient_importance
 from headmech.attribution.patching import exact_patching, patching_importance
-from headmech.engine import ProbeBatch
+from headmech.core.registry import METHODS
 from headmech.interventions import Cost
-from headmech.registry import METHODS
+from headmech.stream.engine import ProbeBatch
+from headmech.stream.uncertainty import UnitValues
 from headmech.tasks import Task
-from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -190,8 +190,8 @@ def _reads_weights(fn: MethodFn) -> MethodFn:
     rules) refuse a model whose weights accelerate offloads (``device_map``)."""
 
     def run(model, task, batches, cost, o, progress):
-        from headmech.errors import HeadmechError
-        from headmech.placement import is_offloaded
+        from headmech.core.errors import HeadmechError
+        from headmech.core.placement import is_offloaded
 
         if is_offloaded(model):
             raise HeadmechError(
@@ -205,7 +205,7 @@ def _reads_weights(fn: MethodFn) -> MethodFn:
 
 @_reads_weights
 def _dla(model, task, batches, cost, o, progress):
-    from headmech.errors import InputError
+    from headmech.core.errors import InputError
 
     if o.baseline is not None and not 0 <= o.baseline < int(model.cfg.d_vocab):
         raise InputError(

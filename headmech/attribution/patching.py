@@ -35,13 +35,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from headmech import resume
 from headmech.attribution.ablation import paired_units
-from headmech.engine import ProbeBatch
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.interventions import Cost, Intervention, Patch, capture_z, gradients, run_variants
+from headmech.runs import resume
+from headmech.stream.engine import ProbeBatch
+from headmech.stream.uncertainty import UnitValues
 from headmech.tasks import CallableTask, Task
-from headmech.uncertainty import UnitValues
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge

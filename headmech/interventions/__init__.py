@@ -36,7 +36,7 @@ and backward pass).
 
 Layout: :mod:`~headmech.interventions.effects` (the effects),
 :mod:`~headmech.interventions.hooks` (interventions as hooks, captures — with
-:mod:`headmech.engine`'s reducers the only place that registers TransformerLens hook
+:mod:`headmech.stream.engine`'s reducers the only place that registers TransformerLens hook
 functions) and :mod:`~headmech.interventions.runner` (variants, evaluation, gradients).
 """
 

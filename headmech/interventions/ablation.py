@@ -26,9 +26,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
-from headmech.errors import HeadmechError
-from headmech.heads import HeadIndex
+from headmech.core.errors import HeadmechError
+from headmech.core.head_index import HeadIndex
 from headmech.interventions import (
     Cost,
     Intervention,
@@ -40,6 +39,7 @@ from headmech.interventions import (
     hooks,
     mean_outputs,
 )
+from headmech.stream.engine import ProbeBatch
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -160,7 +160,7 @@ def own_effects(
         ``heads`` (and for an interval no unit scored).
     """
     from headmech.interventions import run_variants
-    from headmech.uncertainty import UnitValues
+    from headmech.stream.uncertainty import UnitValues
 
     shape = (int(model.cfg.n_layers), int(model.cfg.n_heads))
     out = {k: torch.full(shape, float("nan")) for k in ("effect", "low", "high")}

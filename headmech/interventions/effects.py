@@ -17,7 +17,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.errors import HeadmechError
+from headmech.core.errors import HeadmechError
 
 __all__ = [
     "SITES",
@@ -221,7 +221,7 @@ class Tap(Effect):
 def _reads_normed_residual(model: Any) -> bool:
     """Whether attention reads ``ln1(resid)`` (pre-norm) rather than the raw residual (BERT's
     post-norm blocks, whose ``ln1`` follows the attention: ``attention_dir`` tells them
-    apart, as in :func:`headmech.weights.head_weights`)."""
+    apart, as in :func:`headmech.models.weights.head_weights`)."""
     return getattr(model.cfg, "attention_dir", "causal") != "bidirectional"
 
 
@@ -244,7 +244,7 @@ class PathPatch(Effect):
     input from its residual and matching ``x``, which also checks the recomputation: a
     mismatch (another edit of the same heads' input earlier in the variant, a site other
     than ``site``, weights processed away from the norm module) raises
-    :class:`~headmech.errors.HeadmechError`.
+    :class:`~headmech.core.errors.HeadmechError`.
 
     Attributes:
         model: the ``TransformerBridge`` (its blocks' ``ln1`` and ``attn.W_*``/``b_*``).

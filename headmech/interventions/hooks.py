@@ -1,6 +1,6 @@
 """Interventions as TransformerLens hooks, and captures of activations.
 
-The only module (besides :mod:`headmech.engine`'s reducers) that registers hook
+The only module (besides :mod:`headmech.stream.engine`'s reducers) that registers hook
 functions: :func:`hooks` turns variants of interventions into ``fwd_hooks``,
 :func:`recording` and :func:`capture` read activations.
 """
@@ -18,10 +18,10 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import ProbeBatch, run_blocks
-from headmech.errors import HeadIndexError, HeadmechError
-from headmech.heads import HeadIndex, check_heads
+from headmech.core.errors import HeadIndexError, HeadmechError
+from headmech.core.head_index import HeadIndex, check_heads
 from headmech.interventions.effects import SITES, Context, Effect, Uniform, heads_first
+from headmech.stream.engine import ProbeBatch, run_blocks
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge

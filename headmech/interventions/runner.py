@@ -15,7 +15,7 @@ per variant. Variants are grouped by that layer, so a chunk never pays for block
 cannot change, and the chunk size comes from a memory budget (on the CPU also from the
 size of the largest activation: :data:`CPU_ACTIVATION_BYTES`). Token-loss tasks run the
 last block's MLP and the unembedding only at the positions they score
-(:func:`headmech.forward.run_blocks` ``rows``, :func:`headmech.unembedding.token_losses`).
+(:func:`headmech.stream.forward.run_blocks` ``rows``, :func:`headmech.models.unembedding.token_losses`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from headmech import distributed, resume
-from headmech.engine import ProbeBatch
-from headmech.errors import HeadmechError
-from headmech.forward import block_inputs, fast_attention, starting_at
+from headmech.core import distributed
+from headmech.core.errors import HeadmechError
 from headmech.interventions.effects import Scale, Tap
 from headmech.interventions.hooks import Intervention, applied
+from headmech.runs import resume
+from headmech.stream.engine import ProbeBatch
+from headmech.stream.forward import block_inputs, fast_attention, starting_at
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -172,7 +173,7 @@ def _progress(
 ) -> Iterable[int]:
     if not progress or not distributed.is_main():
         return items
-    from headmech.progress import bar
+    from headmech.core.progress import bar
 
     desc = progress if isinstance(progress, str) else "batches"
     return bar(items, desc, len(items), tokens=lambda i: int(batches[i].attention_mask.sum()))
@@ -215,7 +216,7 @@ def run_variants(
         reuse_prefix: run only the blocks from each chunk's first intervened layer (off:
             every variant runs the whole model, for comparison).
         fast: when no intervention acts on the pattern, run attention as fused SDPA
-            (:func:`headmech.forward.fast_attention`; rotary-attention bridges only).
+            (:func:`headmech.stream.forward.fast_attention`; rotary-attention bridges only).
         references: per batch, the task's clean reference (default: computed).
         cost: accumulates the compute spent.
         progress: a tqdm bar over batches (a string names it).
@@ -225,7 +226,7 @@ def run_variants(
         ``(metric per variant [n_variants], clean metric)``; with ``per_unit`` also
         ``sums`` and ``counts``, ``[1 + n_variants, n_units]`` (row 0: the clean run; units:
         the probe's sequences, or its batches for whole-batch metrics), for bootstrap
-        intervals (:class:`headmech.uncertainty.UnitValues`).
+        intervals (:class:`headmech.stream.uncertainty.UnitValues`).
     """
     fixed = None if callable(variants) else list(variants)
     if not batches:
@@ -259,8 +260,8 @@ def evaluate(
 ) -> Any:
     """The task's mean metric over the batches with ``interventions`` applied (references:
     the clean model's, computed per batch unless given); with ``per_unit`` also its
-    per-unit sums and counts as :class:`~headmech.uncertainty.UnitValues`."""
-    from headmech.uncertainty import UnitValues
+    per-unit sums and counts as :class:`~headmech.stream.uncertainty.UnitValues`."""
+    from headmech.stream.uncertainty import UnitValues
 
     batches = list(batches)
     if not batches:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from headmech.errors import UnsupportedModelError
+from headmech.core.errors import UnsupportedModelError
 from headmech.kv.plan import KVPlan
 
 __all__ = [

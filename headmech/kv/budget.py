@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 
 if TYPE_CHECKING:
-    from headmech.results import HeadCatalog
+    from headmech.classification.results import HeadCatalog
 
 __all__ = ["kv_ranking", "model_windows", "split_beyond_windows", "split_budget"]
 

@@ -29,7 +29,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.kv.attention import LayerPlan, Split, planned
 from headmech.kv.plan import KVPlan
 

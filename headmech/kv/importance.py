@@ -26,12 +26,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.kv.budget import _shape, model_windows
 from headmech.kv.masks import KVEval
 from headmech.kv.plan import KVPlan
 from headmech.kv.shared import evaluate_many
+from headmech.stream.engine import ProbeBatch
 
 __all__ = ["KVImportance", "kv_importance"]
 

@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.kv.attention import planned
 from headmech.kv.plan import KVPlan
+from headmech.stream.engine import ProbeBatch
 
 __all__ = ["NEEDLE_OVERHEAD", "KVEval", "evaluate", "needle_batches", "prose_batches"]
 

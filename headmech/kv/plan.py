@@ -32,8 +32,8 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from headmech.errors import InputError
-from headmech.heads import HeadIndex
+from headmech.core.errors import InputError
+from headmech.core.head_index import HeadIndex
 from headmech.kv.budget import (
     _positive,
     _shape,
@@ -42,10 +42,10 @@ from headmech.kv.budget import (
     split_beyond_windows,
     split_budget,
 )
-from headmech.provenance import check_weights, dumps
+from headmech.runs.provenance import check_weights, dumps
 
 if TYPE_CHECKING:
-    from headmech.results import HeadCatalog
+    from headmech.classification.results import HeadCatalog
 
 __all__ = ["PLAN_SCHEMA", "KVPlan", "kv_ranking", "split_budget"]
 
@@ -66,7 +66,7 @@ class KVPlan:
         window: most recent tokens every windowed head keeps.
         model: the model's name.
         source: how the plan was chosen (kind, catalog, types, seed, budget, ...).
-        provenance: the model's weights and versions (:func:`headmech.provenance.provenance`).
+        provenance: the model's weights and versions (:func:`headmech.runs.provenance.provenance`).
         windows: per layer, the model's own sliding window (0: global; empty: no layer
             has one, :func:`~headmech.kv.budget.model_windows`). Such a layer caches only
             its window whatever the plan says, and the plan's sizes count that.
@@ -211,7 +211,7 @@ class KVPlan:
         """Full cache for catalogued heads.
 
         Args:
-            catalog: a :class:`~headmech.results.HeadCatalog` or its ``catalog.json``/folder.
+            catalog: a :class:`~headmech.classification.results.HeadCatalog` or its ``catalog.json``/folder.
             model: the model the plan is for (the catalog must describe it).
             types: head types whose heads keep the whole cache.
             sinks, window: what every other head keeps (at least, with a budget).
@@ -222,7 +222,7 @@ class KVPlan:
                 heads' KV heads full and widen every other window to spend the rest.
             force: apply a catalog computed on other weights.
         """
-        from headmech.results import HeadCatalog
+        from headmech.classification.results import HeadCatalog
 
         cat = catalog if isinstance(catalog, HeadCatalog) else HeadCatalog.load(catalog)
         _check_catalog(cat, model, types, force)
@@ -391,7 +391,7 @@ def _provenance(model: Any) -> dict[str, Any]:
     """The model part of the provenance record (bridges only: their weights are hashed)."""
     if not hasattr(model, "cfg"):
         return {}
-    from headmech.provenance import provenance
+    from headmech.runs.provenance import provenance
 
     rec = provenance(model)
     rec.pop("probes", None)

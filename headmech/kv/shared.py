@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from headmech.engine import ProbeBatch
-from headmech.errors import UnsupportedModelError
+from headmech.core.errors import UnsupportedModelError
 from headmech.kv.attention import attention_modules, hf_model, planned
 from headmech.kv.masks import KVEval, needle_scores, plan_summary, prose_nll
 from headmech.kv.plan import KVPlan
+from headmech.stream.engine import ProbeBatch
 
 __all__ = ["evaluate_many", "layer_keys"]
 

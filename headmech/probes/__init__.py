@@ -12,7 +12,7 @@ Built-in probes:
 * ``repeated_random`` — BOS + random tokens + the same tokens again (Olsson et al. 2022);
 * ``needle`` — a fact hidden in a prose haystack, then asked for (:mod:`headmech.probes.needle`).
 
-Probes are registered in :data:`headmech.registry.PROBES` (a builder ``(model, options)
+Probes are registered in :data:`headmech.core.registry.PROBES` (a builder ``(model, options)
 -> Probe``); a plug-in package adds one through the entry-point group ``headmech.probes``.
 """
 
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.engine import ProbeBatch
-from headmech.errors import InputError
-from headmech.registry import PROBES
+from headmech.core.errors import InputError
+from headmech.core.registry import PROBES
+from headmech.stream.engine import ProbeBatch
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -69,7 +69,7 @@ class ProbeOptions:
     needle_depths: tuple[float, ...] = (0.1, 0.5, 0.9)
 
     def __post_init__(self) -> None:
-        from headmech.checks import probe_options
+        from headmech.core.checks import probe_options
 
         probe_options(self)  # one-line InputError on a count < 1, a bad seed, ...
 
@@ -175,9 +175,9 @@ def load_sentences(corpus: str | os.PathLike | Sequence[str] | None) -> list[str
 
     Raises:
         CorpusError: an unreadable file, an empty corpus, or one of fewer than
-            :data:`headmech.checks.MIN_SENTENCES` sentences (one line).
+            :data:`headmech.core.checks.MIN_SENTENCES` sentences (one line).
     """
-    from headmech.checks import too_few_sentences
+    from headmech.core.checks import too_few_sentences
     from headmech.probes import text
 
     if corpus is None:

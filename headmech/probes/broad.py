@@ -2,7 +2,7 @@
 
 A probe is built to make one behaviour visible; Anthropic's HeadVis (Transformer
 Circuits Thread, 2026) reports that a head's behaviour on the full distribution rarely
-matches what a narrow task suggests. :mod:`headmech.broad` asks, for each labelled head,
+matches what a narrow task suggests. :mod:`headmech.classification.broad` asks, for each labelled head,
 how much of its attention on ordinary text its type's pattern explains; this module gives
 it the text, cut into windows of a fixed number of tokens:
 
@@ -31,8 +31,8 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
 from headmech.probes import batch_sequences
+from headmech.stream.engine import ProbeBatch
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 
 if TYPE_CHECKING:
     from spacy.language import Language
@@ -66,7 +66,7 @@ class CorpusError(InputError, ValueError):
     """A corpus could not be read: missing, unreadable or non-UTF-8 file, or no sentences.
 
     The message is a single line meant to be shown to the user as is (a
-    :class:`~headmech.errors.HeadmechError`, so the command line prints it without a traceback).
+    :class:`~headmech.core.errors.HeadmechError`, so the command line prints it without a traceback).
     """
 
 

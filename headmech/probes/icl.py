@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.errors import InputError
+from headmech.core.errors import InputError
+from headmech.core.stats import ProbeBatch
 from headmech.probes import Probe, ProbeOptions, batch_sequences, register_probe
-from headmech.stats import ProbeBatch
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge

@@ -39,9 +39,9 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.probes import Probe, ProbeOptions, batch_sequences, load_sentences, register_probe
+from headmech.stream.engine import ProbeBatch
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -260,8 +260,8 @@ def answer_losses(
     dev = next(model.parameters()).device
     b = batch.to(dev)
     answer_pos, _, valid, _ = needle_spans(b)
-    from headmech.forward import run_blocks
-    from headmech.unembedding import unembed
+    from headmech.models.unembedding import unembed
+    from headmech.stream.forward import run_blocks
 
     with torch.inference_mode(), model.hooks(fwd_hooks=list(fwd_hooks)):
         resid = run_blocks(model, b.input_ids, b.attention_mask)  # [batch, pos, d_model]

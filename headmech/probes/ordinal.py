@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.probes import Probe, ProbeOptions, batch_sequences, register_probe
 
 if TYPE_CHECKING:

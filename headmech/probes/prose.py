@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.probes import Probe, ProbeOptions, batch_sequences, load_sentences, register_probe
 
 if TYPE_CHECKING:

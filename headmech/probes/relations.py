@@ -16,11 +16,11 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from headmech.engine import ProbeBatch
+from headmech.stream.engine import ProbeBatch
 
 __all__ = ["RELATIONS", "RelationCases", "relation_cases"]
 
-# the relations of the syntactic type (headmech.catalog.syntactic) and of semantic induction
+# the relations of the syntactic type (headmech.headtypes.syntactic) and of semantic induction
 RELATIONS: tuple[str, ...] = (
     "nsubj",
     "dobj",  # spaCy's label for a direct object (UD's "obj")

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.errors import MissingPackageError
+from headmech.core.errors import MissingPackageError
 
 # The corpus half of this module's former contents, re-exported so that
 # ``from headmech.probes.text import default_corpus`` (and ``text.default_corpus()``) still work.

@@ -25,7 +25,7 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.probes import Probe, ProbeOptions, batch_sequences, load_sentences, register_probe
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 ``HeadMask`` gates heads through a :class:`~headmech.interventions.Scale` intervention,
 :func:`prune_heads` builds a smaller Hugging Face model, and three pruning methods —
-registered in :data:`headmech.registry.PRUNING_METHODS` — return a
+registered in :data:`headmech.core.registry.PRUNING_METHODS` — return a
 :class:`PruningResult` that writes ``pruning.json`` (docs/architecture.md):
 
 * ``michel`` — Michel et al. 2019's iterative pruning by mask-gradient importance;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from headmech.core.registry import PRUNING_METHODS, build_options
 from headmech.probes import ProbeOptions
 from headmech.pruning.l0 import L0Options, l0_prune
 from headmech.pruning.mae import MAEOptions, mae_prune
@@ -34,14 +35,13 @@ from headmech.pruning.mask import (
 )
 from headmech.pruning.michel import MichelOptions, masked_importance, masked_metric, michel_prune
 from headmech.pruning.result import PruningResult
-from headmech.registry import PRUNING_METHODS, build_options
 from headmech.tasks import Task
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.classify import HeadCatalog
-    from headmech.resume import Units
+    from headmech.classification.classify import HeadCatalog
+    from headmech.runs.resume import Units
 
 __all__ = [
     "HeadMask",
@@ -92,23 +92,23 @@ def prune(
     Args:
         model: a ``TransformerBridge``.
         method: ``michel``, ``l0``, ``mae`` or a plug-in's name
-            (:data:`headmech.registry.PRUNING_METHODS`).
+            (:data:`headmech.core.registry.PRUNING_METHODS`).
         task: a task name or :class:`headmech.tasks.Task`.
         catalog: fills ``survival`` per head type.
         probe_options: probe sizes.
         progress: report progress.
-        units: a :class:`headmech.resume.Units` store: each step (michel), λ (l0) or run
+        units: a :class:`headmech.runs.resume.Units` store: each step (michel), λ (l0) or run
             (mae) is read from it where stored, else stored as it finishes
-            (:mod:`headmech.resume`).
+            (:mod:`headmech.runs.resume`).
         **options: the method's options (its dataclass: :class:`MichelOptions`,
             :class:`L0Options`, :class:`MAEOptions`).
 
     Returns:
         A :class:`PruningResult`; ``.save(dir)`` writes ``pruning.json``.
     """
-    from headmech.checks import method_options
+    from headmech.core.checks import method_options
     from headmech.pruning.survival import check_catalog
-    from headmech.resume import recording
+    from headmech.runs.resume import recording
 
     entry = PRUNING_METHODS.entry(method)
     opts = build_options(entry, method_options(dict(options)))

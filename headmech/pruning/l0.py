@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.engine import ProbeBatch, run_blocks
 from headmech.interventions import Intervention, Scale, applied, evaluate, hooks
+from headmech.models.unembedding import unembed
 from headmech.probes import ProbeOptions
 from headmech.pruning.concrete import (
     BETA,
@@ -57,13 +57,13 @@ from headmech.pruning.concrete import (
     prob_nonzero,
 )
 from headmech.pruning.result import PruningResult
+from headmech.stream.engine import ProbeBatch, run_blocks
 from headmech.tasks import Task, get_task, is_causal
-from headmech.unembedding import unembed
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.classify import HeadCatalog
+    from headmech.classification.classify import HeadCatalog
 
 __all__ = [
     "BETA",
@@ -320,11 +320,11 @@ class L0Sweep:
 
 def l0_sweep(model: TransformerBridge, lams: Sequence[float], **kwargs: Any) -> L0Sweep:
     """:func:`train_l0_gates` at each λ in ``lams`` (other arguments passed through);
-    each λ is a unit of a resumable run (:mod:`headmech.resume`; its gate noise is seeded
+    each λ is a unit of a resumable run (:mod:`headmech.runs.resume`; its gate noise is seeded
     afresh, so a λ read back changes none after it)."""
     from dataclasses import fields
 
-    from headmech.resume import unit
+    from headmech.runs.resume import unit
 
     def one(lam: float) -> dict[str, Any]:
         r = train_l0_gates(model, lam, **kwargs)

@@ -31,19 +31,19 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from headmech.engine import ProbeBatch
-from headmech.errors import HeadmechError
+from headmech.core.errors import HeadmechError
 from headmech.interventions import Gate, Intervention, applied, hooks
 from headmech.probes import ProbeOptions
 from headmech.pruning.l0 import frozen
 from headmech.pruning.result import PruningResult
-from headmech.resume import unit
+from headmech.runs.resume import unit
+from headmech.stream.engine import ProbeBatch
 from headmech.tasks import Task, get_task
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.classify import HeadCatalog
+    from headmech.classification.classify import HeadCatalog
 
 __all__ = [
     "MAEComparison",
@@ -280,7 +280,7 @@ def compare_mae(
     base = _metric(model, t, held, held_refs, None)
 
     # the MAE run and the fine-tuned baseline are units of a resumable run
-    # (headmech.resume); each starts from the saved weights
+    # (headmech.runs.resume); each starts from the saved weights
     def run_mae() -> dict[str, Any]:
         curve = train_mae(model, gates, t, train, train_refs, **kw)
         metric = _metric(model, t, held, held_refs, gates)
@@ -327,7 +327,7 @@ def mae_prune(
     c = compare_mae(model, t, probe_options=probe_options, **options)
     comparison = {"base": c.base, "mae": c.mae, "finetuned": c.finetuned}
     comparison["model_steps"] = c.model_steps
-    from headmech.provenance import provenance
+    from headmech.runs.provenance import provenance
 
     result = PruningResult("mae", t.name, [], metric=t.description)
     result.model = str(getattr(model, "headmech_name", "model"))

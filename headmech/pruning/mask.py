@@ -37,8 +37,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from headmech.errors import ArgumentError, HeadIndexError, HeadmechError
-from headmech.heads import HeadIndex, check_heads
+from headmech.core.errors import ArgumentError, HeadIndexError, HeadmechError
+from headmech.core.head_index import HeadIndex, check_heads
 from headmech.interventions import Intervention, Scale, applied, hooks
 
 if TYPE_CHECKING:

@@ -23,19 +23,19 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.attribution.mask_gradient import masked_importance as _batch_importance
-from headmech.engine import ProbeBatch
 from headmech.interventions import evaluate
 from headmech.probes import ProbeOptions
 from headmech.pruning.mask import HeadMask, check_mask
 from headmech.pruning.result import PruningResult
 from headmech.pruning.survival import check_catalog
-from headmech.resume import unit
+from headmech.runs.resume import unit
+from headmech.stream.engine import ProbeBatch
 from headmech.tasks import Task, get_task
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.classify import HeadCatalog
+    from headmech.classification.classify import HeadCatalog
 
 __all__ = ["MichelOptions", "PruningResult", "masked_importance", "masked_metric", "michel_prune"]
 
@@ -142,7 +142,7 @@ def michel_prune(
         fraction, steps, recompute, per: see :class:`MichelOptions`.
         batches: probe batches (default: the task's probe under ``probe_options``).
         probe_options: probe sizes.
-        catalog: a :class:`headmech.classify.HeadCatalog`; fills ``survival`` per type.
+        catalog: a :class:`headmech.classification.classify.HeadCatalog`; fills ``survival`` per type.
         progress: print one line per step to stderr.
 
     Returns:
@@ -158,7 +158,7 @@ def michel_prune(
     mask = HeadMask.for_model(model)
     n_total = mask.n_kept
 
-    # each step is a unit of a resumable run (headmech.resume): the new mask and its record
+    # each step is a unit of a resumable run (headmech.runs.resume): the new mask and its record
     history = [unit("step0", partial(_record, model, t, batches, mask, refs))]
     fixed = None
     if not recompute:
@@ -195,8 +195,8 @@ def _result(
     extra: dict[str, Any] | None = None,
 ) -> PruningResult:
     from headmech.models import model_info
-    from headmech.provenance import provenance
     from headmech.pruning.survival import survival
+    from headmech.runs.provenance import provenance
 
     prov = provenance(
         model,

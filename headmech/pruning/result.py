@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headmech.errors import HeadmechError
-from headmech.provenance import SCHEMA_VERSION, dumps
+from headmech.core.errors import HeadmechError
+from headmech.runs.provenance import SCHEMA_VERSION, dumps
 
 __all__ = ["PruningResult"]
 
@@ -28,7 +28,7 @@ class PruningResult:
         model: the model's short name.
         extra: method-specific results written at the top level of ``pruning.json``
             (MAE: ``comparison``).
-        provenance: weights, probe data, versions, settings (:mod:`headmech.provenance`).
+        provenance: weights, probe data, versions, settings (:mod:`headmech.runs.provenance`).
     """
 
     method: str
@@ -121,7 +121,7 @@ class PruningResult:
         path = out / "pruning.json"
         path.write_text(dumps(self.to_dict()))
         if self.steps:
-            from headmech.plot import pruning_curve
+            from headmech.core.plot import pruning_curve
 
             pruning_curve(self, out / "pruning.png")
         return path

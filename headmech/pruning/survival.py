@@ -2,7 +2,7 @@
 
 Voita et al. 2019 found that the specialised heads (positional, syntactic, rare-word) are
 the last to be pruned. Given the heads kept at each pruning level and a
-:class:`~headmech.classify.HeadCatalog`, this module reports
+:class:`~headmech.classification.classify.HeadCatalog`, this module reports
 
 * per type, the fraction of its heads kept at each level (:func:`survival`);
 * the order in which types are removed (:func:`removal_order`: the level at which a type
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from headmech.heads import HeadIndex
+from headmech.core.head_index import HeadIndex
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.classify import HeadCatalog
-    from headmech.engine import ProbeBatch
+    from headmech.classification.classify import HeadCatalog
+    from headmech.stream.engine import ProbeBatch
 
 __all__ = [
     "check_catalog",
@@ -43,8 +43,8 @@ __all__ = [
 
 def check_catalog(catalog: HeadCatalog | None, model: TransformerBridge) -> None:
     """Refuse a catalog of another shape than ``model`` (its heads would fall outside the
-    model, or the model's outside the catalog): :class:`~headmech.errors.HeadIndexError`."""
-    from headmech.errors import HeadIndexError
+    model, or the model's outside the catalog): :class:`~headmech.core.errors.HeadIndexError`."""
+    from headmech.core.errors import HeadIndexError
 
     if catalog is None:
         return
@@ -176,6 +176,6 @@ def plot_orders(
     ax.set_xlabel("fraction of heads removed")
     ax.set_ylabel("task damage (higher is worse)")
     ax.set_title(title)
-    from headmech.plot import finish
+    from headmech.core.plot import finish
 
     return finish(fig, path)

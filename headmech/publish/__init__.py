@@ -11,19 +11,19 @@ the types skipped and why, seconds). ``catalog/README.md`` tabulates every model
 heads and validation effects, built from those files.
 
 An hour of work is not lost to a crash or Ctrl-C: each model's finished units (every
-probe's scores, every type's validation, :mod:`headmech.resume`) are kept in
+probe's scores, every type's validation, :mod:`headmech.runs.resume`) are kept in
 ``catalog/<model>/.headmech-partial/publish/`` until its files are written, and
 ``make catalog CATALOG_ARGS=--resume`` (``--resume``) continues from them; ``--force``
 starts over. ``--heatmaps`` redraws every ``heatmaps/`` from its ``catalog.json`` alone.
 
 ``--types a,b --update`` recomputes only those types' validations in the published
-catalogs (:mod:`headmech.catalog_update`: the other types' entries keep their bytes,
+catalogs (:mod:`headmech.publish.update`: the other types' entries keep their bytes,
 the update is recorded in the provenance and ``run.json``) and regenerates the README;
 ``--types a,b --add`` adds types the published catalogs lack (a type registered since:
-:func:`headmech.catalog_update.add_types`), with their heatmaps, and the README;
+:func:`headmech.publish.update.add_types`), with their heatmaps, and the README;
 ``--types a,b --rescore`` classifies and validates types the catalogs hold again (after
 a change to their score), replacing their entries. ``--broad`` reads every type's labelled
-and rejected heads on ordinary text (:mod:`headmech.broad`) into the catalogs' ``per_head``.
+and rejected heads on ordinary text (:mod:`headmech.classification.broad`) into the catalogs' ``per_head``.
 """
 
 from __future__ import annotations
@@ -35,9 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from headmech.catalog_readme import redraw_heatmaps, write_heatmaps
-from headmech.errors import IncompleteRunError, InputError
-from headmech.provenance import dumps
+from headmech.core.errors import IncompleteRunError, InputError
 from headmech.publish.build import (
     CHECK,
     FULL,
@@ -49,6 +47,8 @@ from headmech.publish.build import (
     expected_types,
     readme,
 )
+from headmech.publish.markdown import redraw_heatmaps, write_heatmaps
+from headmech.runs.provenance import dumps
 
 __all__ = [
     "CHECK",
@@ -68,7 +68,7 @@ __all__ = [
 def _store(name: str, out: Path, *, resume: bool, force: bool) -> Any:
     """The staging store of one model's publication (checked like a command's, before the
     model loads: an unfinished run is continued with ``resume`` or dropped with ``force``)."""
-    from headmech.resume import STAGING, Units, for_command
+    from headmech.runs.resume import STAGING, Units, for_command
 
     if resume and Units(out / STAGING / "publish").read_manifest() is None:
         resume, force = False, True  # this model's run finished (or never started): afresh
@@ -88,7 +88,7 @@ def publish_model(
     import torch
 
     from headmech.models import load_model
-    from headmech.resume import bind_weights, recording, scope
+    from headmech.runs.resume import bind_weights, recording, scope
 
     out = root / name
     out.mkdir(parents=True, exist_ok=True)

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from headmech.provenance import dumps
+from headmech.runs.provenance import dumps
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.results import HeadCatalog
+    from headmech.classification.results import HeadCatalog
 
 __all__ = [
     "CHECK",
@@ -106,7 +106,7 @@ for Gemma 3's 262k-token vocabulary on one thread)."""
 
 def _probe_problem(model: TransformerBridge, probe: str) -> str | None:
     """Why ``probe`` cannot be built for ``model`` at the check size, or None."""
-    from headmech.errors import HeadmechError
+    from headmech.core.errors import HeadmechError
     from headmech.probes import ProbeOptions, build_probe
 
     try:
@@ -128,8 +128,8 @@ def applicable_types(model: TransformerBridge) -> tuple[list[str] | None, dict[s
         English, else the names of the types kept; ``skipped`` maps every registered type
         left out to the reason.
     """
-    from headmech.checks import PROSE_PROBES, prose_problem
-    from headmech.heads import resolve_types
+    from headmech.core.checks import PROSE_PROBES, prose_problem
+    from headmech.headtypes.registry import resolve_types
     from headmech.models import model_info
 
     info = model_info(model)
@@ -154,7 +154,7 @@ def applicable_types(model: TransformerBridge) -> tuple[list[str] | None, dict[s
 
 def expected_types(model: TransformerBridge) -> list[str]:
     """The names of the types a published catalog of ``model`` must hold, sorted."""
-    from headmech.heads import head_types
+    from headmech.headtypes.registry import head_types
 
     _, skipped = applicable_types(model)
     return sorted(n for n in head_types() if n not in skipped)
@@ -170,8 +170,8 @@ def build_catalog(
     """Classify every applicable type at ``size``, or those of them named in ``only``
     (every sampler is seeded from the probe options, not the global generators: the same
     bytes every run)."""
-    from headmech.classify import classify
-    from headmech.heads import resolve_types
+    from headmech.classification.classify import classify
+    from headmech.headtypes.registry import resolve_types
     from headmech.models import model_info
 
     names, skipped = applicable_types(model)
@@ -204,7 +204,7 @@ def check_json(
 
 def readme(root: Path) -> str:
     """``catalog/README.md`` from the published folders under ``root``
-    (:func:`headmech.catalog_readme.readme` of :data:`MODELS`)."""
-    from headmech.catalog_readme import readme as markdown
+    (:func:`headmech.publish.markdown.readme` of :data:`MODELS`)."""
+    from headmech.publish.markdown import readme as markdown
 
     return markdown(root, MODELS)

@@ -1,6 +1,6 @@
 """Changes to the published catalogs short of publishing them again: ``--update``,
 ``--add``, ``--rescore`` and ``--broad`` of ``python -m headmech.publish``, each model in
-turn (:mod:`headmech.catalog_update` does the work), then ``catalog/README.md`` and the
+turn (:mod:`headmech.publish.update` does the work), then ``catalog/README.md`` and the
 project README's cross-model table written again."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from headmech.catalog_readme import heatmap_png
-from headmech.compare import BEGIN, readme_block, replace_block
-from headmech.errors import InputError
+from headmech.core.errors import InputError
 from headmech.publish import build as publish
+from headmech.publish.compare import BEGIN, readme_block, replace_block
+from headmech.publish.markdown import heatmap_png
 
 __all__ = ["add", "broad", "readmes", "update"]
 
@@ -32,8 +32,8 @@ def _each_model(names: list[str], out: Path, step: Callable[[str], str]) -> int:
 
 def update(names: list[str], types: list[str], out: Path) -> int:
     """``--types ... --update``: each model's validations of ``types`` recomputed
-    (:func:`headmech.catalog_update.update_validations`), then the README."""
-    from headmech.catalog_update import update_validations
+    (:func:`headmech.publish.update.update_validations`), then the README."""
+    from headmech.publish.update import update_validations
 
     def step(name: str) -> str:
         size = publish.FULL[name]
@@ -48,10 +48,10 @@ def update(names: list[str], types: list[str], out: Path) -> int:
 
 def add(names: list[str], types: list[str], out: Path, rescore: bool = False) -> int:
     """``--types ... --add``: ``types`` added to each model's published catalog
-    (:func:`headmech.catalog_update.add_types`), their heatmaps drawn, then the README;
+    (:func:`headmech.publish.update.add_types`), their heatmaps drawn, then the README;
     ``--rescore``: the same for types the catalog holds, their old entries replaced."""
-    from headmech.catalog_update import add_types
     from headmech.models import load_model
+    from headmech.publish.update import add_types
 
     def step(name: str) -> str:
         model = load_model(name)
@@ -71,8 +71,8 @@ def add(names: list[str], types: list[str], out: Path, rescore: bool = False) ->
 
 def broad(names: list[str], out: Path) -> int:
     """``--broad``: each model's heads read on ordinary text
-    (:func:`headmech.catalog_update.add_broad`), then the README."""
-    from headmech.catalog_update import add_broad
+    (:func:`headmech.publish.update.add_broad`), then the README."""
+    from headmech.publish.update import add_broad
 
     def step(name: str) -> str:
         record = add_broad(name, out, f"python -m headmech.publish --models {name} --broad")

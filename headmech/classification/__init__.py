@@ -1,0 +1,1 @@
+"""Classification: scores and labels (classify), their causal validation on each type's own claim, the HeadCatalog results file."""

@@ -1,0 +1,386 @@
+"""The catalog a classification produces: per type, scores, intervals, labels, evidence.
+
+:class:`HeadCatalog` round-trips through ``catalog.json`` (``load(save(x)) == x``; schema
+in docs/architecture.md). Every type's score comes with a bootstrap interval over probe
+examples (:mod:`headmech.stream.uncertainty`), and a head whose interval straddles the type's
+threshold is listed as *borderline*. The ``provenance`` record names the weights, probe
+data, versions and settings (:mod:`headmech.runs.provenance`); applying a catalog to a model
+with other weights is refused unless forced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from headmech._version import __version__
+from headmech.core.errors import CatalogFileError, InputError
+from headmech.core.head_index import HeadIndex
+from headmech.headtypes.base import at_or_above
+from headmech.models import ModelInfo, model_info
+from headmech.runs.provenance import SCHEMA_VERSION, check_weights, dumps
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = ["HeadCatalog", "TypeResult", "score_ranges"]
+
+
+def _release(version: Any) -> tuple[int, ...]:
+    """The numeric release of a version string: ``"0.2.0.dev1"`` → ``(0, 2, 0)``."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(version))
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def check_written_by(data: dict[str, Any], path: str | os.PathLike, what: str = "catalog") -> None:
+    """Refuse a file of a newer schema than this headmech reads (one-line
+    :class:`CatalogFileError`); warn in one line when a newer headmech wrote it (what it
+    added is not read)."""
+    from headmech.core.checks import warn
+
+    by = data.get("headmech_version")
+    written = f" (written by headmech {by})" if by is not None else ""
+    schema = data.get("schema_version")
+    if schema is not None:
+        if not re.fullmatch(r"\d+", str(schema)):
+            raise CatalogFileError(
+                f"{path} has an unknown {what} schema version {schema!r}{written}"
+            )
+        if int(str(schema)) > int(SCHEMA_VERSION):
+            raise CatalogFileError(
+                f"{path} is a {what} of schema {schema}{written}; this headmech ({__version__}) "
+                f"reads schema {SCHEMA_VERSION} or older: upgrade headmech"
+            )
+    if by is not None and _release(by) > _release(__version__):
+        warn(
+            f"{path} was written by headmech {by}, newer than this one ({__version__}): "
+            "anything it added is ignored"
+        )
+
+
+def _grid(t: Tensor) -> list[list[float | None]]:
+    return [[None if v != v else round(float(v), 6) for v in row] for row in t.tolist()]
+
+
+def _tensor(rows: Any, shape: tuple[int, int], what: str) -> Tensor:
+    t = torch.tensor([[float("nan") if v is None else float(v) for v in row] for row in rows])
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {shape}")
+    return t
+
+
+def _heads(pairs: Any, shape: tuple[int, int], what: str) -> list[HeadIndex]:
+    heads = [HeadIndex(int(lh[0]), int(lh[1])) for lh in pairs]
+    for h in heads:
+        if not (0 <= h.layer < shape[0] and 0 <= h.head < shape[1]):
+            raise ValueError(f"{what} names head {list(h)} outside the model")
+    return heads
+
+
+def _not_labelled(entries: Any, shape: tuple[int, int], name: str) -> list[dict[str, Any]]:
+    """``not_labelled`` of a type's entry: each a head inside the model, with a reason."""
+    out = []
+    for e in entries:
+        head = HeadIndex.parse(str(e["head"]))
+        _heads([head], shape, f"type '{name}' not_labelled")
+        out.append({"head": str(head), "score": float(e["score"]), "reason": str(e["reason"])})
+    return out
+
+
+def _per_head_record(entries: Any, shape: tuple[int, int], name: str) -> dict[str, Any]:
+    """``per_head`` of a type's entry: keyed by heads inside the model."""
+    if not isinstance(entries, dict):
+        raise ValueError(f"type '{name}' per_head is not an object")
+    for key in entries:
+        _heads([HeadIndex.parse(key)], shape, f"type '{name}' per_head")
+    return dict(entries)
+
+
+def score_ranges(names: Any) -> dict[str, tuple[float, float]]:
+    """The fixed range each of ``names`` is drawn on: its registered type's
+    ``HeadType.score_range``; (0, 1) for a name no type is registered under."""
+    from headmech.headtypes.registry import head_types
+
+    known = head_types()
+    return {n: tuple(known[n].score_range) if n in known else (0.0, 1.0) for n in names}  # type: ignore[misc]
+
+
+@dataclass
+class TypeResult:
+    """One head type's verdict on a model.
+
+    Attributes:
+        name, reference: the type and its citation.
+        threshold: the decision threshold on ``score``.
+        score: ``[n_layers, n_heads]``.
+        heads: labelled heads, best first.
+        details: type-specific evidence (and ``validation`` when validated).
+        low, high: the bootstrap interval of ``score`` over probe examples (None when the
+            probe kept no per-example statistics).
+        borderline: heads whose interval contains the threshold and that no further
+            criterion of the type rejects.
+        not_labelled: every head at or above the threshold that is not labelled, best
+            first, as ``{"head": "L5H1", "score": ..., "reason": ...}``: the further
+            criterion it failed, with its value (:meth:`HeadType.rejected`).
+        per_head: with validation, each labelled head's own effect (ablated alone) and
+            each not-labelled head's: ``{"L18H6": {"effect", "interval", "labelled"}}``.
+    """
+
+    name: str
+    reference: str
+    threshold: float
+    score: Float[Tensor, "n_layers n_heads"]
+    heads: list[HeadIndex]
+    details: dict[str, Any] = field(default_factory=dict)
+    low: Float[Tensor, "n_layers n_heads"] | None = None
+    high: Float[Tensor, "n_layers n_heads"] | None = None
+    borderline: list[HeadIndex] = field(default_factory=list)
+    not_labelled: list[dict[str, Any]] = field(default_factory=list)
+    per_head: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def not_controls(self) -> set[HeadIndex]:
+        """Heads that may be of this type, which no control set may hold: the labelled,
+        those at or above the threshold (labelled or not), and those whose interval
+        reaches it."""
+        reach = self.score if self.high is None else torch.maximum(self.score, self.high)
+        reach = torch.nan_to_num(reach, nan=float("-inf"))
+        at = at_or_above(reach, self.threshold).nonzero().tolist()
+        out = {HeadIndex(int(a), int(b)) for a, b in at}
+        return out | set(self.heads) | {HeadIndex.parse(str(r["head"])) for r in self.not_labelled}
+
+    def to_json(self) -> dict[str, Any]:
+        """This type's entry in ``catalog.json``."""
+        out: dict[str, Any] = {
+            "reference": self.reference,
+            "threshold": self.threshold,
+            "score": _grid(self.score),
+            "heads": [[h.layer, h.head] for h in self.heads],
+            "borderline": [[h.layer, h.head] for h in self.borderline],
+            "not_labelled": self.not_labelled,
+            "per_head": self.per_head,
+            "details": self.details,
+        }
+        if self.low is not None and self.high is not None:
+            out["interval"] = {"low": _grid(self.low), "high": _grid(self.high)}
+        return out
+
+    @classmethod
+    def from_json(cls, name: str, t: dict[str, Any], shape: tuple[int, int]) -> TypeResult:
+        """Parse one type's entry (``ValueError``/``KeyError`` on a malformed one)."""
+        if not isinstance(t, dict):
+            raise ValueError(f"type '{name}' is not an object")
+        score = _tensor(t["score"], shape, f"type '{name}' score")
+        interval = t.get("interval")
+        low = high = None
+        if interval is not None:
+            low = _tensor(interval["low"], shape, f"type '{name}' interval")
+            high = _tensor(interval["high"], shape, f"type '{name}' interval")
+        return cls(
+            name,
+            str(t.get("reference", "")),
+            float(t["threshold"]),
+            score,
+            _heads(t["heads"], shape, f"type '{name}'"),
+            dict(t.get("details", {})),
+            low,
+            high,
+            _heads(t.get("borderline", []), shape, f"type '{name}' borderline"),
+            _not_labelled(t.get("not_labelled", []), shape, name),
+            _per_head_record(t.get("per_head", {}), shape, name),
+        )
+
+
+@dataclass
+class HeadCatalog:
+    """Scores and labels of every head for several head types.
+
+    Attributes:
+        model: name and shape of the model.
+        types: results by head type name.
+        meta: how it was computed (probe sizes, seconds); not written to JSON.
+        provenance: weights, probe data, versions and settings (written to JSON).
+    """
+
+    model: ModelInfo
+    types: dict[str, TypeResult]
+    meta: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> TypeResult:
+        return self.types[name]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when they write the same ``catalog.json`` (``load(save(x)) == x``)."""
+        return isinstance(other, HeadCatalog) and self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def heads(self, type_name: str) -> list[HeadIndex]:
+        """The heads labelled with ``type_name``, best first."""
+        return self.types[type_name].heads
+
+    def labels(self) -> dict[HeadIndex, list[str]]:
+        """Head → the types it is labelled with."""
+        out: dict[HeadIndex, list[str]] = {}
+        for name, r in self.types.items():
+            for h in r.heads:
+                out.setdefault(h, []).append(name)
+        return dict(sorted(out.items()))
+
+    def check_model(self, model: TransformerBridge, *, force: bool = False) -> None:
+        """Refuse a model of another shape, or (unless ``force``) with other weights than
+        the catalog was computed on (one-line :class:`~headmech.core.errors.HeadmechError`)."""
+        from headmech.core.errors import HeadmechError
+
+        shape = (int(model.cfg.n_layers), int(model.cfg.n_heads))
+        if shape != (self.model.n_layers, self.model.n_heads):
+            raise HeadmechError(
+                f"the catalog describes a model of {self.model.n_layers}x{self.model.n_heads} "
+                f"heads, this one has {shape[0]}x{shape[1]}"
+            )
+        if force:
+            return
+        check_weights(self.provenance, model, f"the catalog of {self.model.name}")
+        name = model_info(model).name
+        if (
+            not (self.provenance.get("model") or {}).get("weights_sha256")
+            and name != self.model.name
+        ):
+            from headmech.core.checks import warn
+
+            warn(
+                f"the catalog was made for model '{self.model.name}', this is '{name}' (same "
+                f"{shape[0]}x{shape[1]} heads) and it records no weights hash to tell them "
+                "apart: applied all the same (--force / force=True: no warning)"
+            )
+
+    # --- JSON -------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The ``catalog.json`` contents (schema in docs/architecture.md)."""
+        from headmech._version import __version__
+
+        return json.loads(
+            dumps(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "headmech_version": __version__,
+                    "model": {
+                        "name": self.model.name,
+                        "n_layers": self.model.n_layers,
+                        "n_heads": self.model.n_heads,
+                    },
+                    "types": {name: r.to_json() for name, r in self.types.items()},
+                    "provenance": self.provenance,
+                    # a stopped run's finished part: why it stopped (absent when whole)
+                    **(
+                        {"incomplete": self.meta["incomplete"]} if "incomplete" in self.meta else {}
+                    ),
+                }
+            )
+        )
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write what ``headmech classify`` writes: a directory gets ``catalog.json`` and
+        ``heatmap.png``; a path ending in ``.json`` gets the JSON alone. Returns the JSON
+        path. The same catalog always gives the same bytes."""
+        p = Path(path)
+        if p.exists() and not p.is_dir() and p.suffix != ".json":
+            raise InputError(f"cannot save the catalog in {p}: an existing file, not a folder")
+        if (
+            above := next((a for a in p.parents if a.exists()), None)
+        ) is not None and not above.is_dir():
+            raise InputError(f"cannot save the catalog in {p}: {above} is a file, not a folder")
+        if p.suffix == ".json":
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(dumps(self.to_json()))
+            return p
+        p.mkdir(parents=True, exist_ok=True)
+        (p / "catalog.json").write_text(dumps(self.to_json()))
+        if self.types:
+            self.heatmap(p / "heatmap.png")
+        return p / "catalog.json"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HeadCatalog:
+        """Read a ``catalog.json``; a one-line :class:`CatalogFileError` if it is corrupt."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "catalog.json"
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise CatalogFileError(f"no catalog file at {p}") from None
+        except IsADirectoryError:
+            raise CatalogFileError(f"{p} is a folder, not a catalog file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CatalogFileError(f"{p} is not valid JSON: {e}") from None
+        if isinstance(data, dict):
+            check_written_by(data, p)
+        try:
+            if not isinstance(data, dict):
+                raise ValueError("the file holds no JSON object")
+            m = data["model"]
+            shape = (int(m["n_layers"]), int(m["n_heads"]))
+            if min(shape) < 1:
+                raise ValueError(f"a model of {shape[0]}x{shape[1]} heads")
+            types = {n: TypeResult.from_json(n, t, shape) for n, t in data["types"].items()}
+            info = ModelInfo(str(m["name"]), shape[0], shape[1], shape[1], 0, 0, True)
+            prov = data.get("provenance", {})
+            if not isinstance(prov, dict):
+                raise ValueError("provenance is not an object")
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise CatalogFileError(f"{p} is not a headmech catalog: {e!s}") from None
+        return cls(info, types, provenance=prov)
+
+    # --- display ----------------------------------------------------------------
+    def table(self, max_heads: int = 8) -> str:
+        """A plain-text table: per type, its labelled heads with scores."""
+        rows = [("type", "reference", "thr", "#heads", "top heads (score)")]
+        for name, r in self.types.items():
+            top = ", ".join(f"{h} {float(r.score[h]):.2f}" for h in r.heads[:max_heads])
+            if len(r.heads) > max_heads:
+                top += f", ... (+{len(r.heads) - max_heads})"
+            if not r.heads:
+                best = torch.nan_to_num(r.score, nan=float("-inf"))
+                flat = int(best.argmax())
+                h = HeadIndex(flat // r.score.shape[1], flat % r.score.shape[1])
+                top = f"none (best {h} {float(r.score[h]):.2f})"
+            if r.borderline:
+                top += f"; borderline: {', '.join(map(str, r.borderline[:4]))}"
+            if r.not_labelled:  # at or above the threshold, rejected by a further criterion
+                why = ", ".join(
+                    f"{e['head']} {e['score']:.2f} ({e['reason'].split(' (')[0]})"
+                    for e in r.not_labelled[:3]
+                )
+                more = f", ... (+{len(r.not_labelled) - 3})" if len(r.not_labelled) > 3 else ""
+                top += f"; not labelled: {why}{more}"
+            rows.append((name, r.reference, f"{r.threshold:g}", str(len(r.heads)), top))
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines = []
+        for k, row in enumerate(rows):
+            cells = "  ".join(c.ljust(w) for c, w in zip(row[:4], widths, strict=True))
+            lines.append(cells + "  " + row[4])
+            if k == 0:
+                lines.append("-" * (sum(widths) + 8 + len(row[4])))
+        return "\n".join(lines)
+
+    def heatmap(self, path: str | os.PathLike | None = None) -> Any:
+        """A seaborn layer x head heatmap per type on a fixed scale, the threshold marked
+        (:func:`headmech.core.plot.type_heatmap`); saved to ``path`` if given."""
+        from headmech.core.plot import catalog_heatmap
+
+        return catalog_heatmap(self, path, ranges=score_ranges(self.types))
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{k}: {len(v.heads)}" for k, v in self.types.items())
+        return (
+            f"HeadCatalog({self.model.name}, {self.model.n_layers}x{self.model.n_heads}; {counts})"
+        )

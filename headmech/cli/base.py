@@ -1,0 +1,380 @@
+"""What every ``headmech`` subcommand shares: the checks before the model loads, loading
+it, and writing the result's files.
+
+The checks that need no registry (counts, seeds, fractions, ``--out``) are in
+:mod:`headmech.core.checks`; the ones here look up names in the registries, read a model
+folder's ``config.json`` or load a ``--catalog``. A stopped ``classify``, ``importance`` or
+``prune`` keeps its finished units (:mod:`headmech.runs.resume`): :func:`_staging` opens that
+store, :func:`_resumable` names the command that continues the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from headmech.core import checks as V
+from headmech.core.errors import (
+    IncompleteRunError,
+    InputError,
+    MissingPackageError,
+    UnknownModelError,
+)
+
+__all__ = [
+    "RESULT_FILES",
+    "catalog_file",
+    "config_shape",
+    "corpus_file",
+    "head_type_names",
+    "model_name",
+]
+
+
+def head_type_names(text: str) -> list[str]:
+    """``--types``: registered head type names, none blank and none twice."""
+    from headmech.core.registry import HEAD_TYPES
+
+    names = [t.strip() for t in text.split(",")]
+    if not any(names):
+        raise InputError(f"--types lists no head type (got {text!r}; see `headmech types`)")
+    if "" in names:
+        raise InputError(f"--types has an empty entry (a stray comma?): {text!r}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputError(f"--types lists {', '.join(twice)} more than once")
+    for n in names:
+        V.lookup(HEAD_TYPES, n)
+    return names
+
+
+def model_name(name: str) -> str:
+    """A registered model (installed), a readable Hugging Face directory or a GGUF file,
+    checked without loading it: ``config.json`` a JSON object, weight files not corrupt; a
+    GGUF file's header readable and its architecture one transformers reads.
+
+    Raises:
+        UnknownModelError: none of these, with a near-miss suggestion or the file at fault.
+        MissingPackageError: a bundled model whose package is not installed.
+    """
+    from headmech.core.registry import MODELS
+    from headmech.models import is_gguf_path
+    from headmech.models.bundled import gguf_problem
+    from headmech.models.files import hf_dir_problem
+
+    if name in MODELS:
+        if (status := MODELS.get(name).status()).startswith("missing"):
+            raise MissingPackageError(f"model '{name}' is not installed ({status})")
+        return name
+    p = Path(name)
+    if name.strip() and p.is_dir():
+        if (problem := hf_dir_problem(p)) is not None:
+            raise UnknownModelError(f"{name} is not a usable Hugging Face model: {problem}")
+        return name
+    if name.strip() and is_gguf_path(name):
+        if not p.is_file():
+            raise UnknownModelError(f"no such GGUF file: {name}")
+        if not os.access(p, os.R_OK):
+            raise UnknownModelError(f"the GGUF file {name} is not readable")
+        if (problem := gguf_problem(p)) is not None:
+            raise UnknownModelError(problem)
+        return name
+    hint = " (a file: give its folder)" if p.is_file() else V.suggestion(name, MODELS.names())
+    if not hint and name.startswith("~") and p.expanduser().is_dir():
+        hint = " (the '~' was not expanded: use $HOME)"
+    raise UnknownModelError(
+        f"unknown model '{name}'{hint}: use one of {', '.join(MODELS.names())} "
+        "or a local Hugging Face model directory or GGUF file"
+    )
+
+
+def config_shape(name: str) -> tuple[int, int] | None:
+    """``(n_layers, n_heads)`` of a bundled model, a model folder's ``config.json`` or a
+    GGUF file's header, read without loading; None where unknown."""
+    from headmech.models import is_gguf_path
+    from headmech.models.bundled import BUNDLED_MODELS, gguf_metadata
+
+    if name in BUNDLED_MODELS:
+        return BUNDLED_MODELS[name].n_layers, BUNDLED_MODELS[name].n_heads
+    if Path(name).is_file() and is_gguf_path(name):
+        try:
+            meta = gguf_metadata(name)
+        except (OSError, ValueError):
+            return None
+        arch = meta.get("general.architecture")
+        layers, heads = meta.get(f"{arch}.block_count"), meta.get(f"{arch}.attention.head_count")
+        return (layers, heads) if isinstance(layers, int) and isinstance(heads, int) else None
+    path = Path(name) / "config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    layers = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+    heads = cfg.get("num_attention_heads", cfg.get("n_head"))
+    return (layers, heads) if isinstance(layers, int) and isinstance(heads, int) else None
+
+
+def _regular_file(path: str, flag: str) -> Path:
+    """An existing, regular (not a folder, FIFO or device), readable file."""
+    if not path.strip():
+        raise InputError(f"{flag} is empty")
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{flag}: no such file: {path}")
+    if p.is_dir():
+        raise InputError(f"{flag}: {path} is a folder, not a file")
+    if not p.is_file():
+        raise InputError(f"{flag}: {path} is not a regular file (a device or pipe?)")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"{flag}: {path} is not readable")
+    return p
+
+
+def corpus_file(path: str) -> list[str]:
+    """``--corpus``: a readable UTF-8 text file of prose with at least
+    :data:`headmech.core.checks.MIN_SENTENCES` sentences; its sentences."""
+    from headmech.probes.corpus import read_corpus
+
+    p = _regular_file(path, "--corpus")
+    if (size := p.stat().st_size) > V.MAX_CORPUS_BYTES:
+        raise InputError(f"--corpus {path} is {size / 1e6:.0f} MB; give at most 100 MB of prose")
+    with open(p, "rb") as f:
+        if b"\x00" in f.read(65536):
+            raise InputError(f"--corpus {path} looks like a binary file (NUL bytes), not text")
+    sentences = read_corpus(p)
+    if (problem := V.too_few_sentences(len(sentences))) is not None:
+        raise InputError(f"--corpus {path} {problem}")
+    return sentences
+
+
+def catalog_file(path: str, model: str | None = None) -> Any:
+    """``--catalog``: a readable ``catalog.json`` (or a folder holding one), loaded; a
+    model of another shape than ``model`` (where known without loading) is refused."""
+    from headmech.classification.classify import HeadCatalog
+
+    p = Path(path)
+    _regular_file(str(p / "catalog.json") if p.is_dir() else path, "--catalog")
+    catalog = HeadCatalog.load(p)
+    shape = config_shape(model) if model is not None else None
+    if shape is not None and shape != (catalog.model.n_layers, catalog.model.n_heads):
+        raise InputError(
+            f"--catalog {path} describes a model of {catalog.model.n_layers}x"
+            f"{catalog.model.n_heads} heads, {model} has {shape[0]}x{shape[1]}"
+        )
+    return catalog
+
+
+RESULT_FILES: dict[str, tuple[str, ...]] = {
+    "classify": ("catalog.json", "heatmap.png", "run.json"),
+    "importance": ("importance.json", "importance.png", "run.json"),
+    "prune": ("pruning.json", "pruning.png", "run.json"),
+    "circuit": ("circuit.graphml", "circuit.json", "circuit.png", "run.json"),
+    "discover": ("discovery.json", "discovery.png", "run.json"),  # + cluster_<id>.png
+}
+
+
+def _check_run(args: argparse.Namespace, command: str) -> None:
+    """The checks every analysis command shares, cheapest first, before the model loads:
+    sizes, seed, device, output folder, model name."""
+    for name in ("n_sentences", "n_sequences", "batch_size"):
+        V.count(getattr(args, name, None), "--" + name.replace("_", "-"))
+    V.count(getattr(args, "half_len", None), "--half-len", minimum=2)
+    V.seed(args.seed)
+    if hasattr(args, "batch_size"):
+        _probe_options(args)  # --context / --depths and the options' own checks
+    V.device(args.device)
+    V.out_dir(args.out, RESULT_FILES[command], args.force)
+    model_name(args.model)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    """The model of ``args.model`` on ``args.device`` in ``args.dtype`` (after every check
+    has passed)."""
+    from headmech.core import distributed
+    from headmech.models import load_model
+
+    # under torchrun: join the process group; only rank 0 prints and writes
+    device = distributed.init_from_env(args.device)
+    if not distributed.is_main():
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (this process's own output)
+    print(f"loading {args.model} ...", file=sys.stderr)
+    args.started = time.perf_counter()
+    where = {k: getattr(args, k, None) for k in ("device_map", "max_memory", "offload_folder")}
+    model = load_model(args.model, device=device, dtype=getattr(args, "dtype", None), **where)
+    args.loaded = time.perf_counter()
+    return model
+
+
+def _save(
+    args: argparse.Namespace,
+    command: str,
+    result: Any,
+    files: tuple[str, ...] = (),
+    units: Any = None,
+) -> Path:
+    """Run ``result.save(folder)`` on a temporary folder next to ``--out`` and write the
+    run record (``run.json``: seconds, tokens/s, peak memory); move the files into ``--out``
+    only if it succeeds (see :func:`headmech.core.checks.staged_output`); ``files``: more
+    files of an earlier result that ``--force`` removes; ``units``: the run's finished
+    units (:mod:`headmech.runs.resume`), removed once the result is in place."""
+    from headmech.core import distributed
+    from headmech.core.progress import run_record
+
+    if not distributed.is_main():  # under torchrun rank 0 alone writes
+        return Path(args.out)
+    now = time.perf_counter()
+    record = run_record(command, result, args.loaded - args.started, now - args.started)
+    try:
+        with V.staged_output(args.out, RESULT_FILES[command] + files, args.force) as tmp:
+            result.save(tmp)
+            (tmp / "run.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    except OSError as e:  # a full disk, a folder made read-only meanwhile: one line
+        raise InputError(f"cannot write the results into {args.out}: {e.strerror or e}") from e
+    if units is not None:
+        units.clear()
+    return Path(args.out)
+
+
+def _staging(args: argparse.Namespace, command: str) -> Any:
+    """The run's store of finished units in ``--out`` (:mod:`headmech.runs.resume`), checked
+    before the model loads: ``--resume`` needs a stopped run of the same arguments; an
+    unfinished run is not started over without ``--force``."""
+    from headmech.runs.resume import for_command
+
+    resume = bool(getattr(args, "resume", False))
+    return for_command(args.out, command, args, resume=resume, force=args.force)
+
+
+@contextlib.contextmanager
+def _resumable(args: argparse.Namespace, units: Any) -> Iterator[None]:
+    """A stopped run with finished units says, in its one line, how to continue it
+    (Ctrl-C: :class:`IncompleteRunError`, exit status 130)."""
+    from headmech.runs.resume import resume_command
+
+    def hint() -> str:
+        argv = getattr(args, "argv", None)
+        how = resume_command(argv) if argv else "the same command with --resume"
+        return f"{units.count()} finished unit(s) kept in {units.folder}; continue with: {how}"
+
+    try:
+        yield
+    except IncompleteRunError as e:
+        if units is not None and units.count():
+            e.args = (f"{e.args[0]}; {hint()}",)
+        raise
+    except KeyboardInterrupt as e:
+        if units is None or not units.count():
+            raise
+        raise IncompleteRunError(f"interrupted; {hint()}", None) from e
+
+
+def _save_partial(args: argparse.Namespace, e: IncompleteRunError, stem: str) -> None:
+    """Write a stopped run's finished part as ``--out/<stem>.partial.json`` (the result's
+    JSON, ``meta.incomplete`` saying why it stopped) and name the file in the error."""
+    from headmech.core import distributed
+    from headmech.runs.provenance import dumps
+
+    if not distributed.is_main():
+        return
+    out = Path(args.out)
+    path = out / f"{stem}.partial.json"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(dumps(e.partial.to_json()))  # type: ignore[attr-defined]
+    except OSError as err:
+        e.args = (f"{e.args[0]}; could not write the finished part to {path}: {err}",)
+        return
+    e.args = (f"{e.args[0]}; the finished part is in {path}",)
+
+
+def _fit_types(
+    tokenizer: Any, names: list[str] | None, sentences: list[str] | None, causal: bool | None
+) -> tuple[list[Any] | None, dict[str, str]]:
+    """The head types to run and those skipped with a reason: types measured on English
+    prose are refused (named by ``--types``) or skipped (the default: all types) when the
+    tokenizer cannot read the prose, e.g. the toy model's ``t0``..``t255`` vocabulary."""
+    from headmech.headtypes.registry import resolve_types
+
+    types = resolve_types(names)
+    prose = [t.name for t in types if t.probe in V.WORD_PROBES]
+    problem = V.prose_problem(tokenizer, sentences) if prose else None
+    if problem is None:
+        return names, {}
+    others = [t for t in resolve_types(None) if t.probe not in V.WORD_PROBES]
+    if names is not None:
+        raise InputError(
+            f"head type(s) {', '.join(prose)} are measured on English prose, but {problem}; "
+            f"try --types {','.join(t.name for t in others)}"
+        )
+    kept = [t for t in others if not (t.causal_only and causal is False)]
+    if not kept:
+        raise InputError(f"no head type fits: {problem}")
+    return kept, {name: f"measured on prose, but {problem}" for name in prose}
+
+
+def _alone(text: str) -> tuple[int, int]:
+    """``--alone L,R``: two integers of at least 0."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise InputError(
+            f"--alone takes two counts, labelled and rejected heads ablated alone, as L,R "
+            f"(e.g. 24,8), got {text!r}"
+        )
+    return int(parts[0]), int(parts[1])
+
+
+def _check_classify(
+    args: argparse.Namespace, command: str
+) -> tuple[list[str] | None, list[str] | None]:
+    """``headmech classify`` (and ``circuit``) input checks before loading: the run options,
+    ``--types``, ``--n-random``, ``--corpus``; returns the type names and the sentences."""
+    _check_run(args, command)
+    names = head_type_names(args.types) if args.types is not None else None
+    if getattr(args, "n_random", None) is not None:
+        V.count(args.n_random, "--n-random")
+        if args.n_random > V.MAX_N_RANDOM:
+            raise InputError(
+                f"--n-random must be at most {V.MAX_N_RANDOM} (each control set is one more "
+                f"ablated run of the task), got {args.n_random}"
+            )
+        if not args.validate:
+            V.warn("--n-random is ignored without --validate")
+    if getattr(args, "alone", None) is not None:
+        args.alone = _alone(args.alone)
+        if not args.validate:
+            V.warn("--alone is ignored without --validate")
+    corpus = getattr(args, "corpus", None)
+    sentences = corpus_file(corpus) if corpus is not None else None
+    if hasattr(args, "n_sentences"):
+        V.probe_options(_probe_options(args))
+    source = _model_source(args.model)
+    if source is not None and source.tokenizer is not None:  # e.g. a toy not trained yet
+        _fit_types(source.tokenizer(), names, sentences, None)
+    return names, sentences
+
+
+def _model_source(name: str) -> Any:
+    """The registered :class:`headmech.models.ModelSource` of ``name``, or None."""
+    from headmech.core.registry import MODELS
+
+    return MODELS.get(name) if name in MODELS else None
+
+
+def _probe_options(args: argparse.Namespace) -> Any:
+    """ProbeOptions from the run options; unset sizes keep the library defaults."""
+    from headmech.probes import ProbeOptions
+
+    sizes = {k: getattr(args, k, None) for k in ("n_sentences", "n_sequences", "half_len")}
+    if getattr(args, "context", None) is not None:
+        sizes["needle_lengths"] = V.number_list(args.context, "--context", int, low=1)
+    if getattr(args, "depths", None) is not None:
+        sizes["needle_depths"] = V.number_list(args.depths, "--depths", float, low=0, high=1)
+    return ProbeOptions(
+        seed=args.seed,
+        batch_size=args.batch_size,
+        **{k: v for k, v in sizes.items() if v is not None},
+    )

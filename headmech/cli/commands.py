@@ -1,0 +1,283 @@
+"""The ``headmech`` subcommands: load, run, print a summary, save the result's own files.
+
+Each command validates its arguments before loading the model (a bad name fails in a
+second, not after a minute of loading) and writes its files through the result object's
+``save`` (the same files a notebook user gets). What the commands share is in
+:mod:`headmech.cli.base`; ``kv-plan`` and ``discover`` have modules of their own
+(:mod:`headmech.cli.kv`, :mod:`headmech.cli.discover`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from headmech.cli import report
+from headmech.cli.base import (
+    RESULT_FILES,
+    _check_classify,
+    _check_run,
+    _fit_types,
+    _load,
+    _probe_options,
+    _resumable,
+    _save,
+    _save_partial,
+    _staging,
+    catalog_file,
+)
+from headmech.cli.kv import cmd_kv_plan
+from headmech.core import checks as V
+from headmech.core.errors import IncompleteRunError, InputError
+
+__all__ = [
+    "cmd_circuit",
+    "cmd_classify",
+    "cmd_importance",
+    "cmd_kv_plan",
+    "cmd_models",
+    "cmd_prune",
+    "cmd_types",
+]
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """``headmech models``."""
+    from headmech.models import list_models
+
+    rows = list_models()
+    w = max(len(r["name"]) for r in rows)
+    for r in rows:
+        print(f"{r['name'].ljust(w)}  {r['description']}  [{r['status']}]")
+    return 0
+
+
+def cmd_types(args: argparse.Namespace) -> int:
+    """``headmech types``."""
+    from headmech.headtypes.registry import head_types
+
+    types = head_types()
+    w = max((len(n) for n in types), default=4)
+    for name, cls in types.items():
+        extra = " (decoders only)" if cls.causal_only else ""
+        print(
+            f"{name.ljust(w)}  {cls.reference}: {cls.description}{extra}  "
+            f"[threshold {cls.default_threshold:g}, probe {cls.probe}, task {cls.task}]"
+        )
+        if args.verbose and cls.citation:
+            print(f"{''.ljust(w)}  {cls.citation}")
+    return 0
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    """``headmech classify``."""
+    from headmech.classification.classify import classify
+    from headmech.models import model_info
+    from headmech.runs.resume import bind_weights
+
+    names, sentences = _check_classify(args, "classify")  # fail fast, before loading
+    units = _staging(args, "classify")
+    t0 = time.perf_counter()
+    model = _load(args)
+    bind_weights(units, model)  # --resume: the same weights
+    t1 = time.perf_counter()
+    types, skipped = _fit_types(model.tokenizer, names, sentences, model_info(model).causal)
+    options = dict(vars(_probe_options(args)), corpus=args.corpus)
+    n_random = 5 if args.n_random is None else args.n_random
+    with _resumable(args, units):
+        try:
+            catalog = classify(
+                model, types, validate=args.validate, n_random=n_random, progress=True,
+                units=units, alone=getattr(args, "alone", None), **options,
+            )  # fmt: skip
+        except IncompleteRunError as e:  # keep the finished types, then fail in one line
+            _save_partial(args, e, "catalog")
+            raise
+        t2 = time.perf_counter()
+        out = _save(args, "classify", catalog, units=units)
+    (out / "catalog.partial.json").unlink(missing_ok=True)  # a stopped run's, now whole
+    print(catalog.table())
+    report.evidence(catalog)
+    for name, reason in {**skipped, **catalog.meta.get("skipped", {})}.items():
+        print(f"skipped {name}: {reason}")
+    files = " and ".join(str(out / f) for f in RESULT_FILES["classify"] if (out / f).exists())
+    print(f"\nwrote {files} (load {t1 - t0:.1f}s, classify {t2 - t1:.1f}s)")
+    return 0
+
+
+def _method_options(registry: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``--option KEY=VALUE`` pairs, typed by the method's options dataclass and checked,
+    plus ``seed`` where the method takes one."""
+    from dataclasses import fields
+
+    from headmech.core.registry import parse_options
+
+    entry = V.lookup(registry, name)
+    options = V.method_options(parse_options(entry, args.option or []))
+    if entry.options is not None and "seed" in {f.name for f in fields(entry.options)}:
+        options.setdefault("seed", args.seed)
+    return options
+
+
+def _task(model: Any, name: str) -> Any:
+    """The task for the loaded model; refused if it is measured on prose the model's
+    tokenizer cannot read (the toy model), naming the tasks that fit."""
+    from headmech.core.registry import TASKS
+    from headmech.tasks import get_task
+
+    task = get_task(name, model)  # a causal-only task on an encoder: one-line error
+    problem = V.prose_problem(model.tokenizer) if task.probe in V.PROSE_PROBES else None
+    if problem is not None:
+        fits = [n for n in TASKS.names() if TASKS.get(n)(model).probe not in V.PROSE_PROBES]
+        raise InputError(
+            f"task '{name}' is measured on English prose, but {problem}; "
+            f"try --task {' or '.join(fits)}"
+        )
+    return task
+
+
+def _check_method(args: argparse.Namespace, registry: Any, command: str) -> dict[str, Any]:
+    """``importance`` / ``prune`` checks before loading: run options, method, options, task."""
+    from headmech.core.registry import TASKS
+
+    _check_run(args, command)
+    options = _method_options(registry, args.method, args)
+    if args.task is None:
+        from headmech.core.registry import MODELS
+
+        args.task = MODELS.get(args.model).default_task if args.model in MODELS else "lm"
+    V.lookup(TASKS, args.task)
+    V.probe_options(_probe_options(args))
+    return options
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    """``headmech importance``."""
+    from headmech.attribution import importance
+    from headmech.core.registry import METHODS
+    from headmech.runs.resume import bind_weights
+
+    options = _check_method(args, METHODS, "importance")  # fail fast, before loading
+    units = _staging(args, "importance")
+    t0 = time.perf_counter()
+    model = _load(args)
+    bind_weights(units, model)  # --resume: the same weights
+    _task(model, args.task)
+    if options.get("baseline") is not None and options["baseline"] >= int(model.cfg.d_vocab):
+        raise InputError(f"option 'baseline' is a token id below {model.cfg.d_vocab}")
+    with _resumable(args, units):
+        result = importance(
+            model, args.method, args.task, probe_options=_probe_options(args), progress=True,
+            units=units, **options,
+        )  # fmt: skip
+        out = _save(args, "importance", result, units=units)
+    top = ", ".join(f"L{la}H{h}" for la, h in result.top(5))
+    print(f"{result.method} / {result.task}: clean {result.metric_clean}  top heads: {top}")
+    print(
+        f"wrote {out / 'importance.json'} and {out / 'importance.png'} ({result.seconds:.1f}s, "
+        f"{result.forward_equivalents:.1f} forward-pass equivalents; total {time.perf_counter() - t0:.1f}s)"
+    )
+    return 0
+
+
+def cmd_circuit(args: argparse.Namespace) -> int:
+    """``headmech circuit``."""
+    from headmech.circuits import circuit
+    from headmech.classification.classify import classify
+    from headmech.models import model_info
+
+    kinds = V.kinds(args.kinds)
+    V.count(args.top_k, "--top-k")
+    names, _ = _check_classify(args, "circuit")  # fail fast, before loading
+    given = catalog_file(args.catalog, args.model) if args.catalog is not None else None
+    if given is not None and names is not None:
+        if missing := [n for n in names if n not in given.types]:
+            raise InputError(
+                f"--types {','.join(missing)}: not in the --catalog (it has: "
+                f"{', '.join(given.types) or 'no types'})"
+            )
+        given.types = {n: given.types[n] for n in names}
+    model = _load(args)
+    if given is not None:
+        _check_catalog(given, model, args.force)
+        catalog = given
+    else:
+        types, _ = _fit_types(model.tokenizer, names, None, model_info(model).causal)
+        catalog = classify(model, types, progress=True, seed=args.seed)
+    result = circuit(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
+    out = _save(args, "circuit", result)
+    G = result.graph
+    print(f"{G.number_of_nodes()} heads, {G.number_of_edges()} edges (score / random baseline):")
+    for u, v, d in result.edges()[:40]:
+        tu, tv = G.nodes[u]["types"] or "-", G.nodes[v]["types"] or "-"
+        print(f"  {u} ({tu}) -{d['kind']}-> {v} ({tv})  {d['score']:.3f}  x{d['ratio']:.1f}")
+    print("\nwrote " + ", ".join(str(out / f) for f in RESULT_FILES["circuit"]))
+    return 0
+
+
+_METHOD_FLAGS = {"michel": ("fraction", "steps"), "l0": ("lams", "l0_steps")}
+
+
+def _prune_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The pruning method's options: ``-o`` pairs, then the method's own flags (checked;
+    a flag of another method warns that it is ignored)."""
+    from headmech.core.registry import PRUNING_METHODS
+
+    options = _check_method(args, PRUNING_METHODS, "prune")
+    for method, flags in _METHOD_FLAGS.items():
+        given = [f for f in flags if getattr(args, f) is not None]
+        if given and args.method != method:
+            flag = ", ".join("--" + f.replace("_", "-") for f in given)
+            V.warn(f"{flag}: only for --method {method}, ignored by --method {args.method}")
+    if args.method == "michel":
+        fraction = 0.1 if args.fraction is None else args.fraction
+        options.setdefault("fraction", V.fraction(fraction, "--fraction"))
+        options.setdefault("steps", V.count(args.steps, "--steps"))
+    elif args.method == "l0":
+        lams = "0.01,0.1,1,3,10" if args.lams is None else args.lams
+        options.setdefault("lams", V.lams(lams))
+        steps = 100 if args.l0_steps is None else args.l0_steps
+        options.setdefault("steps", V.count(steps, "--l0-steps"))
+    return options
+
+
+def _check_catalog(catalog: Any, model: Any, force: bool) -> None:
+    """Refuse a ``--catalog`` of another shape (or, where the catalog records them, other
+    weights unless ``--force``) than the loaded model."""
+    if catalog is None:
+        return
+    if hasattr(catalog, "check_model"):
+        catalog.check_model(model, force=force)
+    elif (catalog.model.n_layers, catalog.model.n_heads) != (
+        model.cfg.n_layers,
+        model.cfg.n_heads,
+    ):
+        raise InputError(
+            f"--catalog describes a model of {catalog.model.n_layers}x{catalog.model.n_heads} "
+            f"heads, this one has {model.cfg.n_layers}x{model.cfg.n_heads}"
+        )
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """``headmech prune``."""
+    from headmech.pruning import prune
+    from headmech.runs.resume import bind_weights
+
+    options = _prune_options(args)  # fail fast, before loading
+    catalog = catalog_file(args.catalog, args.model) if args.catalog is not None else None
+    units = _staging(args, "prune")
+    t0 = time.perf_counter()
+    model = _load(args)
+    bind_weights(units, model)  # --resume: the same weights
+    task = _task(model, args.task)
+    _check_catalog(catalog, model, args.force)
+    with _resumable(args, units):
+        result = prune(
+            model, args.method, task, catalog=catalog, probe_options=_probe_options(args),
+            progress=True, units=units, **options,
+        )  # fmt: skip
+        out = _save(args, "prune", result, units=units)
+    report.pruning(result, catalog)
+    print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
+    return 0

@@ -1,0 +1,112 @@
+"""``headmech kv-plan``: a compressed KV cache's plan from a catalog or named heads.
+
+The command follows :mod:`headmech.cli.commands`: every argument is checked before the model
+loads; the plan (:class:`headmech.kv.KVPlan`) is written to a temporary file moved onto
+``--out`` (a ``.json`` file, or a folder that gets ``plan.json``) on success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from headmech.cli.base import _load, catalog_file, head_type_names, model_name
+from headmech.core import checks as V
+from headmech.core.errors import InputError
+
+__all__ = ["cmd_kv_plan"]
+
+
+def _kv_plan_target(path: str, force: bool) -> Path:
+    """``kv-plan --out``: a ``.json`` file, or a folder that gets ``plan.json``."""
+    if not path.strip():
+        raise InputError("--out is empty")
+    p = Path(path)
+    target = p if p.suffix == ".json" else p / "plan.json"
+    if target.is_dir():
+        raise InputError(f"--out {target} is a folder, not a file")
+    if target.exists() and not force:
+        raise InputError(f"--out {target} already exists; use --force to overwrite")
+    V.out_dir(str(target.parent), (), True)  # creatable and writable
+    return target
+
+
+def _parse_heads(text: str) -> list[Any]:
+    """``--heads L18H6,L20H6`` (or ``18:6,20:6``) as head indices."""
+    import re
+
+    from headmech.core.head_index import HeadIndex
+
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        m = re.fullmatch(r"L(\d+)H(\d+)|(\d+):(\d+)", item, re.I)
+        if m is None:
+            raise InputError(f"--heads {text!r}: expected heads like L18H6 or 18:6, got {item!r}")
+        a, b = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        out.append(HeadIndex(int(a), int(b)))
+    return out
+
+
+def _check_kv_plan(args: argparse.Namespace) -> tuple[Path, Any, Any]:
+    """``kv-plan`` checks before loading: sizes, budget, the plan's source, ``--out``."""
+    V.count(args.sinks, "--sinks", minimum=0)
+    V.count(args.window, "--window")
+    V.seed(args.seed)
+    if args.budget is not None:
+        V.fraction(args.budget, "--budget")
+        if args.context is None or args.catalog is None:
+            raise InputError("--budget needs --catalog and --context (the length it counts at)")
+    V.count(args.context, "--context")
+    if (args.catalog is None) == (args.heads is None):
+        raise InputError("give exactly one of --catalog DIR and --heads L18H6,...")
+    heads = _parse_heads(args.heads) if args.heads is not None else None
+    types = head_type_names(args.types)
+    catalog = catalog_file(args.catalog, args.model) if args.catalog is not None else None
+    target = _kv_plan_target(args.out, args.force)
+    V.device(args.device)
+    model_name(args.model)
+    from headmech.kv.budget import NOT_A_DECODER
+    from headmech.models.bundled import BUNDLED_MODELS
+
+    if args.model in BUNDLED_MODELS and not BUNDLED_MODELS[args.model].causal:
+        raise InputError(NOT_A_DECODER.format(args.model))  # a bundled encoder: before loading
+    return target, heads or catalog, types
+
+
+def cmd_kv_plan(args: argparse.Namespace) -> int:
+    """``headmech kv-plan``."""
+    import uuid
+
+    import torch
+
+    from headmech.kv import KVPlan
+
+    target, source, types = _check_kv_plan(args)  # fail fast, before loading
+    model = _load(args)
+    size = {"sinks": args.sinks, "window": args.window}
+    if isinstance(source, list):
+        plan = KVPlan.from_heads(model, source, **size, source={"kind": "heads"})
+    else:
+        plan = KVPlan.from_catalog(
+            source, model, types, **size, budget=args.budget, context=args.context,
+            fill=args.fill, force=args.force,
+        )  # fmt: skip
+        plan.source["catalog"] = str(args.catalog)
+    if args.random:
+        plan = plan.random_matched(torch.Generator().manual_seed(args.seed), draw=args.seed)
+    tmp = target.with_name(f"{V.TMP_PREFIX}{uuid.uuid4().hex[:8]}-{target.name}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        plan.save(tmp)
+        os.replace(tmp, target)
+    except OSError as e:
+        raise InputError(f"cannot write {target}: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    layers = sorted({la for la, _ in plan.full_heads()})
+    print(f"{plan}; full KV heads in layers {', '.join(map(str, layers)) or 'none'}")
+    fractions = ", ".join(f"{c:,}: {plan.kv_fraction(c):.1%}" for c in (2048, 4096, 8192))
+    print(f"KV cache kept at {fractions} tokens\nwrote {target}")
+    return 0

@@ -1,0 +1,166 @@
+"""What the command line prints beside the files it writes: each head type's evidence and
+validation, and a pruning run's survival table.
+
+Every shape of validation record that :mod:`headmech.classification.classify` writes gets its own line:
+labelled heads against same-layer controls, against controls from every layer (the
+fallback), with no control possible (most heads labelled, or ``n_random`` 0), with no
+labelled heads, and not applicable (the type's task cannot run on the model).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["evidence", "pruning", "validation_line"]
+
+_CONTROL = {"same_layers": "from the same layers", "any_layer": "from any layer"}
+
+
+def control_words(kind: str) -> str:
+    """Where a record's control sets were drawn from, in words."""
+    if kind.startswith("layers_within_"):
+        return f"from within {kind.rsplit('_', 1)[1]} layer(s) of the labelled ones"
+    return _CONTROL.get(kind, kind)
+
+
+def _effect(v: dict[str, Any]) -> str:
+    """The labelled heads' effect and its bootstrap interval, where there is one."""
+    text = f"labelled heads {v['effect']:+.4f}"
+    if v.get("effect_interval"):
+        lo, hi = v["effect_interval"]
+        text += f" (95% interval {lo:+.4f} to {hi:+.4f})"
+    return text
+
+
+def validation_line(v: dict[str, Any] | None) -> str | None:
+    """One line on a type's validation record (``details["validation"]``), or None when
+    the type was not validated.
+
+    Examples:
+        >>> validation_line({"effect": None, "control_note": "not validated: why"})
+        'validation: not validated: why'
+    """
+    if not v:
+        return None
+    note = v.get("control_note") or ""
+    if v.get("effect") is None:  # the task cannot run on this model
+        return f"validation: {note or 'not validated'}"
+    head = f"validation ({v.get('mode', '?')} ablation, {v.get('metric', '?')}): "
+    if not v.get("n_heads"):
+        return head + "no labelled heads, nothing to ablate"
+    k = len(v.get("random_effects") or [])
+    if v.get("random_mean") is None or not k:  # every head labelled, or no draw asked for
+        why = note if note.startswith("no control possible") else f"no control possible ({note})"
+        return f"{head}{_effect(v)}; {why}"
+    where = control_words(str(v.get("control")))
+    text = (
+        f"{head}{_effect(v)}; {k} random set{'s' if k != 1 else ''} of {v['n_heads']} "
+        f"{where}: {v['random_mean']:+.4f} on average"
+    )
+    if v.get("random_median") is not None and v.get("random_range"):
+        lo, hi = v["random_range"]
+        text += f" (median {v['random_median']:+.4f}, range {lo:+.4f} to {hi:+.4f})"
+    if (v.get("control") == "any_layer" or str(v.get("control")).startswith("layers_")) and note:
+        text += f"; {note}"
+    elif "controls degenerate" in note:  # fewer distinct control sets than drawn
+        text += "; " + note[note.index("controls degenerate") :]
+    if v.get("verdict"):
+        text += f"; verdict: {v['verdict']}"
+    return text
+
+
+def _own(e: dict[str, Any] | None) -> str:
+    """A head's own effect (ablated alone), with its interval."""
+    if not e or e.get("effect") is None:
+        return "not measured alone"
+    text = f"{e['effect']:+.4f}"
+    if e.get("interval"):
+        text += f" [{e['interval'][0]:+.4f}, {e['interval'][1]:+.4f}]"
+    return text
+
+
+def not_labelled_lines(entries: list[dict[str, Any]], per_head: dict[str, Any]) -> list[str]:
+    """One line per head at or above the threshold that is not labelled: its score, the
+    criterion it failed and, where validated, its own effect."""
+    out = []
+    for e in entries:
+        own = f"; own effect {_own(per_head[e['head']])}" if e["head"] in per_head else ""
+        out.append(f"not labelled {e['head']} {e['score']:.3f}: {e['reason']}{own}")
+    return out
+
+
+def per_head_lines(per_head: dict[str, Any], v: dict[str, Any]) -> list[str]:
+    """The labelled heads' own effects in one line, and the set's against their sum."""
+    own = [f"{h} {_own(e)}" for h, e in per_head.items() if e.get("labelled")]
+    if not own:
+        return []
+    lines = [f"each labelled head ablated alone: {', '.join(own)}"]
+    if v.get("per_head_note"):
+        lines[0] += f" ({v['per_head_note']})"
+    red = v.get("redundancy") or {}
+    if red:
+        ratio = red.get("ratio")
+        how = (
+            "no ratio: opposite signs"
+            if ratio is None
+            else f"ratio {ratio:.2f}: "
+            + ("> 1, they back each other up" if ratio > 1 else "<= 1, their effects overlap")
+        )
+        lines.append(
+            f"set {red['set_effect']:+.4f} vs the sum of its heads' own "
+            f"{red['sum_of_own_effects']:+.4f} ({how})"
+        )
+    return lines
+
+
+def evidence(catalog: Any) -> None:
+    """Each type's own evidence (e.g. syntactic: per relation, best head vs baseline) and
+    its validation (:func:`validation_line`)."""
+    from headmech.headtypes.registry import head_types
+
+    registry = head_types()
+    for name, r in catalog.types.items():
+        lines = registry[name]().report(r.details) if name in registry else []
+        lines += not_labelled_lines(r.not_labelled, r.per_head)
+        line = validation_line(r.details.get("validation"))
+        if line is not None:
+            lines.append(line)
+        lines += per_head_lines(r.per_head, r.details.get("validation") or {})
+        if lines:
+            print(f"\n{name}:")
+            for line in lines:
+                print(f"  {line}")
+
+
+def pruning(result: Any, catalog: Any) -> None:
+    """Survival by type (with a catalog), the metric per step, and the headline."""
+    if catalog is not None and result.steps:
+        from headmech.pruning.survival import enrichment, removal_order
+
+        n_kept = [st["n_kept"] for st in result.steps]
+        rows = removal_order(result.survival, n_kept)
+        if rows:
+            print("types by when pruning removed half their heads (heads kept then):")
+        else:
+            print("no catalogued type has labelled heads: no survival to report")
+        for row in rows:
+            at = row["half_removed_at_n_kept"]
+            print(f"  {row['type']}: {'kept at least half to the end' if at is None else at}")
+        half = min(result.steps, key=lambda st: abs(st["n_kept"] - n_kept[0] / 2))
+        e = enrichment(half["heads_kept"], catalog)
+        shown = "none (no catalogued or no kept heads)" if e is None else f"{e:g}"
+        print(f"enrichment of catalogued heads among the {half['n_kept']} kept: {shown}")
+    for st in result.steps:
+        lam = f"  (lambda {st['lambda']:g})" if "lambda" in st else ""
+        print(f"  {st['n_kept']:4d} heads kept: {st['metric']:.4f}{lam}")
+    if "comparison" in result.extra:
+        c = result.extra["comparison"]
+        print(
+            f"mae / {result.task} (held out, lower is better): base {c['base']:.4f}, "
+            f"MAE gates + {c['model_steps']} model steps {c['mae']:.4f}, fine-tuned alone {c['finetuned']:.4f}"
+        )
+    else:
+        print(
+            f"{result.method} / {result.task}: {result.removable_fraction(0.05):.0%} of heads "
+            "removable at <= 5% metric loss"
+        )

@@ -1,0 +1,351 @@
+"""One registry for every extension point: head types, probes, tasks, methods, models, pruning.
+
+A :class:`Registry` maps names to objects (a head-type class, a task factory, a method
+function, a model loader, ...) with a one-line summary and, where the object takes
+options, a dataclass of typed options. Registration is explicit: a module calls
+``REGISTRY.register(name, obj)`` (or uses it as a decorator), and a registry imports its
+built-in modules itself, once, before the first lookup, so what is registered never
+depends on what the caller happened to import first. Third-party packages add entries
+through the Python entry-point group ``headmech.<kind>`` (for example
+``headmech.tasks``), loaded after the built-ins; an entry point names the object to
+register (a head-type class, a task factory, ...).
+
+Examples:
+    >>> from headmech.core.registry import Registry
+    >>> colours = Registry("colours")
+    >>> _ = colours.register("red", "#f00", summary="the colour of blood")
+    >>> colours.get("red"), colours.names()
+    ('#f00', ['red'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar
+
+from headmech.core.errors import (
+    HeadmechError,
+    InputError,
+    PluginError,
+    UnknownHeadTypeError,
+    UnknownMethodError,
+    UnknownModelError,
+    UnknownTaskError,
+)
+
+__all__ = [
+    "HEAD_TYPES",
+    "METHODS",
+    "MODELS",
+    "PROBES",
+    "PRUNING_METHODS",
+    "TASKS",
+    "Entry",
+    "Registry",
+    "build_options",
+    "parse_options",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """A registered object with its name, one-line summary and options dataclass."""
+
+    name: str
+    obj: T
+    summary: str = ""
+    options: type | None = None
+
+
+class Registry(Generic[T]):
+    """Names → objects of one kind, loaded from built-in modules and entry points.
+
+    Args:
+        kind: what the entries are (``"head_types"``, ``"tasks"``, ...); the entry-point
+            group is ``headmech.<kind>``.
+        builtins: modules that register the built-in entries, imported on first lookup.
+        loader: called with the registry on first lookup, after ``builtins``, for entries
+            found at run time (head-type files in folders; a built-in module may set it
+            when imported: :meth:`set_loader`).
+        error: the :class:`~headmech.core.errors.HeadmechError` subclass raised for an
+            unknown name.
+        on_load: called with each object an entry point loads, returning ``(name, obj,
+            summary)`` to register (default: the entry point's own name and object).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        builtins: Sequence[str] = (),
+        loader: Callable[[Registry[Any]], None] | None = None,
+        error: type[HeadmechError] = HeadmechError,
+        on_load: Callable[[str, Any], tuple[str, Any, str]] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.group = f"headmech.{kind}"
+        self._builtins = tuple(builtins)
+        self._loader = loader
+        self._error = error
+        self._on_load = on_load
+        self._entries: dict[str, Entry[T]] = {}
+        self._loaded = False
+
+    # --- registration -----------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        obj: Any = None,
+        *,
+        summary: str = "",
+        options: type | None = None,
+        replace: bool = False,
+    ) -> Any:
+        """Register ``obj`` under ``name``; without ``obj``, a decorator that does.
+
+        Registering a second, different object under a taken name is refused
+        (:class:`~headmech.core.errors.PluginError`, a ``ValueError``, naming both) unless
+        ``replace``; registering the same definition again (a
+        re-imported module, a reloaded notebook cell) is allowed.
+        """
+        if obj is None:
+            return lambda o: self.register(
+                name, o, summary=summary, options=options, replace=replace
+            )
+        if options is not None and not dataclasses.is_dataclass(options):
+            raise TypeError(f"options of {self.kind} '{name}' must be a dataclass")
+        old = self._entries.get(name)
+        if old is not None and not replace and not _same_definition(old.obj, obj):
+            what = self.kind.rstrip("s").replace("_", " ")
+            raise PluginError(
+                f"{what} '{name}' is already registered by {_where(old.obj)}; "
+                f"refusing {_where(obj)} under the same name"
+            )
+        summary = summary or _first_line(obj)
+        self._entries[name] = Entry(name, obj, summary, options)
+        return obj
+
+    def set_loader(self, loader: Callable[[Registry[Any]], None]) -> None:
+        """Set the function called with the registry on each load, after the built-in
+        modules: a built-in module that finds entries at run time (the head-type catalog,
+        which also reads folders) sets it when imported, so the registry needs no import
+        of the layer above it."""
+        self._loader = loader
+
+    def unregister(self, name: str) -> None:
+        """Remove an entry (tests and notebooks)."""
+        self._entries.pop(name, None)
+
+    # --- lookup -------------------------------------------------------------------
+    def load(self) -> None:
+        """Import the built-in modules and entry points once (every lookup calls this)."""
+        if self._loaded:
+            return
+        self._loaded = True
+        try:
+            for mod in self._builtins:
+                importlib.import_module(mod)
+            if self._loader is not None:
+                self._loader(self)
+            for ep in entry_points(group=self.group):
+                self._load_entry_point(ep)
+        except BaseException:
+            self._loaded = False  # a broken plug-in: fail again next time, not silently
+            raise
+
+    def _load_entry_point(self, ep: Any) -> None:
+        try:
+            obj = ep.load()
+        except Exception as e:
+            raise HeadmechError(
+                f"entry point '{ep.name}' of {self.group} ({ep.value}) fails to load: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+        name, obj, summary = self._on_load(ep.name, obj) if self._on_load else (ep.name, obj, "")
+        self.register(name, obj, summary=summary, options=getattr(obj, "options", None))
+
+    def reload(self) -> None:
+        """Load built-in modules, folders and entry points again on the next lookup."""
+        self._loaded = False
+
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[Registry[T]]:
+        """Within the block, changes to the registry (a reload that finds a plug-in, an
+        explicit registration) are undone on exit (tests, notebooks)."""
+        self.load()  # the built-ins belong to the state that is restored
+        entries, loaded = dict(self._entries), self._loaded
+        try:
+            yield self
+        finally:
+            self._entries, self._loaded = entries, loaded
+
+    def entry(self, name: str) -> Entry[T]:
+        """The entry of ``name``; a one-line error listing the known names otherwise."""
+        self.load()
+        if name not in self._entries:
+            known = ", ".join(self.names()) or "(none)"
+            raise self._error(
+                f"unknown {self.kind.rstrip('s').replace('_', ' ')} '{name}' (have: {known})"
+            )
+        return self._entries[name]
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``."""
+        return self.entry(name).obj
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        self.load()
+        return sorted(self._entries)
+
+    def entries(self) -> list[Entry[T]]:
+        """Registered entries, sorted by name."""
+        return [self._entries[n] for n in self.names()]
+
+    def help(self) -> str:
+        """``name: summary`` for each entry, comma-separated (CLI help text)."""
+        return "; ".join(f"{e.name}: {e.summary}" if e.summary else e.name for e in self.entries())
+
+    def __contains__(self, name: object) -> bool:
+        self.load()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self._entries)})"
+
+
+def build_options(entry: Entry[Any], options: dict[str, Any]) -> Any:
+    """An instance of the entry's options dataclass from keyword options.
+
+    Raises:
+        HeadmechError: an option the entry does not take (one line naming the ones it
+            does), or options given to an entry that takes none.
+    """
+    if entry.options is None:
+        if options:
+            raise HeadmechError(f"'{entry.name}' takes no options, got {', '.join(options)}")
+        return None
+    fields = {f.name for f in dataclasses.fields(entry.options)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise HeadmechError(
+            f"'{entry.name}' has no option {', '.join(unknown)} (it takes: {', '.join(sorted(fields)) or 'none'})"
+        )
+    return entry.options(**options)
+
+
+def _first_line(obj: Any) -> str:
+    doc = getattr(obj, "summary", None) or getattr(obj, "description", None)
+    if not doc and callable(obj):
+        doc = obj.__doc__
+    doc = doc or ""
+    return str(doc).strip().splitlines()[0].rstrip(".") if str(doc).strip() else ""
+
+
+def _where(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+def _same_definition(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    return (getattr(a, "__module__", None), getattr(a, "__qualname__", None)) == (
+        getattr(b, "__module__", None),
+        getattr(b, "__qualname__", None),
+    ) and getattr(a, "__qualname__", None) is not None
+
+
+def parse_options(entry: Entry[Any], pairs: Sequence[str]) -> dict[str, Any]:
+    """``["chunk=4", "direction=denoising"]`` → typed keyword options for ``entry``.
+
+    Each value is converted to its field's type (``int``, ``float``, ``bool``, ``str``,
+    ``None`` for ``none``); a malformed pair or an unknown field is a one-line error.
+    """
+    if entry.options is None:
+        if pairs:
+            raise HeadmechError(f"'{entry.name}' takes no options")
+        return {}
+    fields = {f.name: f for f in dataclasses.fields(entry.options)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise HeadmechError(f"options are KEY=VALUE, got '{pair}'")
+        if key not in fields:
+            raise HeadmechError(
+                f"'{entry.name}' has no option '{key}' (it takes: {', '.join(sorted(fields)) or 'none'})"
+            )
+        out[key] = _convert(str(fields[key].type), raw.strip(), key)
+    return out
+
+
+def _convert(type_name: str, raw: str, key: str) -> Any:
+    if raw.lower() == "none" and "None" in type_name:
+        return None
+    try:
+        if type_name.startswith("bool"):
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1", "yes")
+        if type_name.startswith("int"):
+            return int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+        if type_name.startswith("tuple[float"):
+            return tuple(float(x) for x in raw.split(",") if x.strip())
+        if type_name.startswith("tuple[int"):
+            return tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise HeadmechError(f"option '{key}' takes a {type_name}, got '{raw}'") from None
+    return raw
+
+
+# --- the extension points ----------------------------------------------------------------
+
+# the catalog package sets the loader that registers its types (headmech.headtypes)
+HEAD_TYPES: Registry[Any] = Registry(
+    "head_types",
+    builtins=("headmech.headtypes",),
+    error=UnknownHeadTypeError,
+    on_load=lambda ep_name, cls: (cls.name, cls, cls.description),
+)
+PROBES: Registry[Any] = Registry(
+    "probes",
+    builtins=(
+        "headmech.probes",
+        "headmech.probes.prose",
+        "headmech.probes.needle",
+        "headmech.probes.ordinal",
+        "headmech.probes.ioi",
+        "headmech.probes.icl",
+        "headmech.probes.domains",
+        "headmech.probes.words",
+    ),
+    error=InputError,
+)
+TASKS: Registry[Any] = Registry(
+    "tasks",
+    builtins=("headmech.tasks", "headmech.tasks.data", "headmech.tasks.words"),
+    error=UnknownTaskError,
+)
+METHODS: Registry[Any] = Registry(
+    "methods", builtins=("headmech.attribution",), error=UnknownMethodError
+)
+MODELS: Registry[Any] = Registry("models", builtins=("headmech.models",), error=UnknownModelError)
+PRUNING_METHODS: Registry[Any] = Registry(
+    "pruning_methods", builtins=("headmech.pruning",), error=UnknownMethodError
+)

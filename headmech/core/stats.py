@@ -1,0 +1,196 @@
+"""Per-head statistics and the probe batches they are computed on.
+
+:class:`ProbeBatch` is one padded batch of probe data; :class:`HeadStats` holds named
+per-head sums and counts that merge by addition (batches, probes, ranks) and keep
+per-sequence sums for resampling. Both are re-exported by :mod:`headmech.stream.engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from headmech.core.errors import PluginError
+
+__all__ = ["HeadStats", "ProbeBatch"]
+
+
+@dataclass
+class ProbeBatch:
+    """One padded batch of probe data (right padding).
+
+    Attributes:
+        input_ids: token ids.
+        attention_mask: 1 for real tokens, 0 for padding.
+        special: True at special tokens (BOS/CLS/SEP/EOS) and padding; such positions are
+            excluded as queries and as targets by the built-in reducers.
+        extras: probe-specific per-batch data (word ids, repeat offsets, ...).
+    """
+
+    input_ids: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    special: Bool[Tensor, "batch pos"]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def head(self, n: int) -> ProbeBatch:
+        """The batch's first ``n`` sequences (tensors and per-sequence lists in extras)."""
+        rows = self.input_ids.shape[0]
+
+        def cut(v: Any) -> Any:
+            per_row = isinstance(v, Tensor | list) and len(v) == rows
+            return v[:n] if per_row else v
+
+        return ProbeBatch(
+            self.input_ids[:n],
+            self.attention_mask[:n],
+            self.special[:n],
+            {k: cut(v) for k, v in self.extras.items()},
+        )
+
+    def to(self, device: torch.device | str) -> ProbeBatch:
+        """The batch with every tensor on ``device``."""
+        return ProbeBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.special.to(device),
+            {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extras.items()},
+        )
+
+
+class HeadStats:
+    """Named per-head sums and counts, each ``[n_layers, n_heads]`` in float64.
+
+    Sums and counts merge by addition (``a + b``), so statistics from batches, probes or
+    machines combine exactly; :meth:`mean` divides at the end. Where reducers give
+    per-sequence sums, those are kept too (:meth:`units`), so a score can be recomputed on
+    a resample of the probe's sequences (:meth:`resample`; bootstrap intervals).
+    """
+
+    def __init__(self, n_layers: int, n_heads: int) -> None:
+        self.n_layers = n_layers
+        self.n_heads = n_heads
+        self.sums: dict[str, Float[Tensor, "n_layers n_heads"]] = {}
+        self.counts: dict[str, Float[Tensor, "n_layers n_heads"]] = {}
+        # name -> layer -> per batch: (sums [batch, n_heads], counts [batch, n_heads])
+        self._units: dict[str, list[list[tuple[Tensor, Tensor]]]] = {}
+        self._stacked: dict[str, tuple[Tensor, Tensor]] = {}  # units(), built once
+
+    def _zeros(self) -> Tensor:
+        return torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)
+
+    def add(self, name: str, layer: int, total: Tensor, count: Tensor | float) -> None:
+        """Add one layer's sums ``total`` — per sequence ``[batch, n_heads]``, or
+        ``[n_heads]`` — and their ``count`` (``[batch]``, ``[batch, n_heads]``, ``[n_heads]``
+        or a scalar)."""
+        if (
+            not isinstance(total, Tensor)
+            or total.dim() not in (1, 2)
+            or total.shape[-1] != self.n_heads
+        ):
+            got = tuple(total.shape) if isinstance(total, Tensor) else type(total).__name__
+            raise PluginError(
+                f"statistic '{name}' of layer {layer}: its reducer returned sums of shape {got}; "
+                f"expected [batch, n_heads] or [n_heads] (n_heads = {self.n_heads})"
+            )
+        if name not in self.sums:
+            self.sums[name] = self._zeros()
+            self.counts[name] = self._zeros()
+        total = total.detach().to("cpu", torch.float64)
+        if isinstance(count, Tensor):
+            count = count.detach().to("cpu", torch.float64)
+        if total.dim() == 2:  # per sequence
+            c = torch.as_tensor(count, dtype=torch.float64)
+            c = (c[:, None] if c.dim() == 1 else c).expand_as(total)
+            rows = self._units.setdefault(name, [[] for _ in range(self.n_layers)])
+            rows[layer].append((total, c))
+            self._stacked.pop(name, None)
+            total, count = total.sum(0), c.sum(0)
+        self.sums[name][layer] += total
+        self.counts[name][layer] += count
+
+    def units(self, name: str) -> tuple[Tensor, Tensor] | None:
+        """Per-sequence sums and counts ``[n_units, n_layers, n_heads]`` of a statistic, or
+        None where its reducer gave only totals (layers it did not see are zero)."""
+        rows = self._units.get(name)
+        if rows is None:
+            return None
+        if name in self._stacked:
+            return self._stacked[name]
+        n_units = max(sum(t.shape[0] for t, _ in layer) for layer in rows)
+        sums = torch.zeros(n_units, self.n_layers, self.n_heads, dtype=torch.float64)
+        counts = torch.zeros_like(sums)
+        for la, layer in enumerate(rows):
+            if layer:
+                sums[:, la] = torch.cat([t for t, _ in layer])
+                counts[:, la] = torch.cat([c for _, c in layer])
+        self._stacked[name] = (sums, counts)
+        return sums, counts
+
+    @property
+    def n_units(self) -> int:
+        """Sequences with per-sequence statistics (0: none kept)."""
+        names = list(self._units)
+        return 0 if not names else int(self.units(names[0])[0].shape[0])  # type: ignore[index]
+
+    def resample(self, weights: Float[Tensor, " n_units"]) -> HeadStats:
+        """The statistics of a reweighted probe (bootstrap: how often each sequence is
+        drawn); statistics without per-sequence sums are kept as they are."""
+        out = HeadStats(self.n_layers, self.n_heads)
+        w = weights.to(torch.float64)
+        for name in self.sums:
+            unit = self.units(name)
+            if unit is None:
+                out.sums[name], out.counts[name] = self.sums[name], self.counts[name]
+            else:
+                out.sums[name] = torch.einsum("u,ulh->lh", w, unit[0])
+                out.counts[name] = torch.einsum("u,ulh->lh", w, unit[1])
+        return out
+
+    def set(self, name: str, value: Float[Tensor, "n_layers n_heads"]) -> None:
+        """Store a per-head value computed once (from weights), with count 1."""
+        self.sums[name] = value.detach().to("cpu", torch.float64).clone()
+        self.counts[name] = torch.ones_like(self.sums[name])
+
+    def mean(self, name: str) -> Float[Tensor, "n_layers n_heads"]:
+        """Sum / count; NaN where a head saw no query for this statistic."""
+        if name not in self.sums:
+            raise KeyError(f"no statistic '{name}' (have: {', '.join(sorted(self.sums))})")
+        return (self.sums[name] / self.counts[name]).float()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.sums
+
+    def __add__(self, other: HeadStats) -> HeadStats:
+        if (self.n_layers, self.n_heads) != (other.n_layers, other.n_heads):
+            raise ValueError("cannot merge statistics of models of different shapes")
+        out = HeadStats(self.n_layers, self.n_heads)
+        for src in (self, other):
+            for k in src.sums:
+                if k not in out.sums:
+                    out.sums[k], out.counts[k] = out._zeros(), out._zeros()
+                out.sums[k] += src.sums[k]
+                out.counts[k] += src.counts[k]
+            for k, rows in src._units.items():
+                mine = out._units.setdefault(k, [[] for _ in range(out.n_layers)])
+                for la, layer in enumerate(rows):
+                    mine[la] += layer
+                out._stacked.pop(k, None)
+        return out
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Flat tensors for ``safetensors.torch.save_file``."""
+        return {
+            **{f"sum/{k}": v for k, v in self.sums.items()},
+            **{f"count/{k}": v for k, v in self.counts.items()},
+        }
+
+    def __repr__(self) -> str:
+        return f"HeadStats({self.n_layers}x{self.n_heads}: {', '.join(sorted(self.sums))})"

@@ -1,0 +1,32 @@
+"""The head-type catalog: one module per type. See README.md in this folder to contribute one.
+
+The head-type registry (:data:`headmech.core.registry.HEAD_TYPES`) imports this package before
+its first lookup; importing it makes :func:`load_catalog` the registry's loader, which
+registers the types defined in the modules here and in the ``$HEADMECH_CATALOG_PATH``
+folders (the registry itself knows no head type: the layer that defines them fills it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+from headmech.core.registry import HEAD_TYPES, Registry
+from headmech.headtypes.registry import load_catalog_path, types_in
+
+__all__ = ["load_catalog"]
+
+
+def load_catalog(registry: Registry[Any]) -> None:
+    """Register the types of ``headmech/headtypes/`` and the ``$HEADMECH_CATALOG_PATH``
+    folders (the head-type registry's loader; entry points follow)."""
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_"):
+            module = importlib.import_module(f"{__name__}.{mod.name}")
+            for cls in types_in(module):
+                registry.register(cls.name, cls, summary=cls.description)
+    load_catalog_path(registry)
+
+
+HEAD_TYPES.set_loader(load_catalog)

@@ -1,0 +1,209 @@
+"""Head types across models: the cross-model table of the published catalogs.
+
+For every head type, and every published model, :func:`cross_model_rows` reads from the
+``catalog.json`` files alone (no model is loaded) how many heads carry the type, their
+share of all the model's heads, where they sit (relative depth: layer / (n_layers - 1),
+0 the first layer, 1 the last) and the validation effect against the controls; and
+:func:`cross_model_table` writes them as the Markdown table of ``catalog/README.md`` and
+the README, with what the literature reports beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BEGIN",
+    "END",
+    "LITERATURE",
+    "Cell",
+    "DECODERS",
+    "cross_model_rows",
+    "cross_model_table",
+    "readme_block",
+    "replace_block",
+    "shared_findings",
+    "shared_types",
+]
+
+BEGIN = (
+    "<!-- cross-model table: written by `make catalog` (headmech.publish.compare); do not edit -->"
+)
+END = "<!-- end of the cross-model table -->"
+DECODERS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+"""The published real decoders, compared type by type."""
+PUBLISHED = [*DECODERS, "minilm-l6"]
+
+# what a reader asks of the decoders together, type by type (the issue's questions)
+_FINDINGS: dict[str, str] = {
+    "induction": "induction heads",
+    "retrieval": "retrieval heads (Wu et al.: 3-6% of heads)",
+    "attention_sink": "attention sinks",
+    "copy_suppression": "copy suppression",
+    "name_mover": "IOI name movers",
+    "negative_name_mover": "IOI negative name movers",
+    "s_inhibition": "IOI S-inhibition",
+}
+
+LITERATURE: dict[str, str] = {
+    "attention_sink": "sinks in all 30 open LMs tested (Gu et al. 2025)",
+    "copy_suppression": "GPT-2 small L10H7 (McDougall et al. 2023)",
+    "duplicate_token": "GPT-2 small L0H1, L0H10, L3H0 (Wang et al. 2022)",
+    "function_vector": "a few mid-layer heads carry the task (Todd et al. 2023)",
+    "induction": "in every model with 2+ layers that Olsson et al. 2022 looked at",
+    "name_mover": "GPT-2 small L9H6, L9H9, L10H0 (Wang et al. 2022)",
+    "negative_name_mover": "GPT-2 small L10H7, L11H10 (Wang et al. 2022)",
+    "positional": "NMT encoder, 1-2 heads per layer (Voita et al. 2019)",
+    "previous_token": "feeds induction heads in every model studied (Olsson et al. 2022)",
+    "rare_word": "first layer of an NMT encoder (Voita et al. 2019)",
+    "retrieval": "3-6% of heads in every family tested (Wu et al. 2024)",
+    "s_inhibition": "GPT-2 small L7H3, L7H9, L8H6, L8H10 (Wang et al. 2022)",
+    "successor": "GPT-2 small L9H1, in Pythia and Llama too (Gould et al. 2023)",
+    "syntactic": "dependency relations in NMT encoder heads (Voita et al. 2019)",
+}
+"""What the paper of each type reports, one line (see ../shared/REFERENCES.md)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One type on one model."""
+
+    n_heads: int  # labelled heads
+    share: float  # of all heads
+    depth: float | None  # median relative depth of the labelled heads
+    effect: float | None  # validation: ablated minus clean
+    control: float | None  # the controls' median effect
+    note: str  # "n/a: <reason>" when the type does not apply
+    verdict: str = ""  # headmech.classification.claims.verdict of the validation
+    rejected: int = 0  # heads at or above the threshold not labelled
+
+    def text(self) -> str:
+        """``3 (4.2%), depth 0.71; +6.95 vs +0.20: validated`` or the reason it does not
+        apply (a type without heads shows no effect)."""
+        if self.note:
+            return self.note
+        more = f"; {self.rejected} above the threshold not labelled" if self.rejected else ""
+        if not self.n_heads:
+            return "none" + more
+        out = f"{self.n_heads} ({100 * self.share:.1f}%), depth {self.depth:.2f}"
+        if self.effect is not None:
+            vs = f"{self.control:+.3g}" if self.control is not None else "no control"
+            out += f"; {self.effect:+.3g} vs {vs}"
+        if self.verdict:
+            out += f": **{self.verdict}**"
+        return out + more
+
+
+def _cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
+    m = data["model"]
+    if name not in data["types"]:
+        reason = run.get("skipped", {}).get(name, "not published")
+        short = "encoder" if "decoder" in reason or "causal" in reason else reason.split(":")[0]
+        return Cell(0, 0.0, None, None, None, f"n/a ({short})")
+    from headmech.classification.claims import control_space, verdict
+
+    t = data["types"][name]
+    heads = t["heads"]
+    depths = [la / max(m["n_layers"] - 1, 1) for la, _ in heads]
+    v = t["details"].get("validation") or {}
+    said = ""
+    if heads and v:
+        banned = v.get("excluded_from_controls", [])
+        _, possible = control_space(
+            heads, m["n_layers"], m["n_heads"], v.get("control", ""), banned
+        )
+        said = v.get("verdict") or verdict(v, possible)
+    return Cell(
+        len(heads),
+        len(heads) / (m["n_layers"] * m["n_heads"]),
+        statistics.median(depths) if depths else None,
+        v.get("effect") if heads else None,
+        v.get("random_median") if heads else None,
+        "",
+        said,
+        len(t.get("not_labelled") or []),
+    )
+
+
+def cross_model_rows(root: Path, models: list[str]) -> dict[str, dict[str, Cell]]:
+    """type -> model -> :class:`Cell`, for the models published under ``root``."""
+    found = [m for m in models if (root / m / "catalog.json").is_file()]
+    data = {m: json.loads((root / m / "catalog.json").read_text()) for m in found}
+    runs = {m: json.loads((root / m / "run.json").read_text()) for m in found}
+    names = sorted({n for d in data.values() for n in d["types"]} | set(LITERATURE))
+    return {n: {m: _cell(data[m], runs[m], n) for m in found} for n in names}
+
+
+def shared_types(rows: dict[str, dict[str, Cell]], models: list[str]) -> list[str]:
+    """The types that label at least one head on every one of ``models``."""
+    return [n for n, cells in rows.items() if all(m in cells and cells[m].n_heads for m in models)]
+
+
+def cross_model_table(root: Path, models: list[str]) -> str:
+    """The Markdown table: one row per type, one column per published model (labelled
+    heads, share, median relative depth; validation effect vs the controls' median), and
+    what the literature reports."""
+    rows = cross_model_rows(root, models)
+    found = [m for m in models if (root / m / "catalog.json").is_file()]
+    head = "| type | " + " | ".join(f"`{m}`" for m in found) + " | literature |"
+    lines = [head, "|---|" + "---|" * (len(found) + 1)]
+    for name, cells in rows.items():
+        texts = " | ".join(cells[m].text() for m in found)
+        lines.append(f"| `{name}` | {texts} | {LITERATURE.get(name, '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def shared_findings(rows: dict[str, dict[str, Cell]], models: list[str]) -> list[str]:
+    """One line per finding the decoders are compared on (:data:`_FINDINGS`): on each
+    model, how many heads (share), where (median relative depth) and the verdict."""
+
+    def said(c: Cell) -> str:
+        if c.note:
+            return c.note
+        if not c.n_heads:
+            return "none"
+        verdict = f", {c.verdict}" if c.verdict else ""
+        return f"{c.n_heads} ({100 * c.share:.1f}%) at depth {c.depth:.2f}{verdict}"
+
+    lines = []
+    for name, what in _FINDINGS.items():
+        cells = rows.get(name, {})
+        if all(m in cells for m in models):
+            each = "; ".join(f"{m} {said(cells[m])}" for m in models)
+            lines.append(f"- {what}: {each}.")
+    return lines
+
+
+def readme_block(root: Path, models: list[str] = PUBLISHED) -> str:
+    """The README's cross-model section body between :data:`BEGIN` and :data:`END`: the
+    table, which types every published decoder labels and which only some do, and the
+    findings compared (:func:`shared_findings`)."""
+    rows = cross_model_rows(root, models)
+    decoders = [m for m in models if m != "minilm-l6" and (root / m / "catalog.json").is_file()]
+    every = shared_types(rows, decoders)
+    some = {
+        n: [m for m in decoders if cells[m].n_heads]
+        for n, cells in rows.items()
+        if n not in every and any(m in cells and cells[m].n_heads for m in decoders)
+    }
+    lines = [BEGIN, cross_model_table(root, models)]
+    lines.append(
+        f"Labelled in every decoder ({', '.join(decoders)}): "
+        f"{', '.join(f'`{n}`' for n in every) or 'none'}."
+    )
+    only = [f"`{n}` ({', '.join(ms)})" for n, ms in some.items()]
+    lines.append(f"Labelled in some decoders only: {', '.join(only) or 'none'}.")
+    findings = shared_findings(rows, decoders)
+    if findings:
+        lines.append("The decoders compared:\n\n" + "\n".join(findings))
+    return "\n".join([*lines[:2], *(line + "\n" for line in lines[2:]), END])
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the part from :data:`BEGIN` to :data:`END` replaced by ``block``."""
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + block + text[end:]

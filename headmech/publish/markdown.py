@@ -1,0 +1,357 @@
+"""``catalog/README.md``: the published catalogs as Markdown, from their files alone.
+
+Per model (:func:`readme`): how it was made (the command, versions, weights hash,
+seconds) and a table of every type: threshold, labelled heads with scores, the validation
+effect with its interval against the controls' median and range, the metric; then the
+cross-model section of :mod:`headmech.publish.compare`. ``make catalog`` (:mod:`headmech.publish`)
+writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from headmech.classification.results import HeadCatalog, TypeResult
+
+__all__ = ["heatmap_png", "quote", "readme", "redraw_heatmaps", "type_verdict", "write_heatmaps"]
+
+
+def _heads_cell(t: dict[str, Any], most: int = 12) -> str:
+    """Labelled heads, best first, with scores (the best unlabelled head when none)."""
+    score = t["score"]
+    heads = [(la, h, score[la][h]) for la, h in t["heads"]]
+    if not heads:
+        cells = [(la, h, v) for la, row in enumerate(score) for h, v in enumerate(row)]
+        la, h, v = max(cells, key=lambda c: float("-inf") if c[2] is None else c[2])
+        return "none" if v is None else f"none (best L{la}H{h} {v:.2f})"
+    text = ", ".join(f"L{la}H{h} {v:.2f}" for la, h, v in heads[:most])
+    return text + (f", … (+{len(heads) - most})" if len(heads) > most else "")
+
+
+def _validation_cell(v: dict[str, Any] | None) -> tuple[str, str]:
+    """``(labelled effect [interval], controls: median (range))`` of one type."""
+    if not v:
+        return "not validated", ""
+    if not v.get("n_heads"):
+        return "no labelled heads", ""
+    if v.get("effect") is None:
+        return "—", v.get("control_note", "")
+    effect = f"{v['effect']:+.3g}"
+    if v.get("expected") in ("lower", "little"):  # little: inactive heads, a pruning claim
+        effect += f" (expected: {v['expected']})"
+    if v.get("effect_interval"):
+        effect += " [{:+.3g}, {:+.3g}]".format(*v["effect_interval"])
+    if v.get("random_median") is None:
+        return effect, v.get("control_note") or "no control"
+    lo, hi = v["random_range"]
+    where = {"same_layers": "same layers", "any_layer": "any layer"}.get(v["control"], "")
+    if str(v["control"]).startswith("layers_within_"):
+        where = f"within {v['control'].rsplit('_', 1)[1]} layer(s)"
+    n = len(v["random_effects"])
+    return (
+        effect,
+        f"{v['random_median']:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} set{'s' if n != 1 else ''}, {where})",
+    )
+
+
+def type_verdict(t: dict[str, Any], n_layers: int, n_heads: int) -> str:
+    """A catalog entry's verdict (:func:`headmech.classification.claims.verdict`); for records written
+    before verdicts were, the distinct control sets possible are counted from the
+    labelled heads and the model's shape."""
+    from headmech.classification.claims import control_space, verdict
+
+    v = t["details"].get("validation")
+    if not v:
+        return "not run"
+    _, possible = control_space(
+        t["heads"], n_layers, n_heads, v.get("control", "none"), v.get("excluded_from_controls", [])
+    )
+    return verdict(v, possible)
+
+
+def quote(root: Path, model: str, name: str, part: str = "") -> str:
+    """How the project's README quotes a type's published validation:
+    ``catalog <model>/<type>: <effect [CI]> vs controls <median (range)>: <verdict>``
+    (``part="k_composition"``: ``catalog <model>/<type> k_composition: ...``, the
+    previous-token heads' K-composition record); tests/test_claims.py checks every such
+    quote against ``root/<model>/catalog.json``."""
+    data = json.loads((root / model / "catalog.json").read_text())
+    t, m = data["types"][name], data["model"]
+    v = t["details"].get("validation")
+    verdict = type_verdict(t, m["n_layers"], m["n_heads"])
+    if part:
+        v = {**v[part], "control": v["control"]}
+        verdict = v["verdict"]
+    effect, control = _validation_cell(v)
+    text = f"{effect} vs controls {control}" if control else effect
+    return f"catalog {model}/{name}{' ' + part if part else ''}: {text}: {verdict}"
+
+
+def _verdict_rows(data: dict[str, Any]) -> list[str]:
+    """Per type: which metric validated it, the effect [interval] against the controls'
+    median (range), and the verdict; then one line per type with degenerate controls."""
+    m = data["model"]
+    lines = [
+        "",
+        f"Validation verdicts ({m['name']}): *validated* — the labelled effect lies beyond "
+        "every control set's in the expected direction and its 95% interval excludes 0; "
+        "*degenerate controls* — fewer distinct control sets exist than were asked for, so the "
+        "labels are not judged against them.",
+        "",
+        "| type | validated on | effect [95% CI] | controls: median (range) | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    from headmech.classification.claims import control_space
+
+    notes = []
+    for name, t in data["types"].items():
+        v = t["details"].get("validation") or {}
+        effect, control = _validation_cell(v or None)
+        how = v.get("metric", "")
+        if v.get("validation") != "direct_path" and v.get("mode"):
+            how += f" ({v['mode']} ablation)"
+        verdict = type_verdict(t, m["n_layers"], m["n_heads"])
+        lines.append(f"| `{name}` | {how} | {effect} | {control} | **{verdict}** |")
+        k = v.get("k_composition") or {}
+        if k.get("verdict"):  # previous-token heads: their writes into the induction keys
+            k_effect, k_control = _validation_cell({**k, "control": v["control"]})
+            receivers = ", ".join(f"L{a}H{b}" for a, b in k["receivers"])
+            lines.append(
+                f"| `{name}` (K-composition) | path patching into the keys of {receivers} "
+                f"| {k_effect} | {k_control} | **{k['verdict']}** |"
+            )
+        if verdict == "degenerate controls":
+            pool, n = control_space(
+                t["heads"], m["n_layers"], m["n_heads"], v["control"],
+                v.get("excluded_from_controls", []),
+            )  # fmt: skip
+            notes.append(
+                f"- `{name}`: controls degenerate: only {n} distinct control set(s) exist "
+                f"({pool} unlabelled heads to draw from), "
+                f"{v.get('n_controls_asked', len(v['random_effects']))} asked for, "
+                f"{len(v['random_effects'])} drawn; not judged against them."
+            )
+    return [*lines, *([""] + notes if notes else [])]
+
+
+def _own(e: dict[str, Any] | None) -> str:
+    if not e or e.get("effect") is None:
+        return "–"
+    text = f"{e['effect']:+.3g}"
+    return text + (" [{:+.3g}, {:+.3g}]".format(*e["interval"]) if e.get("interval") else "")
+
+
+def _not_labelled_rows(data: dict[str, Any]) -> list[str]:
+    """Every head at or above a threshold that is not labelled, with the criterion it
+    failed and its own effect on the type's task."""
+    rows = [
+        f"| `{name}` | {e['head']} | {e['score']:.3f} | {e['reason']} | "
+        f"{_own((t.get('per_head') or {}).get(e['head']))} |"
+        for name, t in data["types"].items()
+        for e in t.get("not_labelled") or []
+    ]
+    if not rows:
+        return ["", "Every head at or above a threshold is labelled."]
+    return [
+        "",
+        "Heads at or above a threshold that are not labelled (the type's further criterion "
+        "rejected them), with their own effect on the type's task (ablated alone):",
+        "",
+        "| type | head | score | why not labelled | own effect [95% CI] |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def _per_head_rows(data: dict[str, Any], most: int = 8) -> list[str]:
+    """Each labelled head's own effect and its attention on ordinary text, per type (the
+    first ``most``; catalog.json has every measured head), and the set against the sum."""
+    rows = []
+    for name, t in data["types"].items():
+        per = t.get("per_head") or {}
+        if not per:
+            continue
+        v = t["details"].get("validation") or {}
+        red = v.get("redundancy") or {}
+        ratio = f"{red['ratio']:.2f}" if red.get("ratio") is not None else "–"
+        cells = []
+        for la, h in t["heads"][:most]:
+            e = per.get(f"L{la}H{h}", {})
+            share = e.get("broad_share")
+            broad = "–" if share is None else f"{share:.2f} / {e.get('broad_share_4x', 0):.2f}"
+            cells.append(f"L{la}H{h} {_own(e)}, {broad}{' **narrow**' if e.get('narrow') else ''}")
+        if cells:
+            more = f"; … (+{len(t['heads']) - most})" if len(t["heads"]) > most else ""
+            rows.append(f"| `{name}` | {'; '.join(cells)}{more} | {ratio} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "Each labelled head alone: its own effect on the type's task [95% CI], and the share "
+        "of its attention on ordinary text (five domains, 64 / 256 tokens) that the type's "
+        "pattern takes (**narrow**: under half at both lengths; – : the type has no pattern "
+        "outside its probe). Redundancy: the set's effect over the sum of its heads' own "
+        "(> 1: they back each other up).",
+        "",
+        "| type | head: own effect, share on ordinary text | redundancy |",
+        "|---|---|---|",
+        *rows,
+    ]
+
+
+def _model_section(folder: Path) -> list[str]:
+    """One model's part of ``catalog/README.md``: how it was made, then the table."""
+    data = json.loads((folder / "catalog.json").read_text())
+    run = json.loads((folder / "run.json").read_text())
+    prov, m = data["provenance"], data["model"]
+    s = run["seconds"]
+    lines = [
+        f"## {m['name']} ({m['n_layers']} layers x {m['n_heads']} heads)",
+        "",
+        f"`{run['command']}` (headmech {data['headmech_version']}, weights SHA-256 "
+        f"`{prov['model']['weights_sha256'][:16]}…`): load {s['load']:.0f} s, classify and "
+        f"validate {s['classify']:.0f} s, check size {s['check']:.0f} s of wall time; "
+        f"{run['cpu_seconds']:.0f} CPU seconds on {run['threads']} threads. "
+        f"[catalog.json]({m['name']}/catalog.json), [heatmaps]({m['name']}/heatmaps/).",
+        "",
+        "| type | threshold | heads | labelled heads (score), best first | ablation effect [95% CI] | "
+        "random heads not of the type: median (range) | verdict | metric (ablation) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in data["types"].items():
+        v = t["details"].get("validation")
+        effect, control = _validation_cell(v)
+        metric = f"{v['metric']} ({v['mode']})" if v else ""
+        said = type_verdict(t, m["n_layers"], m["n_heads"]) if t["heads"] else ""
+        lines.append(
+            f"| [`{name}`]({m['name']}/heatmaps/{name}.png) | {t['threshold']:g} | "
+            f"{len(t['heads'])} | {_heads_cell(t)} | {effect} | {control} | {said} | {metric} |"
+        )
+    lines += _verdict_rows(data)
+    lines += _not_labelled_rows(data)
+    lines += _per_head_rows(data)
+    by_reason: dict[str, list[str]] = {}
+    for k, reason in run["skipped"].items():  # the same reason once, its types together
+        by_reason.setdefault(reason.replace(f"head type '{k}' ", ""), []).append(f"`{k}`")
+    if by_reason:
+        lines += ["", "Not applicable:", ""]
+        lines += [f"- {', '.join(ks)}: {r}." for r, ks in by_reason.items()]
+    return [*lines, ""]
+
+
+_INTRO = """\
+# Published head catalogs
+
+Which heads of each bundled model do what, computed by `make catalog`
+(`python -m headmech.publish`; about {minutes:.0f} minutes on 2 CPU cores) and committed,
+so nothing has to run to look them up. Per model, `<model>/catalog.json` is exactly what
+the command shown writes (scores with bootstrap intervals for every head, labels,
+type-specific evidence, provenance: versions, weights and probe-data SHA-256);
+`<model>/heatmaps/<type>.png` shows each type's score on a fixed scale (0-1; a signed
+score diverging from 0), the threshold marked on the colour bar, labelled heads outlined
+solid, borderline heads (95% interval containing the threshold) dashed.
+
+**Validation** (`details.validation` in catalog.json): the labelled heads are ablated
+together (each type's ablation: zero, mean or uniform attention) and the type's task
+metric (a loss: higher is worse) is measured; the effect is ablated minus clean, with a
+95% bootstrap interval over probe examples. The same is done for random sets of as many
+heads *not of the type* from the same layers (neither labelled, nor at or above the
+threshold, nor with an interval reaching it: `validation.excluded_from_controls`); their
+median and range are the control. An effect well above the controls' range supports the
+label. Each labelled head, and each head above the threshold that the type's further
+criterion rejected (`not_labelled`, with the reason), is also ablated alone (`per_head`:
+its own effect with its interval), and each is read on ordinary text of five domains
+(`per_head[h].broad_share`: the share of its attention the type's pattern takes; HeadVis,
+Anthropic 2026). Some types are validated on their
+paper's own claim instead (`validation.validation` and `validation.claim` say which and
+why): copy suppression on the log-probability of the in-context token the model predicts
+(McDougall et al.), name movers and negative name movers by path patching to the logits,
+with the backup heads that compensate (Wang et al.; `validation.backup`), previous-token
+heads on the induction task and by path patching into the induction heads' keys (Olsson et
+al.; `validation.k_composition`). Each model's verdict table says which labels their
+validation supports; where fewer distinct control sets exist than were asked for, the controls
+are degenerate and the labels are not judged against them.
+
+`<model>/check.json` is the same classification at a small size (no validation); the
+test suite (`tests/test_published_catalog.py`) regenerates it and compares it (labels
+exactly, numbers to 1e-4), and
+checks that every registered head type has an entry and a heatmap here, so a change in
+the code's results or a new head type fails CI until `make catalog` is run again
+(`make catalog CATALOG_MODELS=minilm-l6` redoes one model).
+"""
+
+
+def _across(root: Path, models: Sequence[str]) -> list[str]:
+    """The cross-model section: the table of :mod:`headmech.publish.compare` and the types every
+    published decoder labels."""
+    from headmech.publish.compare import DECODERS, cross_model_rows, cross_model_table, shared_types
+
+    decoders = [m for m in DECODERS if (root / m / "catalog.json").is_file()]
+    every = shared_types(cross_model_rows(root, list(models)), decoders)
+    return [
+        "## Across models",
+        "",
+        "Per type and model: labelled heads (share of all heads), the median relative depth "
+        "of the labelled heads (0 first layer, 1 last), and the validation effect against "
+        "the controls' median (n/a: the type does not apply to the model).",
+        "",
+        cross_model_table(root, [m for m in models if m != "toy-induction"]),
+        f"Types with labelled heads in every decoder ({', '.join(decoders)}): "
+        f"{', '.join(f'`{n}`' for n in every) or 'none'}.",
+    ]
+
+
+def readme(root: Path, models: Sequence[str]) -> str:
+    """``catalog/README.md`` from the published folders of ``models`` under ``root``."""
+    folders = [root / m for m in models if (root / m / "catalog.json").is_file()]
+    runs = [json.loads((f / "run.json").read_text())["seconds"] for f in folders]
+    minutes = sum(sum(s.values()) for s in runs) / 60
+    lines = [_INTRO.format(minutes=max(minutes, 1)), *_across(root, models), ""]
+    for f in folders:
+        lines += _model_section(f)
+    return "\n".join(lines)
+
+
+def heatmap_png(name: str, r: TypeResult, model: str, path: Path) -> None:
+    """One type's score as a seaborn heatmap on the fixed scale (:func:`headmech.core.plot.type_heatmap`:
+    the threshold marked on the colour bar, labelled heads solid, borderline heads dashed)."""
+    import matplotlib.pyplot as plt
+
+    from headmech.classification.results import score_ranges
+    from headmech.core.plot import CRITERION, criterion, type_heatmap
+
+    n_layers, n_heads = r.score.shape
+    fig, ax = plt.subplots(figsize=(3.2 + 0.4 * n_heads, 2.0 + 0.22 * n_layers))
+    title = f"{model}: {name} ({r.reference})\nlabelled: {criterion(r)}"
+    type_heatmap(r, ax=ax, title=title, scale=score_ranges([name])[name])
+    ax.title.set_fontsize(9)
+    fig.text(0.5, 0.01, CRITERION.replace("; ", ";\n"), ha="center", va="bottom", fontsize=7)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    # no "Software" entry: the PNG's bytes do not change with matplotlib's version
+    fig.savefig(path, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+
+
+def write_heatmaps(catalog: HeadCatalog, folder: Path) -> None:
+    """``folder/<type>.png`` for every type of ``catalog``; stale PNGs are removed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.png"):
+        if old.stem not in catalog.types:
+            old.unlink()
+    for name, r in catalog.types.items():
+        heatmap_png(name, r, catalog.model.name, folder / f"{name}.png")
+
+
+def redraw_heatmaps(root: Path, names: list[str]) -> None:
+    """``--heatmaps``: each model's ``heatmaps/`` drawn again from its committed
+    ``catalog.json`` (no model runs: after a change to the figures alone)."""
+    from headmech.classification.results import HeadCatalog
+
+    for name in names:
+        write_heatmaps(HeadCatalog.load(root / name / "catalog.json"), root / name / "heatmaps")
+        print(f"redrew {root / name / 'heatmaps'}", file=sys.stderr)

@@ -1,0 +1,5 @@
+import sys
+
+from headmech.publish.site import main
+
+sys.exit(main())

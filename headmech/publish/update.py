@@ -1,0 +1,315 @@
+"""Recompute selected head types' validations in a published ``catalog.json``.
+
+Publishing every bundled model takes about two hours; a change to one type's validation
+(its metric, its controls) should not need all of it. :func:`update_validations` reads
+``catalog/<model>/catalog.json``, recomputes ``details.validation`` for the named types
+only, on the labelled heads the catalog holds and at the size it was published at, and
+writes the file back: every other type's entry keeps its bytes (the file is written with
+the same deterministic JSON, and the test suite checks the round trip). The catalog's
+``provenance.validation_updates`` and ``run.json``'s ``updates`` record which types were
+recomputed, with which versions and how long it took (the rest of the provenance, and the
+scores, stay those of the full run). ``python -m headmech.publish --types ... --update``
+runs it (:mod:`headmech.publish`).
+
+:func:`add_types` adds types a published catalog lacks (a type registered after the
+catalog was published): it classifies only those types, at the catalog's published size
+and at the small size of ``check.json``, validates them against the catalog's labelled
+heads as a full run would, and inserts their entries, their ``settings.types`` and probe
+records into both files (every other entry keeps its bytes). A type that does not fit
+the model is recorded as skipped, as the full run records it. ``provenance.type_additions``
+and ``run.json``'s ``updates`` say what was added, when, and in how many seconds.
+``python -m headmech.publish --types ... --add`` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from headmech.core.errors import InputError
+from headmech.core.head_index import HeadIndex
+from headmech.runs.provenance import dumps
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from headmech.classification.results import HeadCatalog
+
+__all__ = ["add_broad", "add_types", "update_validations"]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise InputError(f"{path} does not exist: publish the model first (make catalog)")
+    text = path.read_text()
+    data = json.loads(text)
+    if dumps(data) != text:  # the other types' bytes could not be kept
+        raise InputError(f"{path} is not in headmech's JSON form: publish the model again")
+    return data
+
+
+def update_validations(
+    name: str,
+    root: Path,
+    types: Sequence[str],
+    *,
+    probe_options: dict[str, Any],
+    n_random: int,
+    type_options: dict[str, dict[str, Any]] | None = None,
+    command: str = "",
+    alone: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """Recompute the validation of ``types`` in ``root/<name>/catalog.json`` (labelled
+    heads, probe sizes and control draws as published) and record the update in the
+    catalog's provenance and ``run.json``. Returns the update record.
+
+    Raises:
+        InputError: a type the catalog does not hold, a missing catalog, other weights.
+    """
+
+    from headmech.classification.validation import _validation
+    from headmech.headtypes.registry import get_head_type
+    from headmech.models import load_model
+    from headmech.probes import ProbeOptions
+    from headmech.runs.provenance import weights_hash
+
+    folder = root / name
+    data = _read(folder / "catalog.json")
+    missing = [t for t in types if t not in data["types"]]
+    if missing or not types:
+        have = ", ".join(sorted(data["types"]))
+        raise InputError(f"catalog/{name} has no type(s) {', '.join(missing)} (has: {have})")
+    t0, c0 = time.perf_counter(), time.process_time()
+    model = load_model(name)
+    if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
+        raise InputError(f"catalog/{name} was computed on other weights: publish it again")
+    options = ProbeOptions(**probe_options)
+    labelled = {
+        n: [HeadIndex(int(a), int(b)) for a, b in t["heads"]] for n, t in data["types"].items()
+    }
+    seconds: dict[str, float] = {}
+    for t in types:
+        head_type = get_head_type(t)(**(type_options or {}).get(t, {}))
+        t1 = time.perf_counter()
+        v = _validation(
+            model, head_type, labelled[t], options, n_random, labelled, *_of(data, t),
+            alone=alone,
+        )  # fmt: skip
+        _store_validation(data["types"][t], v)
+        seconds[t] = round(time.perf_counter() - t1, 1)
+    record = {"types": list(types), **_run_record(command, seconds, t0, c0)}
+    data["provenance"].setdefault("validation_updates", []).append(record)
+    (folder / "catalog.json").write_text(dumps(data))
+    run_path = folder / "run.json"
+    run = json.loads(run_path.read_text()) if run_path.is_file() else {"model": name}
+    run.setdefault("updates", []).append(record)
+    run_path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def _of(data: dict[str, Any], name: str) -> tuple[list[HeadIndex], list[HeadIndex]]:
+    """A published type's heads kept out of the controls (they may be of the type:
+    :meth:`headmech.classification.results.TypeResult.not_controls`) and its heads at or above the
+    threshold but not labelled (each ablated alone too), from ``catalog.json``."""
+    from headmech.classification.results import TypeResult
+
+    m = data["model"]
+    r = TypeResult.from_json(name, data["types"][name], (int(m["n_layers"]), int(m["n_heads"])))
+    return sorted(r.not_controls()), [HeadIndex.parse(e["head"]) for e in r.not_labelled]
+
+
+def _store_validation(entry: dict[str, Any], v: dict[str, Any]) -> None:
+    """A validation record into a type's entry: ``per_head`` beside ``details``."""
+    v = json.loads(dumps(v))
+    entry["per_head"] = v.pop("per_head", {})
+    entry["details"]["validation"] = v
+
+
+def add_broad(name: str, root: Path, command: str = "") -> dict[str, Any]:
+    """Each type's labelled and rejected heads in ``root/<name>/catalog.json`` read on
+    ordinary text (:func:`headmech.classification.broad.broad_behaviour`), into their ``per_head``
+    entries and ``details["broad"]``; recorded in the provenance (``broad_updates``) and
+    ``run.json``. Returns the record."""
+    from headmech.headtypes.registry import get_head_type, head_types
+    from headmech.models import load_model
+    from headmech.runs.provenance import weights_hash
+
+    folder = root / name
+    data = _read(folder / "catalog.json")
+    t0, c0 = time.perf_counter(), time.process_time()
+    model = load_model(name)
+    if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
+        raise InputError(f"catalog/{name} was computed on other weights: publish it again")
+    known = head_types()
+    names = [t for t in data["types"] if t in known]
+    _read_broadly(model, data, [get_head_type(t)() for t in names])
+    record = {"types": names, **_run_record(command, {}, t0, c0)}
+    data["provenance"].setdefault("broad_updates", []).append(record)
+    (folder / "catalog.json").write_text(dumps(data))
+    run_path = folder / "run.json"
+    run = json.loads(run_path.read_text()) if run_path.is_file() else {"model": name}
+    run.setdefault("updates", []).append({"broad": names, **record})
+    run_path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    return record
+
+
+def _read_broadly(model: TransformerBridge, data: dict[str, Any], types: Sequence[Any]) -> None:
+    """``types``' labelled and rejected heads in ``data`` read on ordinary text
+    (:func:`headmech.classification.broad.broad_behaviour`) into their ``per_head`` entries and
+    ``details["broad"]``, as a full run writes them."""
+    from headmech.classification.broad import broad_behaviour, heads_to_read, merge
+    from headmech.classification.results import TypeResult
+
+    shape = (int(data["model"]["n_layers"]), int(data["model"]["n_heads"]))
+    results = {t.name: TypeResult.from_json(t.name, data["types"][t.name], shape) for t in types}
+    found = broad_behaviour(model, types, {n: heads_to_read(r) for n, r in results.items()})
+    for t, record in found.items():
+        entry = data["types"][t]
+        per = entry.setdefault("per_head", {})
+        entry["details"]["broad"] = json.loads(dumps(merge(per, record, results[t].heads)))
+        entry["per_head"] = json.loads(dumps(per))
+
+
+def _merge(data: dict[str, Any], new: dict[str, Any]) -> None:
+    """Insert ``new``'s types (a catalog's JSON of the added types alone) into ``data``:
+    their entries, ``settings.types`` and probe records (the probe options, and a probe
+    both computed, must agree)."""
+    prov, got = data["provenance"], new["provenance"]
+    if prov["probe_options"] != got["probe_options"]:
+        raise InputError("the catalog was published at other probe sizes: publish it again")
+    for name, entry in got["probes"].items():
+        if prov["probes"].setdefault(name, entry) != entry:
+            raise InputError(f"probe '{name}' differs from the published one: publish again")
+    data["types"].update(new["types"])
+    prov["settings"]["types"].update(got["settings"]["types"])
+
+
+def _classified(model: TransformerBridge, types: list[str], size: Any) -> HeadCatalog:
+    """``types`` classified at ``size`` (a :class:`headmech.publish.Size`), unvalidated."""
+    from headmech.classification.classify import classify
+    from headmech.headtypes.registry import get_head_type
+
+    instances = [get_head_type(t)(**size.type_options.get(t, {})) for t in types]
+    return classify(model, instances, n_boot=size.n_boot, **size.probe_options())
+
+
+def _validate(
+    model: TransformerBridge, data: dict[str, Any], types: list[str], size: Any
+) -> dict[str, float]:
+    """Each added type's validation, as a full run computes it (the labelled heads of
+    every type in the catalog beside), into ``data``. Returns the seconds per type."""
+    from headmech.classification.validation import _validation
+    from headmech.headtypes.registry import get_head_type
+    from headmech.probes import ProbeOptions
+
+    options = ProbeOptions(**size.probe_options())
+    labelled = {
+        n: [HeadIndex(int(a), int(b)) for a, b in t["heads"]] for n, t in data["types"].items()
+    }
+    seconds: dict[str, float] = {}
+    instances = []
+    for t in types:
+        t1 = time.perf_counter()
+        head_type = get_head_type(t)(**size.type_options.get(t, {}))
+        instances.append(head_type)
+        v = _validation(
+            model, head_type, labelled[t], options, size.n_random, labelled, *_of(data, t),
+            alone=size.alone,
+        )  # fmt: skip
+        _store_validation(data["types"][t], v)
+        seconds[t] = round(time.perf_counter() - t1, 1)
+    _read_broadly(model, data, instances)
+    return seconds
+
+
+def _run_record(command: str, seconds: dict[str, Any], t0: float, c0: float) -> dict[str, Any]:
+    """When, with what and how long: the part of an addition's record every run has."""
+    import torch
+
+    from headmech._version import __version__
+    from headmech.runs.provenance import git_commit
+
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "headmech": __version__,
+        "headmech_git": git_commit(),
+        "torch": torch.__version__,
+        "seconds": seconds,
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+        "cpu_seconds": round(time.process_time() - c0, 1),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def add_types(
+    model: TransformerBridge,
+    folder: Path,
+    types: Sequence[str],
+    *,
+    skipped: dict[str, str],
+    named: bool,
+    size: Any,
+    check: Any,
+    command: str = "",
+    replace: bool = False,
+) -> tuple[dict[str, Any], HeadCatalog | None]:
+    """Add ``types`` to ``folder/catalog.json`` (classified at ``size``, validated if
+    ``size.validate``) and ``folder/check.json`` (at ``check``), both sizes being
+    :class:`headmech.publish.Size`; those in ``skipped`` (every type that does not fit
+    the model, with the reason) are recorded as skipped instead, in ``run.json`` and, where
+    the publishing run did not name its types (``named`` false), in the provenance.
+
+    Returns:
+        The addition's record and the full-size catalog of the types classified (None
+        when every type was skipped), for their heatmaps.
+
+    ``replace``: the types may be in the catalog already; their entries are replaced
+    (a changed score: ``publish --rescore``), and the record says ``rescored``.
+
+    Raises:
+        InputError: a type the catalog already holds (unless ``replace``), a missing
+            catalog, other weights.
+    """
+    from headmech.runs.provenance import weights_hash
+
+    data, checked = _read(folder / "catalog.json"), _read(folder / "check.json")
+    run = json.loads((folder / "run.json").read_text())
+    have = [t for t in types if t in data["types"] or t in run["skipped"]]
+    if replace and types:
+        for d in (data, checked):
+            for t in types:
+                d["types"].pop(t, None)
+        have = []
+    if have or not types:
+        raise InputError(f"{folder} already has type(s) {', '.join(have)} (--update revalidates)")
+    if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
+        raise InputError(f"{folder} was computed on other weights: publish it again")
+    t0, c0 = time.perf_counter(), time.process_time()
+    added = [t for t in types if t not in skipped]
+    left = {t: skipped[t] for t in types if t in skipped}
+    kept = {} if named else left
+    for d in (data, checked):
+        d["provenance"]["settings"]["skipped"].update(kept)
+    full: HeadCatalog | None = None
+    seconds: dict[str, Any] = {}
+    if added:
+        full = _classified(model, added, size)
+        _merge(data, json.loads(dumps(full.to_json())))
+        seconds["classify"] = round(time.perf_counter() - t0, 1)
+        seconds["validate"] = _validate(model, data, added, size) if size.validate else {}
+        t1 = time.perf_counter()
+        _merge(checked, json.loads(dumps(_classified(model, added, check).to_json())))
+        seconds["check"] = round(time.perf_counter() - t1, 1)
+    done = "rescored" if replace else "added"
+    record = {done: added, "skipped": left, **_run_record(command, seconds, t0, c0)}
+    data["provenance"].setdefault("type_additions", []).append(record)
+    (folder / "catalog.json").write_text(dumps(data))
+    (folder / "check.json").write_text(dumps(checked))
+    run["skipped"].update(left)
+    run.setdefault("updates", []).append(record)
+    (folder / "run.json").write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    return record, full

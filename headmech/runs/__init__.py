@@ -1,0 +1,1 @@
+"""Resumable runs and their provenance."""

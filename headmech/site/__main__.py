@@ -1,5 +1,0 @@
-import sys
-
-from headmech.site import main
-
-sys.exit(main())

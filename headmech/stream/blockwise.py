@@ -1,0 +1,278 @@
+"""Attention patterns one block of queries at a time, from the hooked queries and keys.
+
+A layer's full pattern is ``batch x heads x T x T`` floats: 2.4 GB per layer for
+SmolLM2's 9 heads at 8,192 tokens. Every catalog statistic is a sum over query positions,
+so none needs the whole pattern at once. Here the pattern is recomputed from the layer's
+queries and keys (rotary embeddings applied as the model applies them, grouped-query
+key heads repeated for their query heads, the model's scale, causal and padding masks)
+``rows`` queries at a time; the engine hands each block to the reducers and lets it go,
+while the model itself runs its fused attention (:func:`headmech.stream.forward.fast_attention`).
+
+:func:`geometry` reads the scale, masks and rotary function from the model and refuses
+attention this module does not reproduce (sliding windows, logit soft-capping, sink
+logits, q/k norms, scaled keys); the engine also checks the blocks against the model's
+own pattern on a short input before it trusts them for a model
+(:func:`headmech.stream.engine.stream_statistics`, ``attention="auto"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = [
+    "Geometry",
+    "capture_rotary",
+    "forget",
+    "geometry",
+    "pattern_rows",
+    "rotate",
+    "rows_per_block",
+    "top1",
+]
+
+# block memory: scores, mask, softmax and one reducer temporary per block entry
+_BYTES_PER_ENTRY = 4 * 4
+# attributes of Hugging Face attention modules whose effect the blocks do not reproduce
+_UNSUPPORTED = ("sinks", "attn_logit_softcapping", "key_multiplier", "q_norm", "k_norm")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What turns a layer's hooked q and k into its attention pattern.
+
+    Attributes:
+        n_heads: query heads per layer.
+        n_kv_heads: key/value heads (fewer under grouped-query attention).
+        causal: queries see only keys at or before them.
+        scales: per layer, the factor on ``q · k``.
+        rotary: the model's ``apply_rotary_pos_emb`` (rotary models), else None.
+    """
+
+    n_heads: int
+    n_kv_heads: int
+    causal: bool
+    scales: tuple[float, ...]
+    rotary: Callable[..., tuple[Tensor, Tensor]] | None
+
+
+def _layer_scale(hf: Any, d_head: int, layer: int) -> float:
+    scale = getattr(hf, "scaling", None)
+    scale = float(d_head**-0.5 if scale is None else scale)
+    if getattr(hf, "scale_attn_by_inverse_layer_idx", False):  # GPT-2's option
+        scale /= float(layer + 1)
+    return scale
+
+
+def geometry(model: TransformerBridge) -> Geometry | str:
+    """The model's attention geometry, or the reason its pattern cannot be rebuilt from q
+    and k here."""
+    # rotary attention bridges, separate (LLaMA) or joint q/k/v (GPT-NeoX, Phi-3)
+    from transformer_lens.model_bridge.generalized_components.position_embedding_hooks_mixin import (
+        PositionEmbeddingHooksMixin,
+    )
+
+    cfg = model.cfg
+    n_heads = int(cfg.n_heads)
+    n_kv = int(getattr(cfg, "n_key_value_heads", None) or n_heads)
+    d_head = int(cfg.d_head)
+    rotary, scales = None, []
+    for layer, block in enumerate(model.blocks):
+        attn = getattr(block, "attn", None)
+        hf = getattr(attn, "original_component", None)
+        if hf is None:
+            return f"layer {layer} has no attention module"
+        config = getattr(hf, "config", None)
+        if getattr(config, "sliding_window", None) is not None:
+            return "sliding-window attention"
+        for name in _UNSUPPORTED:
+            if getattr(hf, name, None) is not None or name in getattr(attn, "submodules", {}):
+                return f"attention with {name}"
+        if isinstance(attn, PositionEmbeddingHooksMixin):
+            rotary = getattr(sys.modules[type(hf).__module__], "apply_rotary_pos_emb", None)
+            if rotary is None:
+                return f"no apply_rotary_pos_emb next to {type(hf).__name__}"
+        scales.append(_layer_scale(hf, d_head, layer))
+    causal = getattr(cfg, "attention_dir", "causal") == "causal"
+    return Geometry(n_heads, n_kv, causal, tuple(scales), rotary)
+
+
+def rotate(
+    q: Float[Tensor, "batch pos n_heads d_head"],
+    k: Float[Tensor, "batch pos n_kv_heads d_head"],
+    position_embeddings: tuple[Tensor, Tensor] | None,
+    geom: Geometry,
+) -> tuple[Float[Tensor, "batch n_heads pos d_head"], Float[Tensor, "batch n_heads pos d_head"]]:
+    """Queries and keys as attention multiplies them, in fp32: rotary embeddings applied
+    (the model's own function on its ``(cos, sin)``), one key head per query head."""
+    q = q.float().transpose(1, 2)
+    k = k.float().transpose(1, 2)
+    if geom.rotary is not None:
+        if position_embeddings is None:
+            raise RuntimeError("a rotary model's attention received no position_embeddings")
+        cos, sin = (t.float() for t in position_embeddings)
+        q, k = geom.rotary(q, k, cos, sin)
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: kv head j serves a run of heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return q, k
+
+
+def rows_per_block(n_seqs: int, n_heads: int, n_keys: int, budget_bytes: int) -> int:
+    """Query rows per block so that one block and its temporaries fit ``budget_bytes``."""
+    per_row = n_seqs * n_heads * n_keys * _BYTES_PER_ENTRY
+    return max(1, min(n_keys, budget_bytes // max(per_row, 1)))
+
+
+def pattern_rows(
+    q: Float[Tensor, "batch n_heads pos d_head"],
+    k: Float[Tensor, "batch n_heads pos d_head"],
+    keys: Bool[Tensor, "batch pos"],
+    geom: Geometry,
+    layer: int,
+    rows: slice,
+) -> Float[Tensor, "batch n_heads rows width"]:
+    """The attention pattern's query rows ``rows``: softmax of the scaled scores over the
+    real keys (``keys``) a query may see; a row with no visible key is zero.
+
+    Under causal attention the keys after the block's last query get no weight and are
+    left out: the block covers keys ``0 .. width - 1`` with ``width = rows.stop`` (the
+    whole sequence otherwise), which halves the work over a sequence."""
+    n = k.shape[2]
+    width = min(n, rows.stop) if geom.causal else n
+    qb, kb = q[:, :, rows], k[:, :, :width]
+    b, h, r, d = qb.shape
+    # the scale rides in the matrix product (BLAS alpha): no extra pass over the scores
+    scores = torch.baddbmm(
+        qb.new_empty(()),
+        qb.reshape(b * h, r, d),
+        kb.reshape(b * h, width, d).transpose(1, 2),
+        beta=0,
+        alpha=geom.scales[layer],
+    ).view(b, h, r, width)
+    # masks touch only what they hide: the padding keys, and under causal attention the
+    # square of keys rows.start .. width - 1 (every earlier key is visible to the block)
+    pad = ~keys[:, :width]  # [batch, width]
+    hidden = pad[:, None, None, :]
+    if bool(pad.any()):
+        scores.masked_fill_(hidden, float("-inf"))
+    if geom.causal:
+        first = rows.start
+        future = torch.ones(width - first, width - first, dtype=torch.bool, device=q.device)
+        future = future.triu(1)[: rows.stop - first]  # [rows, keys first .. width - 1]
+        scores[..., first:].masked_fill_(future, float("-inf"))
+        hidden = hidden[..., first:] | future
+    empty = hidden.all(-1, keepdim=True)  # [batch, 1, rows or 1, 1]: no key to attend to
+    if geom.causal and first > 0:
+        empty = empty & pad[:, None, None, :first].all(-1, keepdim=True)
+    if bool(empty.any()):
+        scores.masked_fill_(empty, 0.0)
+        return torch.softmax(scores, dim=-1).masked_fill_(empty, 0.0)
+    return torch.softmax(scores, dim=-1)
+
+
+# the block reducers are looking at, and the row maxima asked of it:
+# [block, {("run", sequence, lo, hi): (values, indices)}, [(keys, (values, indices))]]
+_TOP: list[Any] = [None, {}, []]
+
+
+def top1(
+    pattern: Float[Tensor, "batch n_heads rows width"],
+    keys: Bool[Tensor, "batch pos"] | None = None,
+) -> tuple[Float[Tensor, "batch n_heads rows"], Tensor]:
+    """``(max, argmax)`` of each pattern row over the keys where ``keys`` is True (all by
+    default; the first index wins ties, as in ``torch.max``).
+
+    Several reducers ask this of the same block, so it is computed once per block and mask
+    (the engine calls :func:`forget` when the block is done), and from views: the maximum
+    over a run of keys (the ordinary tokens between a BOS and the padding) is read in
+    place, and the maximum over every key is that run's combined with the first key's."""
+    if _TOP[0] is not pattern:
+        _TOP[0], _TOP[1], _TOP[2] = pattern, {}, []
+    for mask, out in _TOP[2]:
+        if (mask is None) == (keys is None) and (keys is None or torch.equal(mask, keys)):
+            return out
+    width = pattern.shape[-1]
+    if keys is None:
+        out = _all_keys_max(pattern) if width > 1 else pattern.max(-1)
+    else:
+        out = _masked_max(pattern, keys[:, :width])
+    values, indices = out
+    _TOP[2].append((keys, (values, indices)))
+    return values, indices
+
+
+def _run_max(pattern: Tensor, seq: int, lo: int, hi: int) -> tuple[Tensor, Tensor]:
+    """Max and argmax of sequence ``seq``'s rows over keys ``lo .. hi - 1`` (a view)."""
+    key = ("run", seq, lo, hi)
+    if key not in _TOP[1]:
+        v, i = pattern[seq, ..., lo:hi].max(-1)
+        _TOP[1][key] = (v, i + lo)
+    return _TOP[1][key]
+
+
+def _all_keys_max(pattern: Tensor) -> tuple[Tensor, Tensor]:
+    """Keys 1.. read as a run (shared with a mask that leaves out a BOS), then key 0."""
+    width = pattern.shape[-1]
+    values, indices = [], []
+    for seq in range(pattern.shape[0]):
+        v, i = _run_max(pattern, seq, 1, width)
+        first = pattern[seq, ..., 0]
+        take = first >= v  # ties go to the first index
+        values.append(torch.where(take, first, v))
+        indices.append(torch.where(take, torch.zeros_like(i), i))
+    return torch.stack(values), torch.stack(indices)
+
+
+def _masked_max(pattern: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    """Max over the allowed keys; where they are one run per sequence (special tokens at
+    the ends, the usual case), over a view of the run, without a masked copy."""
+    starts = keys.int().argmax(-1)
+    counts = keys.sum(-1)
+    run = torch.arange(keys.shape[-1], device=keys.device)[None]
+    contiguous = (keys == ((run >= starts[:, None]) & (run < (starts + counts)[:, None]))).all()
+    if not bool(contiguous) or not bool((counts > 0).all()):
+        out = pattern.masked_fill(~keys[:, None, None, :], float("-inf")).max(-1)
+        return out.values, out.indices
+    pairs = [
+        _run_max(pattern, seq, lo, lo + c)
+        for seq, (lo, c) in enumerate(zip(starts.tolist(), counts.tolist(), strict=True))
+    ]
+    return torch.stack([v for v, _ in pairs]), torch.stack([i for _, i in pairs])
+
+
+def forget() -> None:
+    """Drop the maxima of the last block (and the reference to it)."""
+    _TOP[0], _TOP[1], _TOP[2] = None, {}, []
+
+
+@contextlib.contextmanager
+def capture_rotary(
+    model: TransformerBridge, layers: Sequence[int], store: dict[int, Any]
+) -> Iterator[None]:
+    """Inside the block, ``store[layer]`` is the ``(cos, sin)`` that layer's attention last
+    received (rotary models; None for others)."""
+
+    def make(layer: int) -> Callable[..., None]:
+        def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            store[layer] = kwargs.get("position_embeddings")
+
+        return pre
+
+    handles = [
+        model.blocks[la].attn.register_forward_pre_hook(make(la), with_kwargs=True) for la in layers
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

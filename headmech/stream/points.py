@@ -1,0 +1,171 @@
+"""Attention probabilities at chosen (query, key) pairs, from a row's log-sum-exp.
+
+Most head statistics are point masses: the attention a query puts on one key (the token
+before it, the token after an earlier copy, the first token) or on a few. With each row's
+log-sum-exp from the fused kernel that computed the attention output
+(:class:`headmech.stream.attention_call.LayerCall`), ``p(i, j) = exp(scale · q_i · k_j − LSE_i)``
+costs O(d_head) instead of a row of ``T`` scores. Whether a target is the row's argmax is
+decided from points where it can be; only the rows left open are computed whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from headmech.stream.attention_call import LayerCall
+
+__all__ = ["Points"]
+
+
+def _softmax_rows(
+    q: Float[Tensor, "rows d_head"],
+    k: Float[Tensor, "width d_head"],
+    hidden: Tensor | None,
+    call: LayerCall,
+    sink: Tensor | None,
+) -> Float[Tensor, "rows width"]:
+    """Pattern rows of one head as :func:`pattern_rows` computes them, for any rows."""
+    scores = torch.matmul(q * call.scale, k.T)
+    if call.softcap is not None:
+        scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
+    if hidden is not None:
+        scores.masked_fill_(hidden, float("-inf"))
+    if sink is not None:
+        logits = torch.cat([scores, sink.to(scores).expand(scores.shape[0], 1)], -1)
+        return torch.softmax(logits - logits.amax(-1, keepdim=True), -1)[..., :-1]
+    return torch.softmax(scores, -1).nan_to_num_(0.0)
+
+
+class Points:
+    """The attention probability of chosen (query, key) pairs from the call's LSE:
+    ``p(i, j) = exp(scale · q_i · k_j − LSE_i)``, O(d_head) each instead of a whole row,
+    and the argmax of the rows a statistic cannot decide without it.
+
+    Args:
+        call: the layer's call, with ``lse``.
+    """
+
+    # a probability decided from points must clear this margin (the kernel's LSE and the
+    # softmax of a block differ in the last bits)
+    EPS = 1e-5
+    # bytes of scores for one chunk of rows computed whole
+    ROW_BYTES = 64 * 2**20
+
+    def __init__(self, call: LayerCall) -> None:
+        if call.lse is None:
+            raise ValueError("Points needs the log-sum-exp of the fused kernel")
+        self.call = call
+        self.n_seqs, self.n_heads, self.n_queries, self.d_head = (int(d) for d in call.q.shape)
+        self.offset = int(call.k.shape[2]) - self.n_queries  # keys before the first query
+        self._q = call.q * call.scale  # the scale on the queries, once for every lookup
+        self._fixed: dict[str, Tensor] = {}  # p at the first key, the query, the one before
+
+    def allowed(self, keys: Tensor) -> Tensor:
+        """Whether query ``i`` may attend to key ``keys[b, i]``, ``[batch, 1, q_pos]``."""
+        call = self.call
+        if call.mask is not None:
+            mask = call.mask.expand(self.n_seqs, -1, -1, -1)[:, 0]  # [batch, q_pos, k_pos]
+            return mask.gather(-1, keys[..., None])[..., 0][:, None]
+        if call.causal:
+            pos = torch.arange(self.n_queries, device=keys.device) + self.offset
+            return (keys <= pos)[:, None]
+        return torch.ones_like(keys, dtype=torch.bool)[:, None]
+
+    def at(self, keys: Tensor) -> Float[Tensor, "batch n_heads q_pos"]:
+        """``p(i, keys[b, i])`` for every query (``keys``: ``Int[batch, q_pos]``, valid
+        key indices); 0 where the mask hides the key."""
+        call = self.call
+        seq = torch.arange(self.n_seqs, device=keys.device)[:, None]
+        # advanced indexing copies d_head contiguous floats per (sequence, query, head); a
+        # gather with an index expanded over d_head reads element by element (3x slower)
+        k = call.k.transpose(1, 2)[seq, keys].transpose(1, 2)  # [batch, head, q_pos, d_head]
+        scores = torch.linalg.vecdot(self._q, k)
+        assert call.lse is not None
+        return torch.exp(scores - call.lse).masked_fill_(~self.allowed(keys), 0.0)
+
+    def fixed(self, which: str) -> Float[Tensor, "batch n_heads q_pos"]:
+        """``p`` at the key every row has: ``"first"`` (key 0), ``"self"`` (the query's own
+        position) or ``"previous"`` (the one before it); computed once per call, shared by
+        every statistic that asks."""
+        if which not in self._fixed:
+            pos = torch.arange(self.n_queries, device=self.call.q.device) + self.offset
+            key = {"first": torch.zeros_like(pos), "self": pos, "previous": (pos - 1).clamp(min=0)}
+            self._fixed[which] = self.at(key[which].expand(self.n_seqs, -1))
+        return self._fixed[which]
+
+    def pairs(self, b: Tensor, q: Tensor, k: Tensor) -> Float[Tensor, "pairs n_heads"]:
+        """``p(q, k)`` of sequence ``b`` for every head, for listed (b, q, k) triples; 0
+        where the mask hides the key."""
+        call = self.call
+        qs = self._q[b, :, q]  # [pairs, head, d_head]
+        scores = (qs * call.k[b, :, k]).sum(-1)
+        assert call.lse is not None
+        if call.mask is not None:
+            ok = call.mask[b if call.mask.shape[0] > 1 else torch.zeros_like(b), 0, q, k]
+        elif call.causal:
+            ok = k <= q + self.offset
+        else:
+            ok = torch.ones_like(k, dtype=torch.bool)
+        return torch.exp(scores - call.lse[b, :, q]).masked_fill_(~ok[:, None], 0.0)
+
+    def argmax(self, rows: Tensor) -> Tensor:
+        """The argmax key of the pattern rows where ``rows`` (``Bool[batch, n_heads,
+        q_pos]``) is True, -1 elsewhere; computed row by row as :func:`pattern_rows` would
+        (first index on ties)."""
+        call = self.call
+        out = torch.full(rows.shape, -1, dtype=torch.long, device=rows.device)
+        for b, h in rows.any(-1).nonzero().tolist():
+            chosen = rows[b, h].nonzero()[:, 0]
+            step = max(1, self.ROW_BYTES // (4 * int(call.k.shape[2])))
+            for sel in chosen.split(step):  # ascending: a chunk's keys end at its last row
+                width = int(sel[-1]) + 1 + self.offset if call.causal else call.k.shape[2]
+                if call.mask is not None:
+                    mask = call.mask[b if call.mask.shape[0] > 1 else 0, 0]
+                    hidden = ~mask[sel, :width]
+                elif call.causal:
+                    key = torch.arange(width, device=sel.device)
+                    hidden = key[None, :] > (sel + self.offset)[:, None]
+                else:
+                    hidden = None
+                sink = None if call.sinks is None else call.sinks[h].reshape(1, 1)
+                k = call.k[b, h, :width]
+                probs = _softmax_rows(call.q[b, h, sel], k, hidden, call, sink)
+                out[b, h, sel] = probs.argmax(-1)
+        return out
+
+    def hits(
+        self,
+        p_best: Float[Tensor, "batch n_heads q_pos"],
+        is_target: Callable[[Tensor], Tensor],
+        rows: Tensor,
+    ) -> Tensor:
+        """Whether each row's argmax is a target key, ``Bool[batch, n_heads, q_pos]``.
+
+        ``p_best``: the largest probability on a target key of each row; ``is_target``:
+        ``Int[batch, n_heads, q_pos]`` keys → whether each is a target of its row;
+        ``rows``: ``Bool[batch, q_pos]``, the rows asked about. A row is decided from
+        points where it can be: a target above 1/2 is the argmax; a non-target among the
+        first key, the query itself and the one before it that beats the best target
+        rules a hit out. Only the other rows are computed whole (:meth:`argmax`)."""
+        eps = self.EPS
+        hit = p_best > 0.5 + eps
+        miss = torch.zeros_like(hit)
+        pos = torch.arange(self.n_queries, device=p_best.device) + self.offset
+        for which, key in zip(
+            ("first", "self", "previous"),
+            (torch.zeros_like(pos), pos, (pos - 1).clamp(min=0)),
+            strict=True,
+        ):
+            keys = key.expand(self.n_seqs, -1)
+            p = self.fixed(which)
+            other = ~is_target(keys[:, None].expand(-1, self.n_heads, -1))
+            miss |= other & (p > p_best + eps)
+        todo = rows[:, None] & ~hit & ~miss
+        top = self.argmax(todo)
+        return (hit | (todo & is_target(top.clamp(min=0)))) & rows[:, None]

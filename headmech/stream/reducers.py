@@ -1,0 +1,234 @@
+"""What a reducer is: a per-head statistic computed inside a hook.
+
+:class:`Reducer` pairs a function that turns one layer's activation (the attention
+pattern, or a block of its query rows; or ``hook_z``) into per-sequence sums and counts
+with a ``prepare`` run once per batch. :func:`target_reducer` is the common case, "how
+much attention goes to each query's target key(s), and is the target the argmax".
+:mod:`headmech.stream.engine` runs reducers; both names are re-exported there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from headmech.core.stats import ProbeBatch
+from headmech.stream import blockwise
+
+if TYPE_CHECKING:
+    from headmech.stream.points import Points
+
+__all__ = ["Reducer", "Sums", "merge_sums", "target_reducer"]
+
+
+# what a reducer returns: {stat: (sum over queries [batch, n_heads], count)}
+Sums = Mapping[str, tuple[Tensor, Tensor | float]]
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """A per-head statistic computed inside a hook.
+
+    Attributes:
+        name: prefix of the statistics it produces (``name.stat``).
+        fn: ``fn(activation, batch, prepared, layer)`` → ``{stat: (sum, count)}``, per
+            sequence: ``sum`` is ``[batch, n_heads]`` and ``count`` ``[batch]`` or ``[batch,
+            n_heads]`` (per-sequence sums let :mod:`headmech.stream.uncertainty` resample the probe's
+            examples); a reducer with no per-sequence view may return ``[n_heads]`` and a
+            scalar or ``[n_heads]`` count instead. It must not modify ``activation``.
+        prepare: ``prepare(batch)`` → anything, run once per batch (not once per layer).
+        hook: the attention hook it reads: ``"hook_pattern"``
+            (``[batch, head_index, query_pos, key_pos]``) or ``"hook_z"``
+            (``[batch, pos, head_index, d_head]``).
+        blockwise: the reducer takes a block of query rows: it is called as ``fn(block,
+            batch, prepared, layer, rows)`` with ``rows`` a ``slice`` of query positions and
+            ``block`` the pattern's rows ``[batch, head_index, len(rows), width]``: keys
+            ``0 .. width - 1``, where ``width <= T`` (causal attention leaves out the keys
+            after the block's last query: they have no weight). Its sums and counts over
+            the blocks add up to the whole pattern's. Without it a pattern reducer sees
+            every query and key at once (one ``T x T`` block).
+        points: the same sums from point masses, without pattern blocks:
+            ``points(view, batch, prepared, layer)`` with ``view`` an
+            :class:`headmech.stream.points.Points` (probabilities of chosen (query, key)
+            pairs from the fused kernel's log-sum-exp, and the argmax of the rows it
+            names). Where every pattern reducer of a pass has it and the model's attention
+            call returns the log-sum-exp, the engine computes no pattern rows but those.
+    """
+
+    name: str
+    fn: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]]
+    prepare: Callable[[ProbeBatch], Any] | None = None
+    hook: str = "hook_pattern"
+    blockwise: bool = False
+    points: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]] | None = None
+
+    def __call__(
+        self,
+        activation: Tensor,
+        batch: ProbeBatch,
+        prepared: Any,
+        layer: int,
+        rows: slice | None = None,
+    ) -> Sums:
+        """``fn`` on one layer's activation; ``rows``: the query rows of a pattern block
+        (default all, the only choice for a reducer that is not blockwise)."""
+        if not self.blockwise:
+            if rows is not None and (rows.start, rows.stop) != (0, activation.shape[-2]):
+                raise ValueError(f"reducer {self.name} is not blockwise: it needs every row")
+            return self.fn(activation, batch, prepared, layer)
+        rows = slice(0, activation.shape[-2]) if rows is None else rows
+        return self.fn(activation, batch, prepared, layer, rows)
+
+
+def _set_mass(pattern: Tensor, where: Tensor, rows: slice) -> Tensor:
+    """Attention mass on a set of target keys per query, ``[batch, head_index, rows]``,
+    from the targets' ``(sequence, query, key)`` rows ``where`` (O(targets), not O(T^2))."""
+    b, q, k = where.unbind(-1)
+    keep = (q >= rows.start) & (q < rows.stop) & (k < pattern.shape[-1])
+    b, q, k = b[keep], q[keep] - rows.start, k[keep]
+    mass = pattern.new_zeros(pattern.shape[0], pattern.shape[2], pattern.shape[1])
+    mass.index_put_((b, q), pattern[b, :, q, k], accumulate=True)  # [batch, rows, head]
+    return mass.transpose(1, 2)
+
+
+def _checked_targets(
+    name: str, targets: Callable[[ProbeBatch], Tensor], batch: ProbeBatch
+) -> Tensor:
+    """``targets(batch)``, refused in one line naming the plug-in, the method and the shape
+    expected unless it is ``Int[batch, query_pos]`` or ``Bool[batch, query_pos, key_pos]``."""
+    from headmech.core.errors import PluginError
+
+    t = targets(batch)
+    b, n = (int(d) for d in batch.input_ids.shape)
+    ok = isinstance(t, Tensor) and (
+        (
+            t.dim() == 2
+            and tuple(t.shape) == (b, n)
+            and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+        )
+        or (t.dim() == 3 and tuple(t.shape) == (b, n, n) and t.dtype == torch.bool)
+    )
+    if not ok:
+        kind = str(t.dtype).removeprefix("torch.") if isinstance(t, Tensor) else type(t).__name__
+        got = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+        got += f" tensor of shape {tuple(t.shape)}" if isinstance(t, Tensor) else ""
+        who = getattr(targets, "__qualname__", None) or repr(targets)
+        raise PluginError(
+            f"'{name}' ({who}) returned {got} for a batch of {b} x {n} tokens; expected "
+            f"Int[batch, query_pos] of shape {(b, n)} (key index, -1 for none) or "
+            f"Bool[batch, query_pos, key_pos] of shape {(b, n, n)}"
+        )
+    return t
+
+
+def target_reducer(
+    name: str,
+    targets: Callable[[ProbeBatch], Tensor],
+    *,
+    hits: bool = True,
+) -> Reducer:
+    """Attention mass on, and argmax hits of, per-query target positions.
+
+    Args:
+        name: statistic prefix; produces ``name.mass``, ``name.hit`` (means over the
+            queries that have a target) and ``name.rows`` (mass summed over every real
+            query, divided by all real queries — TransformerLens' "mul" score when the
+            pattern rows sum to one).
+        targets: ``targets(batch)`` returns either ``Int[batch, query_pos]`` (one key
+            position per query, -1 for none) or ``Bool[batch, query_pos, key_pos]`` (a set
+            of target keys per query; empty rows have no target).
+        hits: also ``name.hit``, which needs each row's argmax: from point masses most
+            rows are decided without their whole row, but a diffuse row (a random model's)
+            is computed whole. Without it, inside an attention call that returns the
+            log-sum-exp the statistics cost O(d_head) per query.
+
+    Returns:
+        A :class:`Reducer` on ``hook_pattern``.
+    """
+
+    def prepare(batch: ProbeBatch) -> tuple[Tensor, ...]:
+        t = _checked_targets(name, targets, batch)
+        real_query = batch.attention_mask.bool()
+        if t.dtype == torch.bool:  # a set of keys per query: [batch, query_pos, key_pos]
+            t = t & batch.attention_mask.bool()[:, None, :]
+            # its True entries as (sequence, query, key) rows: the mass reads only these
+            return t, t.any(-1) & real_query, real_query, t.nonzero()
+        return t.clamp(min=0), (t >= 0) & real_query, real_query  # one key per query
+
+    def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice) -> dict:
+        target, has, real_query = (x[:, rows] for x in prepared[:3])
+        # pattern: [batch, head_index, query rows, key_pos]
+        top = blockwise.top1(pattern)[1] if hits else None  # [batch, head_index, query rows]
+        width = pattern.shape[-1]  # keys 0 .. width - 1 (later keys have no weight)
+        hit = None
+        if target.dim() == 2:  # one key per query: read it, no [query, key] mask needed
+            idx = target.clamp(max=width - 1)[:, None, :, None].expand(-1, pattern.shape[1], -1, 1)
+            mass = pattern.gather(-1, idx)[..., 0] * (has & (target < width))[:, None]
+            if top is not None:
+                hit = top == target[:, None]
+        else:
+            mass = _set_mass(pattern, prepared[3], rows)
+            if top is not None:
+                sets = target[:, None, :, :width].expand_as(pattern)
+                hit = sets.gather(-1, top[..., None])[..., 0]
+        return _target_sums(mass, hit, has, real_query)
+
+    def points(view: Points, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
+        target, has, real_query = prepared[:3]
+        if target.dim() == 2:  # one key per query
+            mass = view.at(target) * has[:, None]
+
+            def is_target(keys: Tensor) -> Tensor:
+                return keys == target[:, None]
+
+            best = mass
+        else:  # a set of keys per query: its (sequence, query, key) rows
+            b, q, k = prepared[3].unbind(-1)
+            p = view.pairs(b, q, k)  # [pairs, head]
+            n_seqs, n = target.shape[:2]
+            mass = p.new_zeros(n_seqs, n, p.shape[1]).index_put_((b, q), p, accumulate=True)
+            mass, best = mass.transpose(1, 2), _set_max(p, b, q, n_seqs, n).transpose(1, 2)
+            sets = target[:, None]  # [batch, 1, q_pos, key_pos]
+
+            def is_target(keys: Tensor) -> Tensor:  # keys [batch, head, q_pos]
+                return sets.expand(-1, keys.shape[1], -1, -1).gather(-1, keys[..., None])[..., 0]
+
+        hit = view.hits(best, is_target, has) if hits else None
+        return _target_sums(mass, hit, has, real_query)
+
+    return Reducer(name, fn, prepare, blockwise=True, points=points)
+
+
+def _set_max(p: Tensor, b: Tensor, q: Tensor, n_seqs: int, n: int) -> Tensor:
+    """Per (sequence, query) the largest of its rows' ``p`` (``[pairs, head]``), ``[batch,
+    q_pos, head]`` (0 where a query has none)."""
+    out = p.new_zeros(n_seqs * n, p.shape[1])
+    idx = (b * n + q)[:, None].expand_as(p)
+    return out.scatter_reduce_(0, idx, p, "amax").view(n_seqs, n, p.shape[1])
+
+
+def _target_sums(mass: Tensor, hit: Tensor | None, has: Tensor, real_query: Tensor) -> dict:
+    """target_reducer's statistics from per-row masses and hits ``[batch, head, rows]``."""
+    w = has[:, None].to(mass.dtype)
+    n = has.sum(1)  # [batch]: per sequence
+    out = {
+        "mass": ((mass * w).sum(2), n),
+        "rows": ((mass * real_query[:, None]).sum(2), real_query.sum(1)),
+    }
+    if hit is not None:
+        out["hit"] = ((hit.to(mass.dtype) * w).sum(2), n)
+    return out
+
+
+def merge_sums(acc: dict[str, list[Any]], out: Sums) -> None:
+    """Add a block's sums and counts into ``acc`` (``{stat: [sum, count]}``)."""
+    for stat, (total_, count) in out.items():
+        if stat in acc:
+            acc[stat][0] = acc[stat][0] + total_
+            acc[stat][1] = acc[stat][1] + count
+        else:
+            acc[stat] = [total_, count]

@@ -1,0 +1,288 @@
+"""The built-in tasks' data: which positions each scores, and how its inputs are corrupted.
+
+* ``lm`` — every next token of the prose probe (decoders), the sentence embedding
+  (encoders); corrupted by replacing every ordinary token with a random one;
+* ``induction`` — the repeated half of random-token sequences (every repeated token but
+  the first); corrupted by fresh random tokens in the first half (no repeat left);
+* ``retrieval`` — the teacher-forced needle answer; corrupted by random tokens in place of
+  the needle's code (the answer keeps the real one);
+* ``succession`` — the next item of ordinal sequences (" Monday, Tuesday, ..."), every
+  item but the first (predicted at the comma before it); corrupted by shuffling each
+  sequence's items (no order left);
+* ``ioi`` — minus the logit difference IO − S at the end of IOI prompts (Wang et al.
+  2022); corrupted into their ABC prompts (three other names, none repeated);
+* ``icl`` — the answer's loss after 8 in-context examples (antonyms, country capitals,
+  capitalisation; Todd et al. 2023); corrupted by shuffling the examples' answers;
+* ``copy_suppression`` — on prose, at positions where the clean model's top prediction
+  is a token already in the context (up to and including the current one), that token's
+  log-probability (McDougall et al. 2023: copy suppression lowers it; ablating the heads
+  raises it). Higher is worse: the naive copy the heads should have suppressed.
+
+Importing this module registers the seven in :data:`headmech.core.registry.TASKS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from headmech.core.registry import TASKS
+from headmech.models.unembedding import unembed
+from headmech.probes import random_token_ids
+from headmech.probes.needle import needle_spans
+from headmech.stream.engine import ProbeBatch, run_blocks
+from headmech.tasks import (
+    CORRUPT_SEED,
+    EmbeddingTask,
+    LogitDiffTask,
+    Task,
+    TokenLossTask,
+    corrupt_prose,
+    is_causal,
+)
+
+__all__ = ["CopyTask", "copy_candidates", "corrupt_prose", "icl_task"]
+
+
+def _select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    ids, mask = batch.input_ids, batch.attention_mask.bool()
+    query = torch.zeros_like(mask)
+    query[:, :-1] = mask[:, 1:]  # position i predicts token i + 1 when that token is real
+    target = torch.zeros_like(ids)
+    target[:, :-1] = ids[:, 1:]
+    return query, target
+
+
+def _select_induction(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    query, target = _select_lm(batch)
+    half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
+    pos = torch.arange(query.shape[1], device=query.device)
+    # the repeated tokens but the first: predicted from positions off+half .. off+2*half-2
+    window = (pos >= off + half) & (pos <= off + 2 * half - 2)
+    return query & window[None], target
+
+
+def _corrupt_induction(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """Fresh random tokens in the first half: the second half is no longer a repeat."""
+    half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    ids[:, off : off + half] = random_token_ids(model.tokenizer, g, (ids.shape[0], half))
+    return replace(batch, input_ids=ids)
+
+
+def _select_retrieval(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    answer_pos, _, valid, _ = needle_spans(batch)
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    qpos = (answer_pos - 1).clamp(min=0)  # the position that predicts each answer token
+    query.scatter_(1, qpos, valid)
+    target = torch.zeros_like(batch.input_ids)
+    target.scatter_(1, qpos, batch.input_ids.gather(1, answer_pos.clamp(min=0)))
+    return query, target
+
+
+def _corrupt_retrieval(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """The needle's code tokens replaced by random tokens; the answer keeps the real code."""
+    _, source_pos, valid, _ = needle_spans(batch)
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    fresh = random_token_ids(model.tokenizer, g, tuple(source_pos.shape))
+    rows = torch.arange(ids.shape[0])[:, None].expand_as(source_pos)
+    ids[rows[valid], source_pos[valid]] = fresh[valid]
+    return replace(batch, input_ids=ids)
+
+
+def _select_succession(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    query, target = _select_lm(batch)
+    return query & batch.extras["next_item"], target
+
+
+def _corrupt_succession(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """Each sequence's items in a random order (the same tokens, no succession)."""
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    items = batch.extras["item"]
+    for row in range(ids.shape[0]):
+        pos = items[row].nonzero()[:, 0]
+        ids[row, pos] = ids[row, pos[torch.randperm(len(pos), generator=g)]]
+    return replace(batch, input_ids=ids)
+
+
+def _succession(model: Any) -> Task:
+    import headmech.probes.ordinal  # noqa: F401  (registers the ordinal probe)
+
+    return TokenLossTask(
+        "succession",
+        "ordinal",
+        _select_succession,
+        "mean loss of the next item in ordinal sequences (days, months, letters, ...)",
+        _corrupt_succession,
+    )
+
+
+def _select_ioi(batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """The prompt's last token; there the indirect object against the subject."""
+    e = batch.extras
+    rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
+    end = e["end_pos"].to(rows.device)
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    query[rows, end] = True
+    good = torch.zeros_like(batch.input_ids)
+    bad = torch.zeros_like(batch.input_ids)
+    good[rows, end] = e["io"].to(rows.device)
+    bad[rows, end] = e["s"].to(rows.device)
+    return query, good, bad
+
+
+def _ioi(model: Any) -> Task:
+    from headmech.probes.ioi import corrupt_ioi
+
+    return LogitDiffTask(
+        "ioi",
+        "ioi",
+        _select_ioi,
+        "logit(S) - logit(IO) at the end of IOI prompts (minus the IOI logit difference)",
+        corrupt_ioi,
+    )
+
+
+def _select_icl(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    """The query's last token (the colon); there the answer."""
+    lengths = batch.attention_mask.sum(1)
+    rows = torch.arange(lengths.shape[0], device=lengths.device)
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    query[rows, lengths - 1] = True
+    target = torch.zeros_like(batch.input_ids)
+    target[rows, lengths - 1] = batch.extras["answer"].to(target.device)
+    return query, target
+
+
+def icl_task(probability: bool = False) -> TokenLossTask:
+    """The ``icl`` task; with ``probability``, its metric is minus the answer's probability
+    (function-vector heads' indirect effect) instead of its loss."""
+    from headmech.probes.icl import shuffle_labels
+
+    what = "minus the probability" if probability else "loss"
+    return TokenLossTask(
+        "icl",
+        "icl",
+        _select_icl,
+        f"{what} of the answer to an in-context query (antonyms, capitals, capitalisation)",
+        shuffle_labels,
+        probability=probability,
+    )
+
+
+def _icl(model: Any) -> Task:
+    return icl_task()
+
+
+def _lm(model: Any) -> Task:
+    if is_causal(model):
+        return TokenLossTask(
+            "lm",
+            "prose",
+            _select_lm,
+            "mean next-token cross-entropy on the prose probe",
+            corrupt_prose,
+        )
+    return EmbeddingTask()
+
+
+def _induction(model: Any) -> Task:
+    return TokenLossTask(
+        "induction",
+        "repeated_random",
+        _select_induction,
+        "mean loss on the repeated half of random-token sequences",
+        _corrupt_induction,
+    )
+
+
+def _retrieval(model: Any) -> Task:
+    return TokenLossTask(
+        "retrieval",
+        "needle",
+        _select_retrieval,
+        "mean NLL of the teacher-forced needle answer tokens",
+        _corrupt_retrieval,
+    )
+
+
+ROW_CHUNK = 256  # rows of full-vocabulary logits at a time (Gemma 3: 262k columns)
+
+
+def copy_candidates(
+    model: Any, batch: ProbeBatch
+) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """Where the clean model's top next-token prediction is a token already in the context
+    (an ordinary token at or before the position), and that token: the copy a
+    copy-suppression head acts against (McDougall et al. 2023)."""
+    dev = next(model.parameters()).device
+    ids, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev)
+    query, _ = _select_lm(batch.to(dev))
+    with torch.no_grad():
+        resid = run_blocks(model, ids, mask, rows=query)[query]
+        top = torch.cat([unembed(model, r).argmax(-1) for r in resid.split(ROW_CHUNK)])
+    pred = torch.zeros_like(ids)
+    pred[query] = top
+    seen = (ids[:, None, :] == pred[:, :, None]) & ~batch.special.to(dev)[:, None, :]
+    seen &= torch.ones_like(seen[0]).tril()[None]  # key position <= query position
+    return query & seen.any(-1), pred
+
+
+class CopyTask(TokenLossTask):
+    """The ``copy_suppression`` task: the log-probability of the in-context token the clean
+    model predicts, at the positions where it predicts one (:func:`copy_candidates`,
+    computed once per batch with no intervention and kept in the batch's extras)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "copy_suppression",
+            "prose",
+            lambda b: (b.extras["copy_query"], b.extras["copy_target"]),
+            "log-probability of the in-context token the clean model predicts, where its top "
+            "prediction is already in the context (prose probe)",
+            corrupt_prose,
+        )
+
+    def batches(self, model, options):
+        out = []
+        for batch in super().batches(model, options):
+            query, target = copy_candidates(model, batch)
+            extras = {**batch.extras, "copy_query": query.cpu(), "copy_target": target.cpu()}
+            out.append(replace(batch, extras=extras))
+        return out
+
+    def metric(self, model, batch, *, copies=1, reference=None, linear=False):
+        sums, counts = super().metric(model, batch, copies=copies, reference=reference)
+        return -sums, counts  # minus the loss: the copy's log-probability
+
+
+def _copy_suppression(model: Any) -> Task:
+    return CopyTask()
+
+
+TASKS.register(
+    "lm", _lm, summary="next-token loss (decoders), 1 - cos of the sentence embedding (encoders)"
+)
+TASKS.register(
+    "induction", _induction, summary="loss on the repeated half of random-token sequences"
+)
+TASKS.register(
+    "retrieval", _retrieval, summary="NLL of the needle's answer in a haystack (decoders)"
+)
+TASKS.register("ioi", _ioi, summary="minus the logit difference IO - S on IOI prompts (decoders)")
+TASKS.register(
+    "icl", _icl, summary="answer loss of in-context prompts: antonyms, capitals, ... (decoders)"
+)
+TASKS.register("succession", _succession, summary="next-item loss on ordinal sequences (decoders)")
+TASKS.register(
+    "copy_suppression",
+    _copy_suppression,
+    summary="log-probability of the in-context token the model predicts, on prose (decoders)",
+)
