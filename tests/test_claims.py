@@ -250,26 +250,33 @@ def test_update_refuses_a_type_the_catalog_lacks(tmp_path, capsys):
 
 
 def test_readme_findings_quote_the_published_catalogs():
-    """Every validation the project's README quotes (``catalog <model>/<type>: ...``) is
-    the published catalog's, verdict included; the findings table quotes one per
-    validated SmolLM2 row and names only heads the catalog labels."""
+    """Every validation the project's README and its guides (docs/*.md) quote
+    (``catalog <model>/<type>: ...``) is the published catalog's, verdict included; the
+    findings table (docs/findings.md) quotes one per validated SmolLM2 row and names only
+    heads the catalog labels."""
     import re
 
     from headmech.publish.markdown import quote
 
-    text = (ROOT.parent / "README.md").read_text()
     verdicts = "not validated|validated|degenerate controls|no control|no heads|not run"
-    found = re.findall(rf"catalog ([\w.-]+)/(\w+)(?: (k_composition))?: .+?: (?:{verdicts})", text)
-    quoted = re.findall(rf"(catalog [\w.-]+/\w+(?: k_composition)?: .+?: (?:{verdicts}))", text)
-    assert len(found) >= 8
-    for (model, name, part), q in zip(found, quoted, strict=True):
-        want = quote(ROOT, model, name, part)
-        assert q == want, f"README quotes {q!r}; the catalog says otherwise"
-    rows = [line for line in text.splitlines() if re.match(r"\| [\w.-]+-\w+ \| \w+ \|", line)]
-    for line in rows:
-        model, name, heads = (c.strip() for c in line.split("|")[1:4])
-        data = json.loads((ROOT / model / "catalog.json").read_text())
-        labelled = {f"L{a}H{b}" for a, b in data["types"][name]["heads"]}
-        assert set(re.findall(r"L\d+H\d+", heads)) <= labelled, f"{model}/{name}: {heads}"
-        if model == "smollm2-135m" and labelled:
-            assert f"catalog {model}/{name}: " in line, f"{model}/{name} quotes no catalog"
+    # the README is a front page; the findings live in its guides (docs/findings.md, ...)
+    pages = [ROOT.parent / "README.md", *sorted((ROOT.parent / "docs").glob("*.md"))]
+    n_quotes, n_rows = 0, 0
+    for page in pages:
+        text, where = page.read_text(), page.relative_to(ROOT.parent)
+        found = re.findall(rf"catalog ([\w.-]+)/(\w+)(?: (k_composition))?: .+?: (?:{verdicts})", text)  # fmt: skip
+        quoted = re.findall(rf"(catalog [\w.-]+/\w+(?: k_composition)?: .+?: (?:{verdicts}))", text)
+        n_quotes += len(found)
+        for (model, name, part), q in zip(found, quoted, strict=True):
+            want = quote(ROOT, model, name, part)
+            assert q == want, f"{where} quotes {q!r}; the catalog says otherwise"
+        rows = [line for line in text.splitlines() if re.match(r"\| [\w.-]+-\w+ \| \w+ \|", line)]
+        n_rows += len(rows)
+        for line in rows:
+            model, name, heads = (c.strip() for c in line.split("|")[1:4])
+            data = json.loads((ROOT / model / "catalog.json").read_text())
+            labelled = {f"L{a}H{b}" for a, b in data["types"][name]["heads"]}
+            assert set(re.findall(r"L\d+H\d+", heads)) <= labelled, f"{where}: {model}/{name}: {heads}"  # fmt: skip
+            if model == "smollm2-135m" and labelled:
+                assert f"catalog {model}/{name}: " in line, f"{where}: {model}/{name} quotes no catalog"  # fmt: skip
+    assert n_quotes >= 8 and n_rows >= 8
