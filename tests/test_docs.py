@@ -13,7 +13,7 @@ import pytest
 import tomllib
 
 import headmech
-from headmech.heads import head_types
+from headmech.headtypes.registry import head_types
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_README_LINES = 250
@@ -166,10 +166,12 @@ def test_make_commands_are_the_makefiles():
 
 def test_readme_lists_every_head_type():
     """The README's head-type table has one row per type the package registers
-    (headmech/catalog/), citing what `headmech types` prints (``HeadType.reference``)."""
+    (headmech/headtypes/), citing what `headmech types` prints (``HeadType.reference``)."""
     section = _section((ROOT / "README.md").read_text(), "Head types")
     rows = dict(re.findall(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|$", section, re.M))
-    types = {n: c for n, c in head_types().items() if c.__module__.startswith("headmech.catalog.")}
+    types = {
+        n: c for n, c in head_types().items() if c.__module__.startswith("headmech.headtypes.")
+    }
     assert len(types) >= 17 and set(rows) == set(types), set(rows) ^ set(types)
     for name, cls in types.items():
         assert rows[name] == cls.reference, f"{name}: README cites {rows[name]!r}"
