@@ -55,6 +55,7 @@ lint: setup
 # API reference from the docstrings (pdoc, Google style): a page for every public module
 # (docs/build_api.py names them all; pdoc alone follows __all__); any warning fails the build
 docs: setup
+	$(PY) docs/build_architecture.py --check
 	rm -rf docs/api
 	$(PY) -W error docs/build_api.py -o docs/api
 

@@ -7,6 +7,7 @@ about `make` and the head types is the Makefile's and the registry's."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +186,20 @@ def test_readme_says_which_library_does_what():
     for dep in deps:
         name = re.split(r"[<>=!~\[ ;]", dep, maxsplit=1)[0]
         assert re.sub(r"[\s_-]", "", name.lower()) in table, f"{name} missing from the table"
+
+
+def test_architecture_page_is_generated_from_the_contracts():
+    """docs/architecture.md's packages and layers are what docs/build_architecture.py makes
+    of pyproject.toml's contracts and the modules' docstrings: a moved, added or renamed
+    module, or a changed first sentence, makes it stale."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import build_architecture
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert build_architecture.updated(text) == text, (
+        "docs/architecture.md is stale: run python docs/build_architecture.py"
+    )
+    for package in ("core", "stream", "models", "headtypes", "classification", "cli"):
+        assert f"`headmech/{package}/`" in text
