@@ -42,7 +42,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from common import add_arguments, clock, memory_mb, peak_mb, record, reset_peak, start
 
 MODES = ("bare", "blocks", "pattern", "points")
@@ -51,15 +50,16 @@ POINT_TYPES = ("duplicate_token", "induction")
 # the pattern-free statistics' targets at 8,192 tokens (memory, time) as ratios to the bare
 # forward: the issue "statistics at the cost of the forward"
 POINT_TARGETS = {"smollm2-135m": (1.1, 1.2), "gemma3-270m": (1.2, 1.3)}
-# a LLaMA-3.2-1B-shaped config (grouped-query: 32 query heads, 8 KV heads)
+# a LLaMA-3.2-1B-shaped config (grouped-query: 32 query heads, 8 KV heads), as sizes and
+# config fields of headmech.models.families.tiny_hf
 CONFIGS = {
     "llama-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=131072,
+        d_model=2048,
+        d_mlp=8192,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        n_ctx=131072,
         rope_theta=500000.0,
         tie_word_embeddings=True,
     )
@@ -71,16 +71,20 @@ def _load(args: argparse.Namespace):  # noqa: ANN202
 
     if not args.model_config:
         return headmech.load_model(args.model, device=args.device, dtype=args.dtype)
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from headmech.models.families import tiny_model
 
-    tok_source = headmech.load_model("smollm2-135m").tokenizer
-    with torch.device("cpu"):
-        hf = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok_source), **CONFIGS[args.model_config]))
-    folder = Path(tempfile.mkdtemp(prefix="bench_long_"))
-    hf.save_pretrained(folder)
-    tok_source.save_pretrained(folder)
-    del hf
-    return headmech.load_model(str(folder), device=args.device, dtype=args.dtype)
+    # random weights (transformers' initialisation) with SmolLM2's tokenizer, whose pad
+    # token is no padding row of the embedding
+    return tiny_model(
+        "llama",
+        tempfile.mkdtemp(prefix="bench_long_"),
+        tokenizer=headmech.load_model("smollm2-135m").tokenizer,
+        init=0.02,
+        pad_token_id=None,
+        device=args.device,
+        dtype=args.dtype,
+        **CONFIGS[args.model_config],
+    )
 
 
 def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:

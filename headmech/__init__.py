@@ -15,10 +15,13 @@ from headmech._version import __version__
 from headmech.classification.classify import HeadCatalog, TypeResult, classify
 from headmech.core.errors import HeadmechError
 from headmech.core.head_index import HeadIndex
+from headmech.core.progress import import_tqdm_quietly as _import_tqdm_quietly
 from headmech.headtypes.registry import HeadType, get_head_type, head_types
 from headmech.models import ModelInfo, list_models, load_hf, load_model, model_info
 from headmech.publish.examples import show
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer, stream_statistics, target_reducer
+
+_import_tqdm_quietly()  # a notebook without ipywidgets: bars on stderr, no TqdmWarning block
 
 __all__ = [
     "HeadCatalog",

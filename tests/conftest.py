@@ -102,66 +102,26 @@ def bpe_tokenizer():
     return tok
 
 
-def _save(model, tokenizer, path: Path) -> Path:
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory, bert_tokenizer, bpe_tokenizer) -> dict[str, Path]:
     """Tiny random Hugging Face models saved as local directories (2 layers, 4 heads,
-    d_model 32): GPT-2, LLaMA with grouped-query attention (2 KV heads) and BERT."""
-    from transformers import (
-        BertConfig,
-        BertForMaskedLM,
-        GPT2Config,
-        GPT2LMHeadModel,
-        LlamaConfig,
-        LlamaForCausalLM,
-    )
+    d_model 32, 64 positions, transformers' initialisation; built by
+    :func:`headmech.models.families.build_tiny`): GPT-2, LLaMA with grouped-query attention
+    (2 KV heads) and BERT."""
+    from headmech.models.families import build_tiny
 
     root = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    out = {}
-    gpt2 = GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=len(bpe_tokenizer),
-            n_positions=64,
-            n_embd=32,
-            n_layer=2,
-            n_head=4,
-            bos_token_id=bpe_tokenizer.bos_token_id,
-            eos_token_id=bpe_tokenizer.eos_token_id,
-        )
-    )
-    out["gpt2"] = _save(gpt2, bpe_tokenizer, root / "tiny-gpt2")
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(bpe_tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            bos_token_id=bpe_tokenizer.bos_token_id,
-            eos_token_id=bpe_tokenizer.eos_token_id,
-        )
-    )
-    out["llama"] = _save(llama, bpe_tokenizer, root / "tiny-llama")
-    bert = BertForMaskedLM(
-        BertConfig(
-            vocab_size=len(bert_tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        )
-    )
-    out["bert"] = _save(bert, bert_tokenizer, root / "tiny-bert")
-    return out
+    torch.manual_seed(0)  # the three are drawn one after another from this stream (seed=None)
+    common = {"seed": None, "init": 0.02, "d_model": 32, "n_ctx": 64}
+    # SmolLM2's pad token is no padding row of the decoders' embeddings
+    decoder = {**common, "tokenizer": bpe_tokenizer, "pad_token_id": None}
+    return {
+        "gpt2": build_tiny("gpt2", root / "tiny-gpt2", **decoder),
+        "llama": build_tiny("llama", root / "tiny-llama", d_mlp=64, **decoder),
+        "bert": build_tiny(
+            "bert", root / "tiny-bert", d_mlp=64, tokenizer=bert_tokenizer, **common
+        ),
+    }
 
 
 @pytest.fixture(scope="session")

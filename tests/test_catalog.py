@@ -31,6 +31,83 @@ def test_threshold_is_overridable(tiny_models):
     assert high.heads("previous_token") == []
 
 
+def test_thresholds_per_type_are_applied_and_recorded(tiny_models):
+    """``thresholds={type: value}``, the command line's ``--threshold type=value``: the
+    type scored at it, an instance given keeps its own object (a copy gets the threshold),
+    and the catalog's provenance records them only when given."""
+    m, T = tiny_models["gpt2"], headmech.get_head_type("previous_token")
+    low = headmech.classify(
+        m, ["previous_token"], thresholds={"previous_token": 0.0}, n_sentences=8, progress=False
+    )
+    assert low["previous_token"].threshold == 0.0
+    assert len(low.heads("previous_token")) == 2 * 4  # every head passes a zero threshold
+    assert low.provenance["settings"]["thresholds"] == {"previous_token": 0.0}
+    mine = T(threshold=0.0)
+    high = headmech.classify(
+        m, [mine], thresholds={"previous_token": 1.0}, n_sentences=8, progress=False
+    )
+    assert high.heads("previous_token") == [] and mine.threshold == 0.0
+    plain = headmech.classify(m, ["previous_token"], n_sentences=8, progress=False)
+    assert "thresholds" not in plain.provenance["settings"]
+
+
+def test_classify_shows_progress_unless_told_not_to(tiny_models, capfd):
+    import inspect
+
+    from headmech.attribution import importance
+    from headmech.discover import discover
+    from headmech.pruning import prune
+
+    m = tiny_models["gpt2"]
+    headmech.classify(m, ["previous_token"], n_sentences=8, n_boot=0)
+    assert "prose (previous_token)" in capfd.readouterr().err  # the bar, on stderr
+    headmech.classify(m, ["previous_token"], n_sentences=8, n_boot=0, progress=False)
+    assert capfd.readouterr().err == ""
+    for f in (headmech.classify, importance, prune, discover):  # the minute-long entry points
+        assert inspect.signature(f).parameters["progress"].default is True, f.__name__
+
+
+def test_python_names_suggest_a_close_name_as_the_command_line_does():
+    from headmech.cli import main
+
+    with pytest.raises(UnknownHeadTypeError, match=r"\(did you mean 'induction'\?\)$"):
+        headmech.get_head_type("inducton")
+    with pytest.raises(UnknownHeadTypeError, match=r"\(did you mean 'induction'\?\)$"):
+        headmech.classify(None, ["inducton"])  # before the model is read
+    with pytest.raises(headmech.HeadmechError) as e:
+        headmech.load_model("smollm")
+    assert str(e.value).startswith("unknown model 'smollm' (did you mean 'smollm2-135m'?): ")
+    assert main(["classify", "smollm"]) == 2  # the command line says the same
+
+
+def test_a_head_type_class_without_a_name_is_named_with_its_file():
+    from headmech.core.errors import PluginError
+    from headmech.headtypes.registry import HeadType, register
+
+    class ContributedHead(HeadType):
+        description = "a contributed type that forgot its name"
+
+    needle = (
+        "head type class test_a_head_type_class_without_a_name_is_named_with_its_file.<locals>"
+        '.ContributedHead has no `name`: add the class attribute name = "contributed"'
+    )
+    for call in (
+        lambda: register(ContributedHead),
+        lambda: headmech.classify(None, [ContributedHead]),
+        lambda: headmech.classify(None, [ContributedHead()]),
+    ):
+        with pytest.raises(PluginError) as e:
+            call()
+        assert str(e.value).startswith(needle) and "\n" not in str(e.value)
+        assert str(e.value).endswith("tests/test_catalog.py")
+
+    class Inherits(headmech.get_head_type("induction")):
+        pass
+
+    with pytest.raises(PluginError, match="Inherits defines no `name` of its own"):
+        register(Inherits)
+
+
 @pytest.mark.parametrize(
     ("name", "bad"),
     [

@@ -293,6 +293,8 @@ def test_path_patching_api(strong_models, tiny_models):
         torch.testing.assert_close(scores[0, h], one, equal_nan=True, atol=1e-6, rtol=0)
     some = path_patch(model, task, (0, 1), [(1, 2)], "v")
     assert torch.isfinite(some[1, 2]) and int(torch.isnan(some).sum()) == 11
+    by_name = path_patch(model, task, "L0H1", ["L1H2"], "v")  # heads as the CLI names them
+    torch.testing.assert_close(by_name, some, equal_nan=True, atol=0, rtol=0)
     G = graph(model, kinds=("q",), top_k=4, min_ratio=0.0)
     n_before = G.number_of_edges()
     add_path_patching_edges(G, model, task, [(0, 1)], "q", top_k=2, min_ratio=0.0)

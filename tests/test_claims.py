@@ -134,11 +134,11 @@ def test_copy_task_is_the_in_context_tokens_log_probability_by_hand():
 def test_ablating_a_dead_head_leaves_the_claims_unchanged(dead_head_model):
     """Zero-ablating a head that writes nothing changes the induction metric (previous
     token's claim) and the copy task by 0; its direct path to the logits is 0."""
-    from headmech.classification.validation import _validation
+    from headmech.classification.validation import type_validation
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        prev = _validation(
+        prev = type_validation(
             dead_head_model,
             get_head_type("previous_token")(),
             [DEAD],
@@ -146,7 +146,7 @@ def test_ablating_a_dead_head_leaves_the_claims_unchanged(dead_head_model):
             2,
             {"induction": []},
         )
-        nm = _validation(dead_head_model, get_head_type("name_mover")(), [DEAD], SMALL, 2)
+        nm = type_validation(dead_head_model, get_head_type("name_mover")(), [DEAD], SMALL, 2)
     assert abs(prev["effect"]) < 1e-6 and prev["metric"].startswith("mean loss on the repeated")
     assert prev["k_composition"]["note"] == "no induction head after a labelled head"
     assert abs(nm["effect"]) < 1e-6 and nm["validation"] == "direct_path"
@@ -193,14 +193,16 @@ def test_degenerate_controls_on_toy_induction_are_said(capsys):
     heads. One distinct set is drawn of the 3 asked for, the record counts one possible
     set, the verdict does not judge against it, and the report's line says so."""
     import headmech
-    from headmech.classification.validation import _validation
+    from headmech.classification.validation import type_validation
     from headmech.cli.report import validation_line
 
     toy = headmech.load_model("toy-induction")
     heads = [HeadIndex(1, h) for h in range(4)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        v = _validation(toy, get_head_type("induction")(), heads, ProbeOptions(n_sequences=4), 3)
+        v = type_validation(
+            toy, get_head_type("induction")(), heads, ProbeOptions(n_sequences=4), 3
+        )
     assert (v["control_pool"], v["n_possible_sets"], v["n_distinct_controls"]) == (4, 1, 1)
     assert v["verdict"] == "degenerate controls"
     assert len(v["random_effects"]) == 1 and v["n_controls_asked"] == 3

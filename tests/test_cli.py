@@ -50,6 +50,27 @@ def test_classify_writes_catalog_and_heatmap(capsys, tiny_dirs, tmp_path):
     assert "previous_token" in out
 
 
+def test_classify_takes_a_threshold_per_type(capsys, tmp_path):
+    """``--threshold TYPE=VALUE``, repeatable or comma-separated, as ``thresholds=`` in
+    Python; recorded in the catalog's provenance. On the toy, previous_token (measured on
+    prose) is skipped by default, and so is its threshold."""
+    from headmech.cli.base import _thresholds
+
+    code, out, err = run(
+        capsys, "classify", "toy-induction", "--n-sequences", "4", "--out", str(tmp_path),
+        "--threshold", "induction=0.3", "--threshold", "previous_token=0.2",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads((tmp_path / "catalog.json").read_text())
+    assert data["types"]["induction"]["threshold"] == 0.3
+    assert data["types"]["duplicate_token"]["threshold"] == 0.4  # its default
+    assert data["provenance"]["settings"]["thresholds"] == {"induction": 0.3}
+    assert "skipped previous_token" in out
+    both = {"induction": 0.3, "duplicate_token": 0.5}
+    assert _thresholds(["induction=0.3,duplicate_token=0.5"], None) == both
+    assert _thresholds(["induction=0.3", " duplicate_token = 0.5 "], None) == both
+
+
 def test_help_everywhere():
     for argv in (["--help"], ["classify", "--help"], ["models", "--help"], ["types", "--help"]):
         r = subprocess.run(

@@ -17,6 +17,13 @@ each hand-built head is shown to do its job by a direct reading of the model (at
 its direct effect on the logits, the answer's probability with and without it), and the
 score function is mutated (a sign flipped, a wrong index, a weight left out) to show that
 a wrong score fails the positive control.
+
+A contributor adds one thing here: the new type's hand-written perfect head, a function
+in ``HAND`` (docs/contributing-head-types.md, "The hand-written definition"). Which types
+are scored from attention is derived (every type without a hand-built model in
+``POSITIVE_CONTROLS``); a type without a hand definition fails
+:func:`test_every_type_has_a_hand_definition` and its own tests with a message naming the
+type, its file, and the dict to add it to.
 """
 
 from __future__ import annotations
@@ -283,13 +290,30 @@ HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "concept_induction": _concept,
     "semantic_induction": _semantic,
 }
-# types whose score reads the attention pattern (the others score weights or runs of the
-# model: their positive control is a hand-built model, checked at the end of this file)
-ATTENTION_SCORED = [
-    "previous_token", "positional", "duplicate_token", "induction", "attention_sink",
-    "rare_word", "syntactic", "retrieval", "name_mover", "negative_name_mover", "s_inhibition",
-    "concept_induction", "semantic_induction",
-]  # fmt: skip
+# Types whose score reads the attention pattern: every type but those scored from weights
+# or runs of the model, whose positive control is a hand-built model (checked at the end
+# of this file). Derived, so a new attention type needs nothing here but its HAND entry.
+TYPES = sorted(head_types())
+ATTENTION_SCORED = [name for name in TYPES if name not in POSITIVE_CONTROLS]
+
+
+def _missing_hand(name: str) -> str:
+    """Why ``name`` fails here: it has no hand-written perfect head in ``HAND``."""
+    cls = head_types()[name]
+    where = inspect.getsourcefile(cls) or cls.__module__
+    return (
+        f"head type '{name}' ({cls.__qualname__}, {where}) has no hand-written definition: "
+        f"add a function returning its perfect head's targets, written from the probe's "
+        f"tokens and data alone, to the dict HAND in tests/test_conformance.py, as "
+        f'"{name}": _{name} (docs/contributing-head-types.md, "The hand-written definition")'
+    )
+
+
+def _hand(name: str) -> Callable[[ProbeBatch, object], Targets]:
+    """The hand-written definition of ``name``; a failure that says what to add, else."""
+    if name not in HAND:
+        pytest.fail(_missing_hand(name), pytrace=False)
+    return HAND[name]
 
 
 def _pattern(targets: Targets, n: int) -> torch.Tensor:
@@ -312,20 +336,23 @@ def _planted_stats(t: HeadType, model, batches: list[ProbeBatch], pattern) -> He
 
 
 def test_every_type_has_a_hand_definition():
-    assert sorted(HAND) == sorted(head_types())
-    assert set(ATTENTION_SCORED) <= set(HAND)
-    assert set(HAND) - set(ATTENTION_SCORED) == set(POSITIVE_CONTROLS)
+    missing = [name for name in TYPES if name not in HAND]
+    assert not missing, "\n".join(_missing_hand(name) for name in missing)
+    stale = sorted(set(HAND) - set(TYPES))
+    assert not stale, f"HAND in tests/test_conformance.py defines unregistered types: {stale}"
+    assert set(POSITIVE_CONTROLS) <= set(TYPES), sorted(set(POSITIVE_CONTROLS) - set(TYPES))
 
 
-@pytest.mark.parametrize("name", sorted(HAND))
+@pytest.mark.parametrize("name", TYPES)
 def test_ideal_pattern_equals_the_hand_written_definition(name):
     """``ideal_pattern`` (from the type's ``targets()``) equals the hand-written perfect
     head on every batch of the control probe, and that head has real targets."""
+    hand_written = _hand(name)
     t = get_head_type(name)()
     model = _model(t)
     n_targets = 0
     for batch in build_probe(t.probe, model, CONTROL_OPTIONS).batches:
-        hand = _pattern(HAND[name](batch, model), batch.input_ids.shape[1])
+        hand = _pattern(hand_written(batch, model), batch.input_ids.shape[1])
         torch.testing.assert_close(t.ideal_pattern(batch).float(), hand, atol=1e-6, rtol=0)
         n_targets += int((hand.diagonal(dim1=1, dim2=2) < 1).sum())
     assert n_targets > 0, "the hand-written head attends only to itself: nothing checked"
@@ -335,17 +362,23 @@ def test_ideal_pattern_equals_the_hand_written_definition(name):
 def test_head_planted_by_hand_is_found_first(name):
     """A head attending by the hand-written definition is labelled and ranked first; the
     type's own targets play no part in planting it."""
+    hand_written = _hand(name)
     t = get_head_type(name)()
     model = _model(t)
     probe = build_probe(t.probe, model, CONTROL_OPTIONS)
 
     def pattern(batch):
-        return _pattern(HAND[name](batch, model), batch.input_ids.shape[1])
+        return _pattern(hand_written(batch, model), batch.input_ids.shape[1])
 
     stats = _planted_stats(t, model, probe.batches, pattern)
     score = t.score(stats)
     heads = t.select(score, stats)
-    assert heads and heads[0] == PLANTED, (heads[:3], float(score[PLANTED]))
+    assert heads and heads[0] == PLANTED, (
+        f"{name}: the head planted by hand is not the top head ({heads[:3]}, its score "
+        f"{float(score[PLANTED]):.3f}); a type scored from weights or runs of the model, not "
+        f"from attention, needs a hand-built model in POSITIVE_CONTROLS "
+        f"(headmech/testing/controls.py) instead"
+    )
 
 
 class _SkipsOneToken(PreviousTokenHead):

@@ -1,5 +1,5 @@
 """The documentation's code runs: every Python block of README.md, then docs/python.md's, in
-order, in one namespace (and docs/contributing-head-types.md's, in tests/test_packaging.py).
+order, in one namespace (and docs/contributing-head-types.md's, in tests/test_contributing.py).
 README.md is a front page of at most :data:`MAX_README_LINES` lines; the guides it links
 exist, every relative link and anchor in it and in the guides resolves, and what it says
 about `make` and the head types is the Makefile's and the registry's."""

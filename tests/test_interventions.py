@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import headmech
+from headmech.core.errors import HeadIndexError
+from headmech.core.head_index import HeadIndex
 from headmech.core.stats import ProbeBatch
 from headmech.interventions import (
     Cost,
@@ -17,7 +19,7 @@ from headmech.interventions import (
     capture_z,
     run_variants,
 )
-from headmech.interventions.ablation import ablation_variants
+from headmech.interventions.ablation import ablation, ablation_hooks, ablation_variants
 from headmech.interventions.runner import CPU_ACTIVATION_BYTES, MAX_CHUNK, chunk_size
 from headmech.probes import ProbeOptions
 from headmech.stream.forward import block_inputs, fast_attention, run_blocks, starting_at
@@ -323,3 +325,28 @@ def test_smollm2_fast_zero_ablation_equals_the_full_runs(smollm2):
     assert clean == pytest.approx(clean_slow, abs=1e-4)
     torch.testing.assert_close(fast, slow, atol=1e-4, rtol=0)
     assert float((fast - clean).max()) > 0.05  # some of these heads matter
+
+
+def test_heads_are_named_as_on_the_command_line_everywhere(tiny_models):
+    """A head is ``"L18H6"`` (as the command line and catalog.json write it), a
+    ``(layer, head)`` pair or a HeadIndex wherever it enters the API; a malformed name is a
+    one-line error naming the form."""
+    want = (HeadIndex(1, 2), HeadIndex(0, 3))
+    assert Intervention.on(["L1H2", (0, 3)], Zero()).heads == want
+    assert Intervention.on([HeadIndex(1, 2), "l0h3"], Zero()).heads == want
+    assert Intervention.on("L1H2,L0H3", Zero()).heads == want  # one comma-separated string
+    assert ablation(["L1H2", "L0H3"], "uniform").heads == want
+    model = tiny_models["gpt2"]
+    ids = torch.randint(5, 200, (2, 7))
+    with torch.no_grad():
+        with model.hooks(fwd_hooks=ablation_hooks(model, ["L1H2", "L0H3"])):
+            by_name = model(ids)
+        with model.hooks(fwd_hooks=ablation_hooks(model, [(1, 2), (0, 3)])):
+            by_pair = model(ids)
+    assert torch.equal(by_name, by_pair)
+    for bad in (["L18"], ["18:6"], [1.5], HeadIndex(1, 2)):
+        with pytest.raises(HeadIndexError, match="L<layer>H<head>") as e:
+            Intervention.on(bad, Zero())
+        assert "\n" not in str(e.value)
+    with pytest.raises(HeadIndexError, match="ablation_hooks: head \\(2, 0\\) is outside"):
+        ablation_hooks(model, ["L2H0"])

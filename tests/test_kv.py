@@ -67,6 +67,16 @@ def test_plan_maps_query_heads_to_their_kv_heads(llama):
     assert plan.kv_fraction(5) == 1.0  # shorter than sinks + window: nothing evicted
 
 
+def test_plan_takes_heads_by_name(llama):
+    by_name = KVPlan.from_heads(llama, ["L0H1", "L1H2", "L1H3"], sinks=2, window=8)
+    by_pair = KVPlan.from_heads(llama, [(0, 1), (1, 2), (1, 3)], sinks=2, window=8)
+    assert by_name.full.tolist() == by_pair.full.tolist() == [[True, False], [False, True]]
+    with pytest.raises(InputError, match="head L5H0 is not in a 2x4 model"):
+        KVPlan.from_heads(llama, ["L5H0"])
+    with pytest.raises(InputError, match="KVPlan.from_heads: 'L5' does not name a head"):
+        KVPlan.from_heads(llama, ["L5"])
+
+
 def test_plan_from_catalog_labels_and_budget(llama):
     cat = _catalog(llama, [(1, 3)], torch.tensor([[0.05, 0.0, 0.09, 0.0], [0.0, 0.0, 0.0, 0.9]]))
     assert KVPlan.from_catalog(cat, llama).full.tolist() == [[False, False], [False, True]]

@@ -8,7 +8,7 @@ import torch
 
 from headmech.kv import KVPlan, evaluate, evaluate_many, needle_batches, planned, prose_batches
 from headmech.kv.attention import attention_modules
-from headmech.kv.budget import _shape
+from headmech.kv.budget import model_shape
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def gemma3(tmp_path_factory):
 
 
 def _one_windowed(model, layer: int, kv: int, sinks: int = 1, window: int = 5) -> KVPlan:
-    name, n_layers, n_heads, n_kv = _shape(model)
+    name, n_layers, n_heads, n_kv = model_shape(model)
     full = torch.ones(n_layers, n_kv, dtype=torch.bool)
     full[layer, kv] = False
     return KVPlan(full, n_heads, sinks, window, name, {"kind": "one_windowed"})

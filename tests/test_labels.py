@@ -201,7 +201,7 @@ def test_controls_widen_to_nearby_layers_when_the_same_layers_hold_too_few_sets(
     import warnings
 
     from headmech.classification.claims import control_space
-    from headmech.classification.validation import _controls
+    from headmech.classification.validation import draw_controls
     from headmech.models import ModelInfo
 
     info = ModelInfo("m", 30, 9, 3, 0, 0, True)
@@ -210,7 +210,7 @@ def test_controls_widen_to_nearby_layers_when_the_same_layers_hold_too_few_sets(
     assert control_space(heads, 30, 9, "same_layers", excluded)[1] == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning: no layer is short of heads
-        sets, kind, note = _controls(info, heads, 5, 0, excluded)
+        sets, kind, note = draw_controls(info, heads, 5, 0, excluded)
     assert kind == "layers_within_1" and "only 1 distinct control set" in note
     assert len({frozenset(s) for s in sets}) == 5
     drawn = {h for s in sets for h in s}

@@ -161,3 +161,17 @@ def test_the_old_cycles_stay_broken(low: str, high: str) -> None:
     """The imports that closed the package's largest cycle (through 14 modules, before the
     layers were written down) do not come back, directly or through other modules."""
     assert not nx.has_path(GRAPH, low, high), f"{low} reaches {high} again"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A name with a leading underscore stays in its module: what another module needs is
+    public (no underscore) in the module that defines it."""
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("headmech"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                private = [n for n in private if not n.startswith("__")]
+                if private and node.module != module:
+                    found.append(f"{module} imports {', '.join(private)} from {node.module}")
+    assert not found, "; ".join(found)

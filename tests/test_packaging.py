@@ -137,21 +137,6 @@ def test_no_import_cycle_with_the_package_root():
     assert r.returncode == 0, r.stderr[-1500:]
 
 
-def test_contribution_guide_example_runs_and_passes_the_harness():
-    """The guide's example head type is real code: it defines a type that passes every
-    conformance check."""
-    from headmech.testing import check_head_type
-
-    text = (ROOT / "docs" / "contributing-head-types.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    namespace: dict = {"__name__": "guide_example"}
-    exec(compile(blocks[0], "guide_example", "exec"), namespace)
-    cls = namespace["FirstTokenHead"]
-    assert cls.name == "first_token" and cls.task == "lm"
-    check_head_type(cls)
-    exec(compile(blocks[1], "guide_check", "exec"), namespace)  # the page's own check
-
-
 def test_coverage_floor_fails_below_it_in_one_line(tmp_path, capsys):
     import importlib.util
 

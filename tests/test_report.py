@@ -10,8 +10,10 @@ import warnings
 import pytest
 import torch
 
-from headmech.classification.classify import _controls, _validation, classify, validate_heads
+from headmech.classification.classify import classify
+from headmech.classification.control_sets import draw_controls
 from headmech.classification.results import HeadCatalog, TypeResult
+from headmech.classification.validation import type_validation, validate_heads
 from headmech.cli import report
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import get_head_type
@@ -27,10 +29,10 @@ SMALL = ProbeOptions(n_sequences=4, half_len=6, batch_size=4)
 
 def _record(heads: list[HeadIndex], n_random: int, **over: object) -> dict:
     """A record shaped as :func:`headmech.classification.classify.validate_heads` writes it, its control
-    sets drawn by the real ``_controls``; effects 0.5 + 0.1 per set."""
+    sets drawn by the real ``draw_controls``; effects 0.5 + 0.1 per set."""
     with warnings.catch_warnings():  # the fallback's warning: tested in test_findings.py
         warnings.simplefilter("ignore")
-        controls, kind, note = _controls(INFO, heads, n_random, seed=0)
+        controls, kind, note = draw_controls(INFO, heads, n_random, seed=0)
     rand = [0.1 * (i + 1) for i in range(len(controls))]
     v = {
         "metric": METRIC, "mode": "zero", "control": kind, "control_note": note,
@@ -123,7 +125,7 @@ def test_evidence_prints_a_catalog_read_back_from_json(tmp_path, capsys):
 
 
 def test_real_records_of_every_shape_print(tiny_models):
-    """The records validate_heads and _validation really write (a tiny LLaMA and BERT)."""
+    """The records validate_heads and type_validation really write (a tiny LLaMA and BERT)."""
     llama, t = tiny_models["llama"], get_head_type("induction")(threshold=0.0)
     with pytest.warns(UserWarning, match="controls drawn from every layer"):
         fallback = validate_heads(llama, t, LAYER_0, SMALL, n_random=2)
@@ -133,7 +135,7 @@ def test_real_records_of_every_shape_print(tiny_models):
         "none": validate_heads(llama, t, MOST, SMALL, n_random=2),
         "n_random 0": validate_heads(llama, t, ONE_PER_LAYER, SMALL, n_random=0),
         "no heads": validate_heads(llama, t, [], SMALL, n_random=2),
-        "encoder": _validation(tiny_models["bert"], t, ONE_PER_LAYER, SMALL, 2),
+        "encoder": type_validation(tiny_models["bert"], t, ONE_PER_LAYER, SMALL, 2),
     }
     lines = {k: report.validation_line(v) for k, v in real.items()}
     v = real["same_layers"]

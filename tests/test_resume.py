@@ -43,7 +43,7 @@ ARGS = {
 }  # fmt: skip
 # the function of one unit, and how many times an uninterrupted run calls it
 UNIT_FUNCTIONS = {
-    "classify": (classify_module, "_validation", 3),
+    "classify": (classify_module, "type_validation", 3),
     "importance": (runner_module, "_run_batch", 4),
     "prune": (michel_module, "_step", 8),
 }

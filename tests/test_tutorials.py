@@ -71,7 +71,55 @@ def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
     _render(nb, path)
 
 
+def test_a_notebook_shows_classify_progress_without_a_tqdm_warning(
+    tmp_path, monkeypatch, kernel_name
+):
+    """``classify`` shows progress by default; in a kernel without ipywidgets (this one)
+    tqdm.auto, first imported by transformers, would warn in a block of stderr
+    (``TqdmWarning: IProgress not found``) that opened every tutorial's output. The
+    rendered page keeps no trace of the finished bars."""
+    root = str(TUTORIALS.parent)
+    code = (
+        "import headmech\n"
+        "model = headmech.load_model('toy-induction')\n"
+        "catalog = headmech.classify(model, ['induction'], n_sequences=4, n_boot=0)\n"
+        "print(catalog['induction'].threshold)"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.delenv("COVERAGE_PROCESS_START", raising=False)
+    client = NotebookClient(
+        nb, timeout=300, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    outputs = nb.cells[0].outputs
+    stderr = "".join(o.text for o in outputs if o.get("name") == "stderr")
+    assert "TqdmWarning" not in stderr and "IProgress" not in stderr, stderr
+    assert "repeated_random (induction)" in stderr  # the bar, on by default
+    _without_finished_bars(nb)
+    assert [o.name for o in nb.cells[0].outputs] == ["stdout"]  # only the printed threshold
+
+
 SITE_TUTORIALS = TUTORIALS.parent / "catalog" / "site" / "tutorials"
+
+
+def _without_finished_bars(nb) -> None:
+    """Drop the stderr that only drew progress bars: ``classify`` shows them by default,
+    each one erased when done (carriage returns), which a rendered page would show as an
+    empty error box."""
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        CoalesceStreamsPreprocessor().preprocess_cell(cell, {}, i)  # merged, \r applied
+        cell.outputs = [
+            o
+            for o in cell.outputs
+            if not (o.output_type == "stream" and o.name == "stderr" and not o.text.strip())
+        ]
 
 
 def _render(nb, path: Path) -> None:
@@ -79,6 +127,7 @@ def _render(nb, path: Path) -> None:
     so a reader sees every figure without running it; the source notebook stays stripped."""
     from nbconvert import HTMLExporter
 
+    _without_finished_bars(nb)
     exporter = HTMLExporter(embed_images=True)
     body, _ = exporter.from_notebook_node(nb)
     # the lab template loads MathJax and require.js from a CDN: the atlas works offline, so

@@ -19,7 +19,6 @@ dataclass, or None).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,11 +39,12 @@ from headmech.attribution.methods import (
 )
 from headmech.attribution.patching import activation_patching, attribution_patching, spearman
 from headmech.core.checks import method_options
-from headmech.core.errors import HeadmechError, UnknownMethodError
+from headmech.core.errors import UnknownMethodError
 from headmech.core.registry import METHODS, build_options
 from headmech.interventions import Cost
 from headmech.probes import ProbeOptions
-from headmech.runs.provenance import SCHEMA_VERSION, dumps
+from headmech.runs.files import FileSchema, ResultFile
+from headmech.runs.provenance import SCHEMA_VERSION
 from headmech.runs.resume import counting, recording
 from headmech.stream.engine import ProbeBatch
 from headmech.tasks import Task, get_task
@@ -69,9 +69,15 @@ __all__ = [
     "spearman",
 ]
 
+# importance.json: its header names no headmech version
+IMPORTANCE_FILE = FileSchema(
+    "importance result", "importance.json", SCHEMA_VERSION, required=("method", "task", "score"),
+    headmech_version=False,
+)  # fmt: skip
 
-@dataclass
-class ImportanceResult:
+
+@dataclass(eq=False)
+class ImportanceResult(ResultFile):
     """A per-head importance score and how it was obtained.
 
     Attributes:
@@ -104,10 +110,10 @@ class ImportanceResult:
     high: Float[Tensor, "n_layers n_heads"] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``importance.json`` contents."""
+    SCHEMA = IMPORTANCE_FILE
+
+    def _body(self) -> dict[str, Any]:
         out = {
-            "schema_version": SCHEMA_VERSION,
             "method": self.method,
             "task": self.task,
             "metric_clean": self.metric_clean,
@@ -116,48 +122,42 @@ class ImportanceResult:
             "model": self.model,
             "forward_equivalents": self.forward_equivalents,
             "details": self.details,
-            "provenance": self.provenance,
         }
         if self.low is not None and self.high is not None:
             out["interval"] = {"low": self.low.tolist(), "high": self.high.tolist()}
-        return json.loads(dumps(out))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``importance.json`` contents (:meth:`to_json`)."""
+        return self.to_json()
 
     def save(self, out: str | os.PathLike) -> Path:
-        """Write ``out/importance.json`` and ``out/importance.png``; returns the JSON path."""
+        """Write ``out/importance.json`` and ``out/importance.png`` (``out`` ending in
+        ``.json``: that file alone); returns the JSON path."""
+        return super().save(out)
+
+    def _figures(self, folder: Path) -> None:
         from headmech.core.plot import score_heatmap
 
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "importance.json"
-        path.write_text(dumps(self.to_dict()))
         title = f"{self.model} {self.method} / {self.task}"
-        score_heatmap(self.score, title=title, path=out / "importance.png")
-        return path
+        score_heatmap(self.score, title=title, path=folder / "importance.png")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ImportanceResult:
-        """Read an ``importance.json`` (a one-line error if it is not one)."""
-        p = Path(path)
-        p = p / "importance.json" if p.is_dir() else p
-        try:
-            d = json.loads(p.read_text())
-            interval = d.get("interval") or {}
-            return cls(
-                d["method"], d["task"], torch.tensor(d["score"]), d["metric_clean"],
-                d["metric_description"], 0.0, float(d["forward_equivalents"]), d["model"],
-                d["details"],
-                torch.tensor(interval["low"]) if interval else None,
-                torch.tensor(interval["high"]) if interval else None,
-                d.get("provenance", {}),
-            )  # fmt: skip
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise HeadmechError(f"{p} is not an importance.json: {e}") from None
+        """Read an ``importance.json`` (or its folder); a one-line error if it is not one."""
+        return super().load(path)
 
-    def __eq__(self, other: object) -> bool:
-        """Equal when they write the same ``importance.json``."""
-        return isinstance(other, ImportanceResult) and self.to_dict() == other.to_dict()
-
-    __hash__ = None  # type: ignore[assignment]
+    @classmethod
+    def _from_json(cls, d: dict[str, Any]) -> ImportanceResult:
+        interval = d.get("interval") or {}
+        return cls(
+            d["method"], d["task"], torch.tensor(d["score"]), d["metric_clean"],
+            d["metric_description"], 0.0, float(d["forward_equivalents"]), d["model"],
+            d["details"],
+            torch.tensor(interval["low"]) if interval else None,
+            torch.tensor(interval["high"]) if interval else None,
+            d.get("provenance", {}),
+        )  # fmt: skip
 
     def top(self, k: int = 5) -> list[tuple[int, int]]:
         """The ``k`` highest-scoring heads as ``(layer, head)``."""
@@ -174,7 +174,7 @@ def importance(
     *,
     batches: list[ProbeBatch] | None = None,
     probe_options: ProbeOptions | None = None,
-    progress: bool = False,
+    progress: bool = True,
     n_boot: int = 200,
     units: Units | None = None,
     **options: Any,
@@ -187,7 +187,7 @@ def importance(
         task: ``lm``, ``induction``, ``retrieval`` or a :class:`headmech.tasks.Task`.
         batches: probe batches to use (default: the task's probe under ``probe_options``).
         probe_options: sizes of the probe.
-        progress: show progress bars.
+        progress: show progress bars on stderr (default; ``False``: silent).
         n_boot: bootstrap resamples of the probe's examples for the score's interval (0:
             none; seeded by the ``seed`` option where the method has one, else 0).
         units: a :class:`headmech.runs.resume.Units` store: each probe batch's work is read

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from headmech.core.errors import HeadmechError
 from headmech.interventions import Cost, capture, recording
-from headmech.models.weights import _norm_weight
+from headmech.models.weights import norm_weight
 from headmech.runs import resume
 from headmech.stream.engine import ProbeBatch
 from headmech.stream.uncertainty import UnitValues
@@ -53,7 +53,7 @@ def frozen_norm(
     """The linear part of a LayerNorm/RMSNorm with its scale frozen (bias left out)."""
     if kind == "LN":
         x = x - x.mean(-1, keepdim=True)
-    w = _norm_weight(norm)
+    w = norm_weight(norm)
     return x / scale if w is None else x / scale * w.to(x.dtype)
 
 
@@ -107,7 +107,7 @@ def direct_effects(
         base = W_U[:, baseline.to(dev)].T  # [n, d_model]: one per query
     else:
         base = W_U[:, baseline]
-    w_final = _norm_weight(model.ln_final)  # Gemma: 1 + the parameter
+    w_final = norm_weight(model.ln_final)  # Gemma: 1 + the parameter
     direction = W_U[:, target[query]].T - base  # [n, d_model]
     direction = direction if w_final is None else direction * w_final.float()
     seq = torch.arange(query.shape[0], device=dev)[:, None].expand_as(query)[query]  # [n]

@@ -256,8 +256,12 @@ def exact_patching(
     direction: Direction = "noising",
     seed: int = 0,
 ) -> Float[Tensor, " n_heads_given"]:
-    """Exact patching importance of the given heads only (the same corruption, sign and
-    units as :func:`patching_importance`)."""
+    """Exact patching importance of the given heads only (``(layer, head)`` pairs or
+    ``"L18H6"`` strings; the same corruption, sign and units as
+    :func:`patching_importance`)."""
+    from headmech.core.head_index import check_heads
+
+    heads = check_heads(heads, int(model.cfg.n_layers), int(model.cfg.n_heads), "heads")
     pairs = patching_pairs(model, task, batches, direction, seed)
     delta, _, _ = _exact(model, task, pairs, None, None, False, heads)
     return (1.0 if direction == "noising" else -1.0) * delta

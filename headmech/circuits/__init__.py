@@ -45,7 +45,7 @@ from torch import Tensor
 
 from headmech.circuits.path_patching import add_path_patching_edges, path_patch, path_patch_scores
 from headmech.core.errors import HeadmechError
-from headmech.core.head_index import HeadIndex
+from headmech.core.head_index import HeadIndex, check_heads
 from headmech.models.weights import HeadWeights, head_weights
 
 if TYPE_CHECKING:
@@ -207,6 +207,7 @@ def graph(
     if receivers is None:
         everyone = [HeadIndex(la, h) for la in range(n_layers) for h in range(n_heads)]
         receivers = list(labels) if labels else everyone
+    receivers = check_heads(receivers, n_layers, n_heads, "receivers")  # pairs or "L18H6"
     G = nx.MultiDiGraph(model=str(getattr(model, "headmech_name", "model")))
 
     def add_node(h: HeadIndex) -> str:

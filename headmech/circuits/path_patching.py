@@ -51,7 +51,7 @@ from torch import Tensor
 
 from headmech.attribution.patching import patching_pairs
 from headmech.core.errors import HeadmechError
-from headmech.core.head_index import HeadIndex
+from headmech.core.head_index import HeadIndex, check_heads
 from headmech.interventions import Intervention, PathPatch, run_variants
 from headmech.interventions.direct_effects import direct_writes as _direct_writes
 from headmech.probes import ProbeOptions
@@ -83,9 +83,9 @@ def _check(model: TransformerBridge, component: str, direction: str) -> None:
         raise HeadmechError("path patching does not support offloaded models yet")
 
 
-def _sender(model: TransformerBridge, sender: HeadIndex | Sequence[int]) -> HeadIndex:
-    s = HeadIndex(int(sender[0]), int(sender[1]))
+def _sender(model: TransformerBridge, sender: HeadIndex | Sequence[int] | str) -> HeadIndex:
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    (s,) = check_heads([sender], None, None, "sender")  # a pair or "L18H6"
     if not (0 <= s.layer < n_layers and 0 <= s.head < n_heads):
         raise HeadmechError(f"sender {s} is not a head ({n_layers} layers of {n_heads} heads)")
     return s
@@ -111,7 +111,7 @@ def _targets(
         receivers = [(la, h) for la in range(sender.layer + 1, n_layers) for h in range(n_heads)]
     group = _kv_group(model, component)
     out: dict[HeadIndex, list[int]] = {}
-    for la, h in receivers:
+    for la, h in check_heads(receivers, None, None, "receivers"):
         if not (sender.layer < la < n_layers and 0 <= h < n_heads):
             raise HeadmechError(
                 f"receiver L{la}H{h} is not a head after sender {sender} "
@@ -257,7 +257,7 @@ def path_patch_scores(
     sign = 1.0 if direction == "noising" else -1.0
     if senders is None:
         senders = [(la, h) for la in range(n_layers - 1) for h in range(n_heads)]
-    wanted = None if receivers is None else [HeadIndex(int(a), int(b)) for a, b in receivers]
+    wanted = None if receivers is None else check_heads(receivers, None, None, "receivers")
     by_layer: dict[int, list[HeadIndex]] = {}
     for sender in senders:
         s = _sender(model, sender)

@@ -12,13 +12,12 @@ labelled heads are ablated, and so are random control sets drawn from the same l
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from headmech.classification.results import HeadCatalog, TypeResult
-from headmech.classification.validation import _controls as _controls  # re-exported (tests)
-from headmech.classification.validation import _validation, validate_heads
+from headmech.classification.validation import type_validation, validate_heads
 from headmech.core.errors import ArgumentError, HeadmechError, IncompleteRunError, InputError
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import HeadType, checked_score, collect_statistics, resolve_types
@@ -34,14 +33,17 @@ if TYPE_CHECKING:
 __all__ = ["HeadCatalog", "TypeResult", "classify", "validate_heads"]
 
 
-def _runnable(
-    types: Sequence[str | HeadType | type[HeadType]] | str | None, info: ModelInfo
+def runnable_types(
+    types: Sequence[str | HeadType | type[HeadType]] | str | None,
+    info: ModelInfo,
+    thresholds: Mapping[str, float] | None = None,
 ) -> tuple[list[HeadType], dict[str, str]]:
-    """The requested types that fit the model; a type the user named that does not fit is
-    an error, a default type that does not fit is skipped with its reason."""
+    """The requested types (with ``thresholds``) that fit the model; a type the user named
+    that does not fit is an error, a default type that does not fit is skipped with its
+    reason."""
     runnable: list[HeadType] = []
     skipped: dict[str, str] = {}
-    resolved = resolve_types(types)
+    resolved = resolve_types(types, thresholds)
     names = [t.name for t in resolved]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -81,7 +83,7 @@ def _check_arguments(validate: bool, n_random: Any, n_boot: Any) -> None:
         )
 
 
-def _score(t: HeadType, stats: Any, n_boot: int, seed: int) -> TypeResult:
+def score_type(t: HeadType, stats: Any, n_boot: int, seed: int) -> TypeResult:
     """One type's score, labels, evidence and bootstrap interval from its statistics."""
     from headmech.stream.uncertainty import stats_interval
 
@@ -165,7 +167,7 @@ def _classify_probe(
         "stream_seconds": round(time.perf_counter() - t1, 3),
         **probe.info,
     }
-    return {t.name: _score(t, stats, n_boot, options.seed) for t in group}, meta, probe.batches
+    return {t.name: score_type(t, stats, n_boot, options.seed) for t in group}, meta, probe.batches
 
 
 def _scored(
@@ -201,7 +203,8 @@ def classify(
     validate: bool = False,
     n_random: int = 5,
     n_boot: int = 200,
-    progress: bool = False,
+    thresholds: Mapping[str, float] | None = None,
+    progress: bool = True,
     units: Units | None = None,
     alone: tuple[int, int] | None = None,
     **probe_options: Any,
@@ -226,7 +229,11 @@ def classify(
             each is a pass of the task per head).
         n_boot: bootstrap resamples of the probe's examples for each score's interval
             (0: no interval).
-        progress: show progress bars.
+        thresholds: a threshold per head type, ``{"previous_token": 0.3}`` (the command
+            line's ``--threshold previous_token=0.3``); each name a type classified here,
+            each value within the type's score range; the others keep their defaults.
+            Recorded in the catalog's ``provenance["settings"]["thresholds"]``.
+        progress: show progress bars on stderr (default; ``False``: silent).
         units: a :class:`headmech.runs.resume.Units` store: the types scored on each probe
             and each type's validation are read from it where stored, else stored as
             they finish (a stopped run continues; :mod:`headmech.runs.resume`).
@@ -238,11 +245,20 @@ def classify(
 
     Examples:
         >>> headmech.classify(model, ["previous_token"], n_sentences=32)  # doctest: +SKIP
+        >>> headmech.classify(model, ["previous_token"], thresholds={"previous_token": 0.3})  # doctest: +SKIP
     """
     from headmech.core.progress import reporting
     from headmech.runs.resume import recording
 
+    if "threshold" in probe_options:
+        one = types[0] if isinstance(types, (list, tuple)) and len(types) == 1 else None
+        name = one if isinstance(one, str) else "<head type>"
+        raise ArgumentError(
+            "classify() takes no threshold=: give one per head type, "
+            f"thresholds={{{name!r}: {probe_options['threshold']!r}}}"
+        )
     _check_arguments(validate, n_random, n_boot)
+    resolve_types(types, thresholds)  # names, classes, thresholds: checked before the model
     if alone is not None and not (
         len(alone) == 2
         and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in alone)
@@ -251,7 +267,9 @@ def classify(
             f"alone must be two integers of at least 0 (labelled, rejected), got {alone!r}"
         )
     with reporting(progress), recording(units):
-        return _classify(model, types, validate, n_random, n_boot, progress, probe_options, alone)
+        return _classify(
+            model, types, validate, n_random, n_boot, progress, probe_options, alone, thresholds
+        )
 
 
 def _classify(
@@ -263,6 +281,7 @@ def _classify(
     progress: bool,
     probe_options: dict[str, Any],
     alone: tuple[int, int] | None = None,
+    thresholds: Mapping[str, float] | None = None,
 ) -> HeadCatalog:
     from headmech.runs.provenance import provenance, weights_hash
     from headmech.runs.resume import unit
@@ -272,7 +291,7 @@ def _classify(
     except TypeError as e:
         raise HeadmechError(f"unknown probe option: {e}") from None
     info = model_info(model)
-    runnable, skipped = _runnable(types, info)
+    runnable, skipped = runnable_types(types, info, thresholds)
     weights_hash(model)  # fail fast (a tensor it cannot read), and cached for provenance
     by_probe: dict[str, list[HeadType]] = {}
     for t in runnable:
@@ -286,6 +305,8 @@ def _classify(
         settings.update(validate=validate, n_random=n_random, n_boot=n_boot)
         if alone is not None:  # recorded where it is not the default
             settings["alone"] = list(alone)
+        if thresholds is not None:  # recorded where given
+            settings["thresholds"] = {n: float(v) for n, v in thresholds.items()}
         prov = provenance(model, probes=used, options=options, settings=settings)
         return HeadCatalog(info, {t.name: results[t.name] for t in done}, meta, prov)
 
@@ -306,7 +327,7 @@ def _classify(
             labelled = {n: r.heads for n, r in results.items()}  # induction heads: K-composition
             rejected = [HeadIndex.parse(e["head"]) for e in r.not_labelled]
             run = partial(
-                _validation, model, t, r.heads, options, n_random, labelled,
+                type_validation, model, t, r.heads, options, n_random, labelled,
                 sorted(r.not_controls()), rejected, alone=alone,
             )  # fmt: skip
             v = unit(f"validate-{t.name}", run)

@@ -3,7 +3,7 @@
 A type's labelled heads are judged against random sets of as many heads that are not of
 the type: neither labelled, nor at or above the threshold (rejected by a further
 criterion), nor with an interval reaching it (:meth:`headmech.classification.results.TypeResult.not_controls`).
-:func:`_controls` draws them per layer as the labelled heads lie (``same_layers``); where
+:func:`draw_controls` draws them per layer as the labelled heads lie (``same_layers``); where
 those layers hold too few distinct sets, from the nearest layers that do
 (``layers_within_d``); where a layer has fewer eligible heads than labelled ones, from
 every layer (``any_layer``, with a warning); where the model has too few at all, none.
@@ -22,7 +22,7 @@ from headmech.models import ModelInfo
 __all__: list[str] = []
 
 
-def _controls(
+def draw_controls(
     info: ModelInfo,
     heads: Sequence[HeadIndex],
     n_random: int,

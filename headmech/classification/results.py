@@ -10,9 +10,7 @@ with other weights is refused unless forced.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,12 +19,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech._version import __version__
-from headmech.core.errors import CatalogFileError, InputError
+from headmech.core.errors import CatalogFileError
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.base import at_or_above
 from headmech.models import ModelInfo, model_info
-from headmech.runs.provenance import SCHEMA_VERSION, check_weights, dumps
+from headmech.runs.files import FileSchema, ResultFile
+from headmech.runs.provenance import SCHEMA_VERSION, check_weights
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -34,36 +32,10 @@ if TYPE_CHECKING:
 __all__ = ["HeadCatalog", "TypeResult", "score_ranges"]
 
 
-def _release(version: Any) -> tuple[int, ...]:
-    """The numeric release of a version string: ``"0.2.0.dev1"`` → ``(0, 2, 0)``."""
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", str(version))
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
-
-
-def check_written_by(data: dict[str, Any], path: str | os.PathLike, what: str = "catalog") -> None:
-    """Refuse a file of a newer schema than this headmech reads (one-line
-    :class:`CatalogFileError`); warn in one line when a newer headmech wrote it (what it
-    added is not read)."""
-    from headmech.core.checks import warn
-
-    by = data.get("headmech_version")
-    written = f" (written by headmech {by})" if by is not None else ""
-    schema = data.get("schema_version")
-    if schema is not None:
-        if not re.fullmatch(r"\d+", str(schema)):
-            raise CatalogFileError(
-                f"{path} has an unknown {what} schema version {schema!r}{written}"
-            )
-        if int(str(schema)) > int(SCHEMA_VERSION):
-            raise CatalogFileError(
-                f"{path} is a {what} of schema {schema}{written}; this headmech ({__version__}) "
-                f"reads schema {SCHEMA_VERSION} or older: upgrade headmech"
-            )
-    if by is not None and _release(by) > _release(__version__):
-        warn(
-            f"{path} was written by headmech {by}, newer than this one ({__version__}): "
-            "anything it added is ignored"
-        )
+# catalog.json (schema in docs/architecture.md); CatalogFileError when it cannot be read
+CATALOG_FILE = FileSchema(
+    "catalog", "catalog.json", SCHEMA_VERSION, required=("model", "types"), error=CatalogFileError
+)
 
 
 def _grid(t: Tensor) -> list[list[float | None]]:
@@ -198,8 +170,8 @@ class TypeResult:
         )
 
 
-@dataclass
-class HeadCatalog:
+@dataclass(eq=False)
+class HeadCatalog(ResultFile):
     """Scores and labels of every head for several head types.
 
     Attributes:
@@ -214,14 +186,10 @@ class HeadCatalog:
     meta: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    SCHEMA = CATALOG_FILE
+
     def __getitem__(self, name: str) -> TypeResult:
         return self.types[name]
-
-    def __eq__(self, other: object) -> bool:
-        """Equal when they write the same ``catalog.json`` (``load(save(x)) == x``)."""
-        return isinstance(other, HeadCatalog) and self.to_json() == other.to_json()
-
-    __hash__ = None  # type: ignore[assignment]
 
     def heads(self, type_name: str) -> list[HeadIndex]:
         """The heads labelled with ``type_name``, best first."""
@@ -262,82 +230,46 @@ class HeadCatalog:
                 "apart: applied all the same (--force / force=True: no warning)"
             )
 
-    # --- JSON -------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """The ``catalog.json`` contents (schema in docs/architecture.md)."""
-        from headmech._version import __version__
+    # --- JSON (headmech.runs.files: the header, save, load, equality) -----------
+    def _body(self) -> dict[str, Any]:
+        """The ``catalog.json`` contents but for the header (schema in docs/architecture.md)."""
+        return {
+            "model": {
+                "name": self.model.name,
+                "n_layers": self.model.n_layers,
+                "n_heads": self.model.n_heads,
+            },
+            "types": {name: r.to_json() for name, r in self.types.items()},
+            # a stopped run's finished part: why it stopped (absent when whole)
+            **({"incomplete": self.meta["incomplete"]} if "incomplete" in self.meta else {}),
+        }
 
-        return json.loads(
-            dumps(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "headmech_version": __version__,
-                    "model": {
-                        "name": self.model.name,
-                        "n_layers": self.model.n_layers,
-                        "n_heads": self.model.n_heads,
-                    },
-                    "types": {name: r.to_json() for name, r in self.types.items()},
-                    "provenance": self.provenance,
-                    # a stopped run's finished part: why it stopped (absent when whole)
-                    **(
-                        {"incomplete": self.meta["incomplete"]} if "incomplete" in self.meta else {}
-                    ),
-                }
-            )
-        )
+    def _figures(self, folder: Path) -> None:
+        if self.types:
+            self.heatmap(folder / "heatmap.png")
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write what ``headmech classify`` writes: a directory gets ``catalog.json`` and
         ``heatmap.png``; a path ending in ``.json`` gets the JSON alone. Returns the JSON
         path. The same catalog always gives the same bytes."""
-        p = Path(path)
-        if p.exists() and not p.is_dir() and p.suffix != ".json":
-            raise InputError(f"cannot save the catalog in {p}: an existing file, not a folder")
-        if (
-            above := next((a for a in p.parents if a.exists()), None)
-        ) is not None and not above.is_dir():
-            raise InputError(f"cannot save the catalog in {p}: {above} is a file, not a folder")
-        if p.suffix == ".json":
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(dumps(self.to_json()))
-            return p
-        p.mkdir(parents=True, exist_ok=True)
-        (p / "catalog.json").write_text(dumps(self.to_json()))
-        if self.types:
-            self.heatmap(p / "heatmap.png")
-        return p / "catalog.json"
+        return super().save(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> HeadCatalog:
         """Read a ``catalog.json``; a one-line :class:`CatalogFileError` if it is corrupt."""
-        p = Path(path)
-        if p.is_dir():
-            p = p / "catalog.json"
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise CatalogFileError(f"no catalog file at {p}") from None
-        except IsADirectoryError:
-            raise CatalogFileError(f"{p} is a folder, not a catalog file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CatalogFileError(f"{p} is not valid JSON: {e}") from None
-        if isinstance(data, dict):
-            check_written_by(data, p)
-        try:
-            if not isinstance(data, dict):
-                raise ValueError("the file holds no JSON object")
-            m = data["model"]
-            shape = (int(m["n_layers"]), int(m["n_heads"]))
-            if min(shape) < 1:
-                raise ValueError(f"a model of {shape[0]}x{shape[1]} heads")
-            types = {n: TypeResult.from_json(n, t, shape) for n, t in data["types"].items()}
-            info = ModelInfo(str(m["name"]), shape[0], shape[1], shape[1], 0, 0, True)
-            prov = data.get("provenance", {})
-            if not isinstance(prov, dict):
-                raise ValueError("provenance is not an object")
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            raise CatalogFileError(f"{p} is not a headmech catalog: {e!s}") from None
+        return super().load(path)
+
+    @classmethod
+    def _from_json(cls, data: dict[str, Any]) -> HeadCatalog:
+        m = data["model"]
+        shape = (int(m["n_layers"]), int(m["n_heads"]))
+        if min(shape) < 1:
+            raise ValueError(f"a model of {shape[0]}x{shape[1]} heads")
+        types = {n: TypeResult.from_json(n, t, shape) for n, t in data["types"].items()}
+        info = ModelInfo(str(m["name"]), shape[0], shape[1], shape[1], 0, 0, True)
+        prov = data.get("provenance", {})
+        if not isinstance(prov, dict):
+            raise ValueError("provenance is not an object")
         return cls(info, types, provenance=prov)
 
     # --- display ----------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.classification.control_sets import _controls
+from headmech.classification.control_sets import draw_controls
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import HeadType
 from headmech.models import model_info
@@ -66,17 +66,22 @@ def validate_heads(
         ``control`` is ``same_layers``, ``any_layer`` (fallback) or ``none``;
         ``per_head``: ``{"L18H6": {"effect", "interval", "labelled"}}``; ``redundancy``.
     """
+    from headmech.core.head_index import check_heads
     from headmech.core.progress import active
     from headmech.interventions import run_variants
     from headmech.interventions.ablation import ablation_variants
     from headmech.stream.uncertainty import UnitValues
     from headmech.tasks import get_task
 
+    heads = check_heads(heads, None, None, "heads")  # pairs or "L18H6"
+    excluded = check_heads(excluded, None, None, "excluded")
+    if one_by_one is not None:
+        one_by_one = check_heads(one_by_one, None, None, "one_by_one")
     mode = mode or head_type.ablation
     info = model_info(model)
     t = get_task(task or head_type.task, model)
     batches = t.batches(model, options)
-    controls, kind, note = _controls(info, heads, n_random, options.seed, excluded)
+    controls, kind, note = draw_controls(info, heads, n_random, options.seed, excluded)
     alone = _one_by_one(heads, one_by_one)
     base = [list(heads), *controls] if heads else []
     sets = [*base, *[[h] for h in alone]]
@@ -219,7 +224,7 @@ def _task_validation(
     }
 
 
-def _validation(
+def type_validation(
     model: TransformerBridge,
     head_type: HeadType,
     heads: Sequence[HeadIndex],
@@ -283,7 +288,7 @@ def _direct_path(
 
     task: Any = get_task(head_type.task, model)
     batches = task.batches(model, options)
-    controls, kind, note = _controls(model_info(model), heads, n_random, options.seed, excluded)
+    controls, kind, note = draw_controls(model_info(model), heads, n_random, options.seed, excluded)
     base = [list(heads), *controls] if heads else []
     sets = [*base, *[[h] for h in alone]]
     clean = 0.0

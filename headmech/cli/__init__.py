@@ -163,6 +163,11 @@ def _add_classify(sub: Any) -> None:
     )
     alone = "--validate ablates at most L labelled and R rejected heads alone (default 24,8)"
     p.add_argument("--alone", default=None, metavar="L,R", help=alone)
+    p.add_argument(
+        "--threshold", action="append", default=None, metavar="TYPE=VALUE",
+        help="a head type's threshold instead of its default (`headmech types` lists them), "
+        "e.g. previous_token=0.3; repeatable, or comma-separated: previous_token=0.3,induction=0.5",
+    )  # fmt: skip
     _add_resume(p)
     p.set_defaults(func=commands.cmd_classify)
 

@@ -4,8 +4,8 @@ it, and writing the result's files.
 The checks that need no registry (counts, seeds, fractions, ``--out``) are in
 :mod:`headmech.core.checks`; the ones here look up names in the registries, read a model
 folder's ``config.json`` or load a ``--catalog``. A stopped ``classify``, ``importance`` or
-``prune`` keeps its finished units (:mod:`headmech.runs.resume`): :func:`_staging` opens that
-store, :func:`_resumable` names the command that continues the run.
+``prune`` keeps its finished units (:mod:`headmech.runs.resume`): :func:`staging` opens that
+store, :func:`resumable` names the command that continues the run.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from headmech.core import checks as V
 from headmech.core.errors import (
+    HeadmechError,
     IncompleteRunError,
     InputError,
     MissingPackageError,
@@ -177,7 +178,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _check_run(args: argparse.Namespace, command: str) -> None:
+def check_run(args: argparse.Namespace, command: str) -> None:
     """The checks every analysis command shares, cheapest first, before the model loads:
     sizes, seed, device, output folder, model name."""
     for name in ("n_sentences", "n_sequences", "batch_size"):
@@ -185,13 +186,13 @@ def _check_run(args: argparse.Namespace, command: str) -> None:
     V.count(getattr(args, "half_len", None), "--half-len", minimum=2)
     V.seed(args.seed)
     if hasattr(args, "batch_size"):
-        _probe_options(args)  # --context / --depths and the options' own checks
+        probe_options(args)  # --context / --depths and the options' own checks
     V.device(args.device)
     V.out_dir(args.out, RESULT_FILES[command], args.force)
     model_name(args.model)
 
 
-def _load(args: argparse.Namespace) -> Any:
+def load_model_of(args: argparse.Namespace) -> Any:
     """The model of ``args.model`` on ``args.device`` in ``args.dtype`` (after every check
     has passed)."""
     from headmech.core import distributed
@@ -209,7 +210,7 @@ def _load(args: argparse.Namespace) -> Any:
     return model
 
 
-def _save(
+def save_result(
     args: argparse.Namespace,
     command: str,
     result: Any,
@@ -239,7 +240,7 @@ def _save(
     return Path(args.out)
 
 
-def _staging(args: argparse.Namespace, command: str) -> Any:
+def staging(args: argparse.Namespace, command: str) -> Any:
     """The run's store of finished units in ``--out`` (:mod:`headmech.runs.resume`), checked
     before the model loads: ``--resume`` needs a stopped run of the same arguments; an
     unfinished run is not started over without ``--force``."""
@@ -250,7 +251,7 @@ def _staging(args: argparse.Namespace, command: str) -> Any:
 
 
 @contextlib.contextmanager
-def _resumable(args: argparse.Namespace, units: Any) -> Iterator[None]:
+def resumable(args: argparse.Namespace, units: Any) -> Iterator[None]:
     """A stopped run with finished units says, in its one line, how to continue it
     (Ctrl-C: :class:`IncompleteRunError`, exit status 130)."""
     from headmech.runs.resume import resume_command
@@ -272,7 +273,7 @@ def _resumable(args: argparse.Namespace, units: Any) -> Iterator[None]:
         raise IncompleteRunError(f"interrupted; {hint()}", None) from e
 
 
-def _save_partial(args: argparse.Namespace, e: IncompleteRunError, stem: str) -> None:
+def save_partial(args: argparse.Namespace, e: IncompleteRunError, stem: str) -> None:
     """Write a stopped run's finished part as ``--out/<stem>.partial.json`` (the result's
     JSON, ``meta.incomplete`` saying why it stopped) and name the file in the error."""
     from headmech.core import distributed
@@ -291,7 +292,7 @@ def _save_partial(args: argparse.Namespace, e: IncompleteRunError, stem: str) ->
     e.args = (f"{e.args[0]}; the finished part is in {path}",)
 
 
-def _fit_types(
+def fit_types(
     tokenizer: Any, names: list[str] | None, sentences: list[str] | None, causal: bool | None
 ) -> tuple[list[Any] | None, dict[str, str]]:
     """The head types to run and those skipped with a reason: types measured on English
@@ -327,12 +328,45 @@ def _alone(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def _check_classify(
+def _thresholds(values: list[str], names: list[str] | None) -> dict[str, float]:
+    """``--threshold TYPE=VALUE`` (repeatable, or comma-separated): a registered type
+    (among ``--types`` where given), once, with a number in its score's range."""
+    from headmech.core.registry import HEAD_TYPES
+    from headmech.headtypes.base import checked_threshold
+
+    out: dict[str, float] = {}
+    for pair in (p.strip() for v in values for p in v.split(",")):
+        name, sep, raw = pair.partition("=")
+        name = name.strip()
+        if not sep or not name or not raw.strip():
+            raise InputError(f"--threshold takes TYPE=VALUE, e.g. previous_token=0.3, got {pair!r}")
+        try:
+            cls = V.lookup(HEAD_TYPES, name).obj  # unknown: one line, a close name suggested
+        except HeadmechError as e:
+            raise type(e)(f"--threshold {pair}: {e}") from None
+        if name in out:
+            raise InputError(f"--threshold gives {name} more than once")
+        if names is not None and name not in names:
+            raise InputError(
+                f"--threshold {pair}: {name} is not among --types ({', '.join(names)})"
+            )
+        try:
+            value = float(raw)
+        except ValueError:
+            raise InputError(f"--threshold {pair}: {raw.strip()!r} is not a number") from None
+        try:
+            out[name] = checked_threshold(cls, value)
+        except InputError as e:
+            raise InputError(f"--threshold {pair}: {e}") from None
+    return out
+
+
+def check_classify(
     args: argparse.Namespace, command: str
 ) -> tuple[list[str] | None, list[str] | None]:
     """``headmech classify`` (and ``circuit``) input checks before loading: the run options,
     ``--types``, ``--n-random``, ``--corpus``; returns the type names and the sentences."""
-    _check_run(args, command)
+    check_run(args, command)
     names = head_type_names(args.types) if args.types is not None else None
     if getattr(args, "n_random", None) is not None:
         V.count(args.n_random, "--n-random")
@@ -343,6 +377,8 @@ def _check_classify(
             )
         if not args.validate:
             V.warn("--n-random is ignored without --validate")
+    if getattr(args, "threshold", None) is not None:
+        args.threshold = _thresholds(args.threshold, names)
     if getattr(args, "alone", None) is not None:
         args.alone = _alone(args.alone)
         if not args.validate:
@@ -350,10 +386,10 @@ def _check_classify(
     corpus = getattr(args, "corpus", None)
     sentences = corpus_file(corpus) if corpus is not None else None
     if hasattr(args, "n_sentences"):
-        V.probe_options(_probe_options(args))
+        V.probe_options(probe_options(args))
     source = _model_source(args.model)
     if source is not None and source.tokenizer is not None:  # e.g. a toy not trained yet
-        _fit_types(source.tokenizer(), names, sentences, None)
+        fit_types(source.tokenizer(), names, sentences, None)
     return names, sentences
 
 
@@ -364,7 +400,7 @@ def _model_source(name: str) -> Any:
     return MODELS.get(name) if name in MODELS else None
 
 
-def _probe_options(args: argparse.Namespace) -> Any:
+def probe_options(args: argparse.Namespace) -> Any:
     """ProbeOptions from the run options; unset sizes keep the library defaults."""
     from headmech.probes import ProbeOptions
 

@@ -16,16 +16,16 @@ from typing import Any
 from headmech.cli import report
 from headmech.cli.base import (
     RESULT_FILES,
-    _check_classify,
-    _check_run,
-    _fit_types,
-    _load,
-    _probe_options,
-    _resumable,
-    _save,
-    _save_partial,
-    _staging,
     catalog_file,
+    check_classify,
+    check_run,
+    fit_types,
+    load_model_of,
+    probe_options,
+    resumable,
+    save_partial,
+    save_result,
+    staging,
 )
 from headmech.cli.kv import cmd_kv_plan
 from headmech.core import checks as V
@@ -76,26 +76,31 @@ def cmd_classify(args: argparse.Namespace) -> int:
     from headmech.models import model_info
     from headmech.runs.resume import bind_weights
 
-    names, sentences = _check_classify(args, "classify")  # fail fast, before loading
-    units = _staging(args, "classify")
+    names, sentences = check_classify(args, "classify")  # fail fast, before loading
+    units = staging(args, "classify")
     t0 = time.perf_counter()
-    model = _load(args)
+    model = load_model_of(args)
     bind_weights(units, model)  # --resume: the same weights
     t1 = time.perf_counter()
-    types, skipped = _fit_types(model.tokenizer, names, sentences, model_info(model).causal)
-    options = dict(vars(_probe_options(args)), corpus=args.corpus)
+    types, skipped = fit_types(model.tokenizer, names, sentences, model_info(model).causal)
+    options = dict(vars(probe_options(args)), corpus=args.corpus)
     n_random = 5 if args.n_random is None else args.n_random
-    with _resumable(args, units):
+    thresholds = getattr(args, "threshold", None)
+    if thresholds is not None and types is not None:  # not the types skipped for their prose
+        run = {t if isinstance(t, str) else t.name for t in types}
+        thresholds = {n: v for n, v in thresholds.items() if n in run} or None
+    with resumable(args, units):
         try:
             catalog = classify(
                 model, types, validate=args.validate, n_random=n_random, progress=True,
-                units=units, alone=getattr(args, "alone", None), **options,
+                units=units, alone=getattr(args, "alone", None), thresholds=thresholds,
+                **options,
             )  # fmt: skip
         except IncompleteRunError as e:  # keep the finished types, then fail in one line
-            _save_partial(args, e, "catalog")
+            save_partial(args, e, "catalog")
             raise
         t2 = time.perf_counter()
-        out = _save(args, "classify", catalog, units=units)
+        out = save_result(args, "classify", catalog, units=units)
     (out / "catalog.partial.json").unlink(missing_ok=True)  # a stopped run's, now whole
     print(catalog.table())
     report.evidence(catalog)
@@ -141,14 +146,14 @@ def _check_method(args: argparse.Namespace, registry: Any, command: str) -> dict
     """``importance`` / ``prune`` checks before loading: run options, method, options, task."""
     from headmech.core.registry import TASKS
 
-    _check_run(args, command)
+    check_run(args, command)
     options = _method_options(registry, args.method, args)
     if args.task is None:
         from headmech.core.registry import MODELS
 
         args.task = MODELS.get(args.model).default_task if args.model in MODELS else "lm"
     V.lookup(TASKS, args.task)
-    V.probe_options(_probe_options(args))
+    V.probe_options(probe_options(args))
     return options
 
 
@@ -159,19 +164,19 @@ def cmd_importance(args: argparse.Namespace) -> int:
     from headmech.runs.resume import bind_weights
 
     options = _check_method(args, METHODS, "importance")  # fail fast, before loading
-    units = _staging(args, "importance")
+    units = staging(args, "importance")
     t0 = time.perf_counter()
-    model = _load(args)
+    model = load_model_of(args)
     bind_weights(units, model)  # --resume: the same weights
     _task(model, args.task)
     if options.get("baseline") is not None and options["baseline"] >= int(model.cfg.d_vocab):
         raise InputError(f"option 'baseline' is a token id below {model.cfg.d_vocab}")
-    with _resumable(args, units):
+    with resumable(args, units):
         result = importance(
-            model, args.method, args.task, probe_options=_probe_options(args), progress=True,
+            model, args.method, args.task, probe_options=probe_options(args), progress=True,
             units=units, **options,
         )  # fmt: skip
-        out = _save(args, "importance", result, units=units)
+        out = save_result(args, "importance", result, units=units)
     top = ", ".join(f"L{la}H{h}" for la, h in result.top(5))
     print(f"{result.method} / {result.task}: clean {result.metric_clean}  top heads: {top}")
     print(
@@ -189,7 +194,7 @@ def cmd_circuit(args: argparse.Namespace) -> int:
 
     kinds = V.kinds(args.kinds)
     V.count(args.top_k, "--top-k")
-    names, _ = _check_classify(args, "circuit")  # fail fast, before loading
+    names, _ = check_classify(args, "circuit")  # fail fast, before loading
     given = catalog_file(args.catalog, args.model) if args.catalog is not None else None
     if given is not None and names is not None:
         if missing := [n for n in names if n not in given.types]:
@@ -198,15 +203,15 @@ def cmd_circuit(args: argparse.Namespace) -> int:
                 f"{', '.join(given.types) or 'no types'})"
             )
         given.types = {n: given.types[n] for n in names}
-    model = _load(args)
+    model = load_model_of(args)
     if given is not None:
         _check_catalog(given, model, args.force)
         catalog = given
     else:
-        types, _ = _fit_types(model.tokenizer, names, None, model_info(model).causal)
+        types, _ = fit_types(model.tokenizer, names, None, model_info(model).causal)
         catalog = classify(model, types, progress=True, seed=args.seed)
     result = circuit(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
-    out = _save(args, "circuit", result)
+    out = save_result(args, "circuit", result)
     G = result.graph
     print(f"{G.number_of_nodes()} heads, {G.number_of_edges()} edges (score / random baseline):")
     for u, v, d in result.edges()[:40]:
@@ -266,18 +271,18 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     options = _prune_options(args)  # fail fast, before loading
     catalog = catalog_file(args.catalog, args.model) if args.catalog is not None else None
-    units = _staging(args, "prune")
+    units = staging(args, "prune")
     t0 = time.perf_counter()
-    model = _load(args)
+    model = load_model_of(args)
     bind_weights(units, model)  # --resume: the same weights
     task = _task(model, args.task)
     _check_catalog(catalog, model, args.force)
-    with _resumable(args, units):
+    with resumable(args, units):
         result = prune(
-            model, args.method, task, catalog=catalog, probe_options=_probe_options(args),
+            model, args.method, task, catalog=catalog, probe_options=probe_options(args),
             progress=True, units=units, **options,
         )  # fmt: skip
-        out = _save(args, "prune", result, units=units)
+        out = save_result(args, "prune", result, units=units)
     report.pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
     return 0

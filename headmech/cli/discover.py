@@ -13,12 +13,12 @@ from pathlib import Path
 
 from headmech.cli.base import (
     RESULT_FILES,
-    _check_classify,
-    _fit_types,
-    _load,
-    _probe_options,
-    _save,
+    check_classify,
     config_shape,
+    fit_types,
+    load_model_of,
+    probe_options,
+    save_result,
 )
 from headmech.core import checks as V
 from headmech.core.errors import InputError
@@ -42,20 +42,20 @@ def cmd_discover(args: argparse.Namespace) -> int:
     from headmech.models import model_info
 
     V.count(args.clusters, "--clusters", minimum=2)
-    names, sentences = _check_classify(args, "discover")  # fail fast, before loading
+    names, sentences = check_classify(args, "discover")  # fail fast, before loading
     V.out_dir(args.out, _cluster_files(args.out), args.force)
     _check_clusters(args.clusters, config_shape(args.model))
-    model = _load(args)
+    model = load_model_of(args)
     info = model_info(model)
     _check_clusters(args.clusters, (info.n_layers, info.n_heads))
-    types, _ = _fit_types(model.tokenizer, names, sentences, info.causal)
+    types, _ = fit_types(model.tokenizer, names, sentences, info.causal)
     prose = V.prose_problem(model.tokenizer, sentences) is None
-    options = dict(vars(_probe_options(args)), corpus=args.corpus)
+    options = dict(vars(probe_options(args)), corpus=args.corpus)
     result = discover(
         model, types, n_clusters=args.clusters, attention_probe="prose" if prose else "repeated_random",
         progress=True, **options,
     )  # fmt: skip
-    out = _save(args, "discover", result, _cluster_files(args.out))
+    out = save_result(args, "discover", result, _cluster_files(args.out))
     print(result.table())
     print(result.examples_text())
     figures = [f"cluster_{c.id}.png" for c in result.unexplained if c.examples]

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from headmech.cli.base import _load, catalog_file, head_type_names, model_name
+from headmech.cli.base import catalog_file, head_type_names, load_model_of, model_name
 from headmech.core import checks as V
 from headmech.core.errors import InputError
 
@@ -84,7 +84,7 @@ def cmd_kv_plan(args: argparse.Namespace) -> int:
     from headmech.kv import KVPlan
 
     target, source, types = _check_kv_plan(args)  # fail fast, before loading
-    model = _load(args)
+    model = load_model_of(args)
     size = {"sinks": args.sinks, "window": args.window}
     if isinstance(source, list):
         plan = KVPlan.from_heads(model, source, **size, source={"kind": "heads"})

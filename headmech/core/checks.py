@@ -12,17 +12,17 @@ on success. Nothing here imports more of headmech than its errors and device pla
 from __future__ import annotations
 
 import contextlib
-import difflib
 import math
 import os
 import shutil
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from headmech.core.errors import ArgumentError, HeadIndexError, HeadmechError, InputError
+from headmech.core.errors import ArgumentError, HeadIndexError, InputError
+from headmech.core.errors import suggestion as suggestion  # re-exported (the command line)
 from headmech.core.placement import DTYPES, device, dtype
 
 # fmt: off
@@ -102,23 +102,10 @@ def kinds(text: str) -> list[str]:
     return out
 
 
-def suggestion(name: str, known: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for a near miss, a note on invisible characters, or ''."""
-    if not name.strip():
-        return " (the name is blank)"
-    if close := difflib.get_close_matches(name.strip().lower(), known, n=1, cutoff=0.6):
-        return f" (did you mean '{close[0]}'?)"
-    if not name.isprintable() or not name.isascii():
-        return f" (the name contains invisible or non-ASCII characters: {ascii(name)})"
-    return ""
-
-
 def lookup(registry: Any, name: str) -> Any:
-    """The registry entry of ``name``; the registry's one-line error plus a suggestion."""
-    try:
-        return registry.entry(name)
-    except HeadmechError as e:
-        raise type(e)(f"{e}{suggestion(name, registry.names())}") from None
+    """The registry entry of ``name``; the registry's one-line error, with its suggestion
+    of a close name (:func:`headmech.core.errors.suggestion`), otherwise."""
+    return registry.entry(name)
 
 
 def number_list(

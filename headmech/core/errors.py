@@ -8,6 +8,9 @@ showing a traceback from deep inside torch.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class HeadmechError(Exception):
     """A problem with the user's input, explained in one line."""
@@ -33,8 +36,18 @@ class UnknownHeadTypeError(HeadmechError):
     """A head type name that is not registered."""
 
 
-class CatalogFileError(HeadmechError):
+class ResultFileError(HeadmechError):
+    """A result file (``catalog.json``, ``pruning.json``, ``importance.json``,
+    ``plan.json``) that cannot be read back: missing, corrupt, of another kind or of a
+    newer schema (:mod:`headmech.runs.files`)."""
+
+
+class CatalogFileError(ResultFileError):
     """A catalog.json that cannot be read back."""
+
+
+class KVPlanFileError(ResultFileError, InputError):
+    """A KV plan's ``plan.json`` that cannot be read back."""
 
 
 class UnknownTaskError(HeadmechError):
@@ -67,3 +80,17 @@ class IncompleteRunError(HeadmechError):
     def __init__(self, message: str, partial: object) -> None:
         super().__init__(message)
         self.partial = partial
+
+
+def suggestion(name: str, known: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for a near miss among ``known``, a note on a blank name or
+    invisible characters, or ''. The registries' lookup (:meth:`headmech.core.registry.Registry.entry`)
+    and the model loader add it to their one-line errors, so the command line and the
+    Python functions suggest the same names."""
+    if not name.strip():
+        return " (the name is blank)"
+    if close := difflib.get_close_matches(name.strip().lower(), list(known), n=1, cutoff=0.6):
+        return f" (did you mean '{close[0]}'?)"
+    if not name.isprintable() or not name.isascii():
+        return f" (the name contains invisible or non-ASCII characters: {ascii(name)})"
+    return ""

@@ -1,5 +1,10 @@
 """A head as ``(layer, head)``, and the check that a list of heads fits a model.
 
+:func:`check_heads` is where every head of the public API is normalised: a
+:class:`HeadIndex`, a ``(layer, head)`` pair of integers, or ``"L18H6"`` (as the command
+line and ``catalog.json`` write a head) are all accepted, and a comma-separated string
+``"L1H0,L2H3"`` stands for a list of heads.
+
 :mod:`headmech.headtypes.registry` re-exports both; they live here, below everything that names heads
 (the exact JSON of :mod:`headmech.runs.resume`, interventions, masks), because they need
 nothing but the errors.
@@ -43,7 +48,7 @@ class HeadIndex(NamedTuple):
 
 
 def check_heads(
-    heads: Iterable[HeadIndex | Sequence[int]],
+    heads: Iterable[HeadIndex | Sequence[int] | str] | str,
     n_layers: int | None,
     n_heads: int | None,
     what: str = "heads",
@@ -51,17 +56,38 @@ def check_heads(
     """``heads`` as :class:`HeadIndex` es, each inside a model of ``n_layers`` x ``n_heads``
     (None: any size; negative indices are refused all the same).
 
+    Each head is a :class:`HeadIndex`, a ``(layer, head)`` pair of integers or a string
+    ``"L18H6"``; ``heads`` itself may be one string of comma-separated heads
+    (``"L1H0,L2H3"``).
+
     Raises:
-        HeadIndexError: a head outside the model (negative indices included), or not a
-            ``(layer, head)`` pair of integers, in one line naming it and the model's shape.
+        HeadIndexError: a head outside the model (negative indices included), a string
+            not of the form ``L<layer>H<head>``, or not a ``(layer, head)`` pair of
+            integers, in one line naming it and the model's shape.
     """
+    if isinstance(heads, str):
+        heads = [t for t in heads.split(",") if t.strip()]
+    elif isinstance(heads, HeadIndex) or not isinstance(heads, Iterable):
+        raise HeadIndexError(
+            f"{what}: expected a list of heads ((layer, head) pairs or 'L<layer>H<head>' "
+            f"strings such as 'L18H6'), got {heads!r}"
+        )
     out = []
     for h in heads:
-        try:
-            layer, head = h
-            pair = HeadIndex(_index(layer), _index(head))
-        except (TypeError, ValueError):
-            raise HeadIndexError(f"{what}: {h!r} is not a (layer, head) pair of integers") from None
+        if isinstance(h, str):
+            try:
+                pair = HeadIndex.parse(h)
+            except HeadIndexError as e:
+                raise HeadIndexError(f"{what}: {e}") from None
+        else:
+            try:
+                layer, head = h
+                pair = HeadIndex(_index(layer), _index(head))
+            except (TypeError, ValueError):
+                raise HeadIndexError(
+                    f"{what}: {h!r} is not a head: give a (layer, head) pair of integers or "
+                    "a string L<layer>H<head>, e.g. 'L18H6'"
+                ) from None
         if n_layers is None or n_heads is None:
             if min(pair) < 0:
                 raise HeadIndexError(

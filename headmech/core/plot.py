@@ -95,6 +95,7 @@ def type_heatmap(
     *,
     scale: tuple[float, float] = SCALE,
     cbar: bool = True,
+    every: tuple[int, int] = (1, 1),
 ) -> Any:
     """A head type's layer x head score on a fixed scale, as a reader can compare panels.
 
@@ -106,8 +107,10 @@ def type_heatmap(
     The threshold is a line on the colour bar (its tick ``≥ t``: the criterion); labelled
     heads (score ≥ threshold) are outlined solid red, borderline heads (their 95% interval
     contains the threshold) dashed orange, heads at or above the threshold that a further
-    criterion rejects (``result.not_labelled``) dotted white. Returns the axes (its colour bar:
-    ``ax.collections[0].colorbar``).
+    criterion rejects (``result.not_labelled``) dotted white. ``every``: label every k-th
+    ``(layer, head)`` (every row and column is drawn; on a short panel of many layers every
+    label would overlap its neighbours); the layer labels read horizontally. Returns the
+    axes (its colour bar: ``ax.collections[0].colorbar``).
     """
     ax = ax if ax is not None else plt.gca()
     lo, hi = scale
@@ -120,8 +123,11 @@ def type_heatmap(
     cmap = "RdBu_r" if signed else "viridis"
     sns.heatmap(
         data, ax=ax, vmin=lo, vmax=hi, center=0.0 if signed and lo != -hi else None,
-        cmap=cmap, cbar=cbar, cbar_kws=kws, xticklabels=True, yticklabels=True,
+        cmap=cmap, cbar=cbar, cbar_kws=kws, xticklabels=max(1, every[1]),
+        yticklabels=max(1, every[0]),
     )  # fmt: skip
+    # seaborn stands the layer labels on end, where "10" and "11" touch on 30 layers
+    ax.tick_params(axis="both", labelrotation=0)
     if cbar:
         _mark_threshold(ax.collections[0].colorbar, float(result.threshold), lo, hi)
     _outline(ax, result.heads, edgecolor="red", lw=1.8, gid="labelled")

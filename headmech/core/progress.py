@@ -82,6 +82,21 @@ def bar(
             it.set_postfix_str(f"{rate:,.0f} tok/s, peak {peak_memory_mb():,.0f} MB", refresh=False)
 
 
+def import_tqdm_quietly() -> None:
+    """Import ``tqdm.auto`` once, without its warning. In a Jupyter kernel without
+    ipywidgets, the first import of ``tqdm.auto`` (transformers' own, when headmech loads a
+    model) warns in a block of stderr (``TqdmWarning: IProgress not found``) before it
+    falls back to the text bar, which works in a notebook: ``import headmech`` calls this
+    first, so a notebook shows its bars and no such block."""
+    if "tqdm.autonotebook" in sys.modules:
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import tqdm.auto  # noqa: F401
+
+
 def run_record(command: str, result: Any, seconds_load: float, seconds_total: float) -> dict:
     """What ``run.json`` holds: seconds (load, compute), the probe's tokens and tokens per
     second of compute, peak memory, processes and device."""

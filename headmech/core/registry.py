@@ -36,6 +36,7 @@ from headmech.core.errors import (
     UnknownMethodError,
     UnknownModelError,
     UnknownTaskError,
+    suggestion,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "Entry",
     "Registry",
     "build_options",
+    "head_type_name",
     "parse_options",
 ]
 
@@ -187,13 +189,14 @@ class Registry(Generic[T]):
             self._entries, self._loaded = entries, loaded
 
     def entry(self, name: str) -> Entry[T]:
-        """The entry of ``name``; a one-line error listing the known names otherwise."""
+        """The entry of ``name``; a one-line error listing the known names otherwise, with
+        a close name suggested (``(did you mean 'induction'?)``) where there is one."""
         self.load()
         if name not in self._entries:
             known = ", ".join(self.names()) or "(none)"
-            raise self._error(
-                f"unknown {self.kind.rstrip('s').replace('_', ' ')} '{name}' (have: {known})"
-            )
+            what = self.kind.rstrip("s").replace("_", " ")
+            hint = suggestion(str(name), self.names())
+            raise self._error(f"unknown {what} '{name}' (have: {known}){hint}")
         return self._entries[name]
 
     def get(self, name: str) -> T:
@@ -314,6 +317,39 @@ def _convert(type_name: str, raw: str, key: str) -> Any:
     return raw
 
 
+def head_type_name(cls: Any, own: bool = False) -> str:
+    """The ``name`` a head type class (or an instance's class) registers under (``own``:
+    defined by the class itself, not inherited).
+
+    Raises:
+        PluginError: no ``name`` (a contributed type that forgot it), in one line naming
+            the class and the file to add it in, with a name made from the class's.
+    """
+    cls = cls if isinstance(cls, type) else type(cls)
+    name = cls.__dict__.get("name") if own else getattr(cls, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    import inspect
+    import re
+
+    try:
+        where = inspect.getfile(cls)
+    except (TypeError, OSError):
+        where = f"module {cls.__module__}"
+    stem = re.sub(r"Head$", "", cls.__name__) or cls.__name__
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
+    inherited = getattr(cls, "name", None)
+    why = (
+        f"defines no `name` of its own (it would inherit '{inherited}')"
+        if isinstance(inherited, str) and inherited
+        else "has no `name`"
+    )
+    raise PluginError(
+        f"head type class {cls.__qualname__} {why}: add the class attribute "
+        f'name = "{snake}" (snake_case, the registry key) to {cls.__qualname__} in {where}'
+    )
+
+
 # --- the extension points ----------------------------------------------------------------
 
 # the catalog package sets the loader that registers its types (headmech.headtypes)
@@ -321,7 +357,7 @@ HEAD_TYPES: Registry[Any] = Registry(
     "head_types",
     builtins=("headmech.headtypes",),
     error=UnknownHeadTypeError,
-    on_load=lambda ep_name, cls: (cls.name, cls, cls.description),
+    on_load=lambda ep_name, cls: (head_type_name(cls), cls, getattr(cls, "description", "")),
 )
 PROBES: Registry[Any] = Registry(
     "probes",

@@ -29,16 +29,38 @@ class ProbeBatch:
         special: True at special tokens (BOS/CLS/SEP/EOS) and padding; such positions are
             excluded as queries and as targets by the built-in reducers.
         extras: probe-specific per-batch data (word ids, repeat offsets, ...).
+        tokenizer: the model's tokenizer, which spells :attr:`token_strings` (every probe
+            built by :func:`headmech.probes.batch_sequences` sets it; None for a batch built
+            by hand without one).
     """
 
     input_ids: Int[Tensor, "batch pos"]
     attention_mask: Int[Tensor, "batch pos"]
     special: Bool[Tensor, "batch pos"]
     extras: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = field(default=None, repr=False, compare=False)
 
     @property
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
+
+    @property
+    def token_strings(self) -> list[list[str]] | None:
+        """Each position's token as the tokenizer spells it (``[batch][pos]``, padding
+        included), for head types that pick targets by what a token is: punctuation,
+        names, digits. The tokenizer's own strings (``convert_ids_to_tokens``), markers
+        included: a byte-level BPE token that starts a word begins with ``Ġ`` (GPT-2,
+        LLaMA 3, SmolLM2), a SentencePiece one with ``▁``, a WordPiece continuation with
+        ``##``. Spelled once per batch, when first asked for, from the current
+        ``input_ids`` (a batch made with ``dataclasses.replace(batch, input_ids=...)``
+        spells its own). None when the batch has no :attr:`tokenizer`."""
+        if self.tokenizer is None:
+            return None
+        cached = self.__dict__.get("_token_strings")
+        if cached is None or cached[0] is not self.input_ids:
+            strings = [self.tokenizer.convert_ids_to_tokens(row) for row in self.input_ids.tolist()]
+            cached = self.__dict__["_token_strings"] = (self.input_ids, strings)
+        return cached[1]
 
     def head(self, n: int) -> ProbeBatch:
         """The batch's first ``n`` sequences (tensors and per-sequence lists in extras)."""
@@ -53,6 +75,7 @@ class ProbeBatch:
             self.attention_mask[:n],
             self.special[:n],
             {k: cut(v) for k, v in self.extras.items()},
+            self.tokenizer,
         )
 
     def to(self, device: torch.device | str) -> ProbeBatch:
@@ -62,6 +85,7 @@ class ProbeBatch:
             self.attention_mask.to(device),
             self.special.to(device),
             {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extras.items()},
+            self.tokenizer,
         )
 
 

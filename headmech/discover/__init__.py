@@ -131,11 +131,11 @@ def _measure(
 ) -> tuple[HeadCatalog, HeadStats, Probe]:
     """Every type's score and labels, and the attention statistics on ``attention_probe``,
     which ride in the same passes as that probe's types."""
-    from headmech.classification.classify import _runnable, _score, build_or_skip
+    from headmech.classification.classify import build_or_skip, runnable_types, score_type
     from headmech.runs.provenance import provenance
 
     info = model_info(model)
-    runnable, skipped = _runnable(types, info)
+    runnable, skipped = runnable_types(types, info)
     groups: dict[str, list[HeadType]] = {attention_probe: []}
     for t in runnable:
         groups.setdefault(t.probe, []).append(t)
@@ -155,7 +155,7 @@ def _measure(
         riders = [_AttentionStatistics()] if name == attention_probe else []
         desc = f"{name} ({', '.join(t.name for t in [*group, *riders])})" if progress else False
         stats = collect_statistics([*group, *riders], model, probe.batches, progress=desc)
-        results.update({t.name: _score(t, stats, 0, options.seed) for t in group})
+        results.update({t.name: score_type(t, stats, 0, options.seed) for t in group})
         used[name] = probe.batches
         meta["probes"][name] = {"n_tokens": probe.n_tokens, "seconds": time.perf_counter() - t0}
         if name == attention_probe:
@@ -322,7 +322,7 @@ def discover(
     broad_share: float = 0.5,
     n_examples: int = 3,
     attention_probe: str = "prose",
-    progress: bool = False,
+    progress: bool = True,
     **probe_options: Any,
 ) -> DiscoveryResult:
     """Cluster the heads of ``model`` by behaviour and report the clusters the catalog
@@ -342,7 +342,7 @@ def discover(
         n_examples: example prompts per unexplained cluster.
         attention_probe: the probe of the attention statistics (``repeated_random`` for a
             vocabulary without English words).
-        progress: show progress bars.
+        progress: show progress bars on stderr (default; ``False``: silent).
         **probe_options: fields of :class:`headmech.probes.ProbeOptions` (``n_sentences``,
             ``n_sequences``, ``half_len``, ``batch_size``, ``corpus``, ...).
 

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
 from headmech.models import ModelInfo
-from headmech.runs.provenance import SCHEMA_VERSION, dumps
+from headmech.runs.files import FileSchema
+from headmech.runs.provenance import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -34,6 +35,11 @@ __all__ = ["Cluster", "DiscoveryResult", "Example", "add_examples"]
 
 SHOWN_HEADS = 3  # heads per unexplained cluster in its figure (the most central)
 EXAMPLE_TOKENS = (8, 24)  # example prompts are picked among sequences of this many tokens
+# discovery.json: written (its header, deterministic JSON), not read back into a result
+DISCOVERY_FILE = FileSchema(
+    "discovery result", "discovery.json", SCHEMA_VERSION,
+    required=("model", "types", "clusters", "assignment"),
+)  # fmt: skip
 
 
 @dataclass
@@ -217,18 +223,12 @@ class DiscoveryResult:
 
     def to_json(self) -> dict[str, Any]:
         """The ``discovery.json`` contents."""
-        import json
-
-        from headmech._version import __version__
-
         values = {name: v.tolist() for name, v in self.features.items()}
         types = {
             name: {"reference": r.reference, "threshold": r.threshold, "heads": [list(h) for h in r.heads]}
             for name, r in self.catalog.types.items()
         }  # fmt: skip
         data = {
-            "schema_version": SCHEMA_VERSION,
-            "headmech_version": __version__,
             "model": {
                 "name": self.model.name,
                 "n_layers": self.model.n_layers,
@@ -242,17 +242,15 @@ class DiscoveryResult:
             "broad_types": self.broad_types,
             "clusters": [c.to_json() for c in self.clusters],
             "unexplained": [c.id for c in self.unexplained],
-            "provenance": self.provenance,
         }
-        return json.loads(dumps(data))
+        return DISCOVERY_FILE.contents(data, self.provenance)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``discovery.json``, ``discovery.png`` and a ``cluster_<id>.png`` per
         unexplained cluster with examples into the folder ``path``; returns the JSON path.
         The same result always gives the same JSON bytes."""
         p = Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        (p / "discovery.json").write_text(dumps(self.to_json()))
+        DISCOVERY_FILE.write(p / DISCOVERY_FILE.filename, self.to_json())
         self.figure(p / "discovery.png")
         for c in self.unexplained:
             if c.examples:

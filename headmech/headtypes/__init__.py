@@ -1,4 +1,8 @@
-"""The head-type catalog: one module per type. See README.md in this folder to contribute one.
+"""Head types: the base class, the registry of types, and one module per built-in type.
+
+A contributor writes a :class:`HeadType` subclass (see README.md in this folder and
+docs/contributing-head-types.md); :func:`head_types` and :func:`get_head_type` look the
+registered ones up; :func:`load_catalog_folder` adds the types of a folder of files.
 
 The head-type registry (:data:`headmech.core.registry.HEAD_TYPES`) imports this package before
 its first lookup; importing it makes :func:`load_catalog` the registry's loader, which
@@ -12,10 +16,30 @@ import importlib
 import pkgutil
 from typing import Any
 
+from headmech.core.head_index import HeadIndex
 from headmech.core.registry import HEAD_TYPES, Registry
-from headmech.headtypes.registry import load_catalog_path, types_in
+from headmech.headtypes.base import HeadType, at_or_above
+from headmech.headtypes.registry import (
+    collect_statistics,
+    get_head_type,
+    head_types,
+    load_catalog_folder,
+    load_catalog_path,
+    register,
+    types_in,
+)
 
-__all__ = ["load_catalog"]
+__all__ = [
+    "HeadIndex",
+    "HeadType",
+    "at_or_above",
+    "collect_statistics",
+    "get_head_type",
+    "head_types",
+    "load_catalog",
+    "load_catalog_folder",
+    "register",
+]
 
 
 def load_catalog(registry: Registry[Any]) -> None:

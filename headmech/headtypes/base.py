@@ -36,19 +36,32 @@ from headmech.stream.engine import HeadStats, ProbeBatch, Reducer, target_reduce
 if TYPE_CHECKING:
     from headmech.models import ModelInfo
 
-__all__ = ["HeadType"]
+__all__ = ["HeadType", "checked_threshold"]
 
 
-def _threshold(t: HeadType, value: Any) -> float:
-    """A threshold given to a head type: a finite number."""
+def checked_threshold(t: HeadType | type[HeadType], value: Any) -> float:
+    """A threshold given to a head type (an instance or a class): a finite number inside
+    the values its score can take (``threshold_range``, else ``score_range``).
+
+    Raises:
+        ArgumentError: not a finite number, or outside that range (one line naming the
+            type and the range).
+    """
+    cls = t if isinstance(t, type) else type(t)
+    name = getattr(cls, "name", cls.__name__)
     try:
         number = float(value)
     except (TypeError, ValueError):
         number = float("nan")
     if isinstance(value, bool) or not math.isfinite(number):
-        name = getattr(type(t), "name", type(t).__name__)
         raise ArgumentError(
             f"the threshold of head type '{name}' must be a finite number, got {value!r}"
+        )
+    low, high = cls.threshold_range or cls.score_range
+    if not low <= number <= high:
+        raise ArgumentError(
+            f"the threshold of head type '{name}' must lie in its score's range "
+            f"[{low:g}, {high:g}], got {number:g}"
         )
     return number
 
@@ -120,16 +133,9 @@ class HeadType:
     threshold_note: ClassVar[str] = ""
 
     def __init__(self, threshold: float | None = None, *, probe: str | None = None) -> None:
-        self.threshold = (
-            self.default_threshold if threshold is None else _threshold(self, threshold)
+        self.threshold = checked_threshold(
+            self, self.default_threshold if threshold is None else threshold
         )
-        low, high = self.threshold_range or self.score_range
-        if not low <= self.threshold <= high:
-            name = getattr(type(self), "name", type(self).__name__)
-            raise ArgumentError(
-                f"the threshold of head type '{name}' must lie in its score's range "
-                f"[{low:g}, {high:g}], got {self.threshold:g}"
-            )
         if probe is not None:  # e.g. previous_token on repeated random tokens for a toy vocabulary
             self.probe = probe
 

@@ -135,7 +135,7 @@ class InactiveHead(HeadType):
 def output_norms(model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
     """Per domain (``extras["domain"]``, else ``"all"``), every head's mean output norm
     ``‖z_h W_O[h]‖`` over the real, non-special tokens, ``[n_layers, n_heads]`` each."""
-    from headmech.interventions.hooks import capture_z
+    from headmech.interventions.intervention import capture_z
 
     n_layers = int(model.cfg.n_layers)
     w_o = [model.blocks[la].attn.W_O.detach().float() for la in range(n_layers)]

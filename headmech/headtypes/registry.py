@@ -16,10 +16,11 @@ instance, or registered with :func:`register`. A second class with the same name
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,8 @@ from headmech.core.errors import (
     UnknownHeadTypeError,
 )
 from headmech.core.head_index import HeadIndex, check_heads
-from headmech.core.registry import HEAD_TYPES, Registry
-from headmech.headtypes.base import HeadType
+from headmech.core.registry import HEAD_TYPES, Registry, head_type_name
+from headmech.headtypes.base import HeadType, checked_threshold
 from headmech.stream.engine import HeadStats, ProbeBatch, stream_statistics
 
 __all__ = [
@@ -128,10 +129,11 @@ def _check_grid(t: HeadType, method: str, values: Any, shape: tuple[int, int]) -
 
 def register(cls: type[HeadType]) -> type[HeadType]:
     """Add a head type to the registry under its ``name`` (a second, different class with
-    the same name is refused: ``ValueError``)."""
-    name = cls.__dict__.get("name")
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{cls.__name__} must set a class attribute `name`")
+    the same name is refused: ``ValueError``; a class without a ``name`` of its own:
+    :class:`~headmech.core.errors.PluginError` naming the class and its file)."""
+    if not (isinstance(cls, type) and issubclass(cls, HeadType)):
+        raise PluginError(f"register() takes a HeadType subclass, got {cls!r}")
+    name = head_type_name(cls, own=True)
     HEAD_TYPES.load()
     return HEAD_TYPES.register(name, cls, summary=cls.description)
 
@@ -257,10 +259,27 @@ def get_head_type(name: str) -> type[HeadType]:
     return HEAD_TYPES.get(name)
 
 
-def resolve_types(types: Sequence[str | HeadType | type[HeadType]] | str | None) -> list[HeadType]:
-    """Names, classes or instances → instances (default threshold where not given)."""
+def resolve_types(
+    types: Sequence[str | HeadType | type[HeadType]] | str | None,
+    thresholds: Mapping[str, float] | None = None,
+) -> list[HeadType]:
+    """Names, classes or instances → instances (default threshold where not given).
+
+    Args:
+        types: head type names (or one comma-separated string), classes or instances;
+            None: every registered type.
+        thresholds: ``{type name: threshold}`` for some of them (an instance given keeps
+            its other settings: a copy gets the threshold).
+
+    Raises:
+        UnknownHeadTypeError: a name not registered (with a close name suggested).
+        PluginError: a class without a ``name``, naming the class and its file.
+        ArgumentError: a threshold for a type not among ``types``, or not a finite number
+            within the type's range.
+    """
     if types is None:
-        return [cls() for cls in head_types().values()]
+        out = [cls() for cls in head_types().values()]
+        return _with_thresholds(out, thresholds)
     if isinstance(types, str):
         types = [t.strip() for t in types.split(",") if t.strip()]
         if not types:
@@ -276,12 +295,45 @@ def resolve_types(types: Sequence[str | HeadType | type[HeadType]] | str | None)
         raise ArgumentError(
             "types is an empty list: name at least one head type (None: every type)"
         )
-    out: list[HeadType] = []
+    out = []
     for t in types:
         if isinstance(t, HeadType):
+            head_type_name(t)  # a contributed class without a name: one line naming its file
             out.append(t)
         elif isinstance(t, type) and issubclass(t, HeadType):
+            head_type_name(t)
             out.append(t())
         else:
             out.append(get_head_type(str(t))())
+    return _with_thresholds(out, thresholds)
+
+
+def _with_thresholds(
+    types: list[HeadType], thresholds: Mapping[str, float] | None
+) -> list[HeadType]:
+    """``types`` with the thresholds of ``thresholds`` (each name a registered type among
+    ``types``, each value a finite number in the type's range)."""
+    if thresholds is None:
+        return types
+    if not isinstance(thresholds, Mapping):
+        raise ArgumentError(
+            "thresholds must be a dict of head type name to threshold, e.g. "
+            f"{{'previous_token': 0.3}}, got {type(thresholds).__name__}"
+        )
+    by_name = {t.name: t for t in types}
+    for name in thresholds:
+        if not isinstance(name, str) or name not in by_name:
+            if not isinstance(name, str) or name not in HEAD_TYPES:
+                HEAD_TYPES.entry(str(name))  # unknown: one line, with a close name suggested
+            raise ArgumentError(
+                f"thresholds names head type '{name}', which is not classified here "
+                f"(types: {', '.join(by_name)})"
+            )
+    out = []
+    for t in types:
+        if t.name in thresholds:
+            value = checked_threshold(t, thresholds[t.name])
+            t = copy.copy(t)
+            t.threshold = value
+        out.append(t)
     return out

@@ -35,7 +35,7 @@ Reading without changing: :func:`capture` (activations at hook points during one
 and backward pass).
 
 Layout: :mod:`~headmech.interventions.effects` (the effects),
-:mod:`~headmech.interventions.hooks` (interventions as hooks, captures — with
+:mod:`~headmech.interventions.intervention` (interventions as hooks, captures — with
 :mod:`headmech.stream.engine`'s reducers the only place that registers TransformerLens hook
 functions) and :mod:`~headmech.interventions.runner` (variants, evaluation, gradients).
 """
@@ -54,7 +54,7 @@ from headmech.interventions.effects import (
     Window,
     Zero,
 )
-from headmech.interventions.hooks import (
+from headmech.interventions.intervention import (
     Intervention,
     applied,
     capture,

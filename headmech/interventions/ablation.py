@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.core.errors import HeadmechError
-from headmech.core.head_index import HeadIndex
+from headmech.core.head_index import HeadIndex, check_heads
 from headmech.interventions import (
     Cost,
     Intervention,
@@ -70,7 +70,8 @@ def ablation(
     """The intervention that ablates ``heads``.
 
     Args:
-        heads: ``(layer, head)`` pairs (query heads under grouped-query attention).
+        heads: ``(layer, head)`` pairs or ``"L18H6"`` strings (query heads under
+            grouped-query attention).
         mode: ``zero``, ``mean``, ``resample`` or ``uniform``.
         means: per-head mean ``hook_z`` for ``mean`` (:func:`mean_head_outputs`).
         source_z: for ``resample``, the other inputs' ``hook_z``
@@ -101,7 +102,7 @@ def ablation_hooks(
 ) -> list[tuple[str, Callable[..., Any]]]:
     """TransformerLens ``fwd_hooks`` that ablate ``heads`` (for ``model.hooks`` or
     ``run_with_hooks``); ``zero``, ``mean`` or ``uniform``."""
-    heads = list(heads)
+    heads = check_heads(heads, int(model.cfg.n_layers), int(model.cfg.n_heads), "ablation_hooks")
     return hooks(model, [ablation(heads, mode, means)]) if heads else []
 
 
@@ -119,7 +120,7 @@ def ablation_variants(
     """
     if mode not in ABLATION_MODES:
         raise HeadmechError(f"unknown ablation mode '{mode}' (have: {', '.join(ABLATION_MODES)})")
-    sets = [[(int(la), int(h)) for la, h in s] for s in head_sets]
+    sets = [check_heads(s, None, None, "head_sets") for s in head_sets]
     means = None
     if mode == "mean":
         means = mean_outputs(model, batches)  # [n_layers, n_heads, d_head]

@@ -33,7 +33,7 @@ from torch import Tensor
 from headmech.core import distributed
 from headmech.core.errors import HeadmechError
 from headmech.interventions.effects import Scale, Tap
-from headmech.interventions.hooks import Intervention, applied
+from headmech.interventions.intervention import Intervention, applied
 from headmech.runs import resume
 from headmech.stream.engine import ProbeBatch
 from headmech.stream.forward import block_inputs, fast_attention, starting_at

@@ -23,7 +23,7 @@ NOT_A_DECODER = (
 )
 
 
-def _shape(model: Any) -> tuple[str, int, int, int]:
+def model_shape(model: Any) -> tuple[str, int, int, int]:
     """``(name, n_layers, n_heads, n_kv_heads)`` of a bridge or a Hugging Face model."""
     if hasattr(model, "cfg"):
         from headmech.models import model_info
@@ -39,7 +39,7 @@ def _shape(model: Any) -> tuple[str, int, int, int]:
     return str(getattr(cfg, "name_or_path", "") or "model"), n_layers, n_heads, n_kv
 
 
-def _positive(value: int, what: str, minimum: int) -> int:
+def positive_int(value: int, what: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InputError(f"{what} must be an integer >= {minimum}, got {value!r}")
     return value
@@ -65,7 +65,7 @@ def split_budget(
     """
     if not 0 < budget <= 1:
         raise InputError(f"a KV budget is a fraction in (0, 1], got {budget}")
-    _positive(context, "context", 1)
+    positive_int(context, "context", 1)
     total = budget * context * n_kv_total  # cached positions the budget allows
     small = min(context, sinks + window)
     if n_full is not None:

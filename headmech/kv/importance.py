@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.core.errors import InputError
-from headmech.kv.budget import _shape, model_windows
+from headmech.kv.budget import model_shape, model_windows
 from headmech.kv.masks import KVEval
 from headmech.kv.plan import KVPlan
 from headmech.kv.shared import evaluate_many
@@ -102,7 +102,7 @@ def one_windowed_plans(
 ) -> tuple[list[tuple[int, int]], list[KVPlan]]:
     """``(heads, plans)``: every KV head outside the model's own sliding-window layers, as
     ``(layer, kv_head)``, and for each the plan that windows it alone."""
-    name, n_layers, n_heads, n_kv = _shape(model)
+    name, n_layers, n_heads, n_kv = model_shape(model)
     windows = model_windows(model) or (0,) * n_layers
     heads = [(la, k) for la in range(n_layers) if not windows[la] for k in range(n_kv)]
     plans = []
@@ -135,7 +135,7 @@ def kv_importance(
     if not needle and not prose:
         raise InputError("kv_importance needs needle trials or prose to measure on")
     t0 = time.perf_counter()
-    _, n_layers, _, n_kv = _shape(model)
+    _, n_layers, _, n_kv = model_shape(model)
     heads, plans = one_windowed_plans(model, sinks, window)
     base, *evals = evaluate_many(model, [None, *plans], needle, prose, progress=progress)
     out_needle = torch.full((n_layers, n_kv), float("nan"))

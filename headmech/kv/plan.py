@@ -21,7 +21,6 @@ References:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,17 +31,18 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from headmech.core.errors import InputError
-from headmech.core.head_index import HeadIndex
+from headmech.core.errors import InputError, KVPlanFileError
+from headmech.core.head_index import HeadIndex, check_heads
 from headmech.kv.budget import (
-    _positive,
-    _shape,
     kv_ranking,
+    model_shape,
     model_windows,
+    positive_int,
     split_beyond_windows,
     split_budget,
 )
-from headmech.runs.provenance import check_weights, dumps
+from headmech.runs.files import FileSchema, ResultFile
+from headmech.runs.provenance import check_weights
 
 if TYPE_CHECKING:
     from headmech.classification.results import HeadCatalog
@@ -50,10 +50,15 @@ if TYPE_CHECKING:
 __all__ = ["PLAN_SCHEMA", "KVPlan", "kv_ranking", "split_budget"]
 
 PLAN_SCHEMA = "1"
+# plan.json; a corrupt one is a KVPlanFileError (an InputError)
+PLAN_FILE = FileSchema(
+    "KV plan", "plan.json", PLAN_SCHEMA, required=("model", "full", "sinks", "window"),
+    error=KVPlanFileError,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
-class KVPlan:
+class KVPlan(ResultFile):
     """Per layer and KV head: the whole cache (True) or ``sinks`` + ``window`` tokens.
 
     A windowed head's query at position ``t`` sees the keys at positions ``< sinks`` and
@@ -82,8 +87,8 @@ class KVPlan:
     windows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _positive(self.sinks, "sinks", 0)
-        _positive(self.window, "window", 1)
+        positive_int(self.sinks, "sinks", 0)
+        positive_int(self.window, "window", 1)
         full = torch.as_tensor(self.full, dtype=torch.bool).cpu()
         if full.dim() != 2 or min(full.shape) < 1 or self.n_heads % full.shape[1]:
             raise InputError(f"a KV plan needs [n_layers, n_kv_heads] dividing {self.n_heads}")
@@ -151,7 +156,7 @@ class KVPlan:
 
     def check_model(self, model: Any, *, force: bool = False) -> None:
         """Refuse a model of another shape or (unless ``force``) other weights."""
-        name, n_layers, n_heads, n_kv = _shape(model)
+        name, n_layers, n_heads, n_kv = model_shape(model)
         if (n_layers, n_heads, n_kv) != (self.n_layers, self.n_heads, self.n_kv_heads):
             raise InputError(
                 f"the KV plan is for {self.n_layers} layers x {self.n_heads} heads "
@@ -165,19 +170,20 @@ class KVPlan:
     def from_heads(
         cls,
         model: Any,
-        heads: Iterable[HeadIndex | Sequence[int]],
+        heads: Iterable[HeadIndex | Sequence[int] | str] | str,
         *,
         sinks: int = 4,
         window: int = 256,
         source: dict[str, Any] | None = None,
     ) -> KVPlan:
-        """Full cache for the KV heads of the given **query** heads, sinks + window elsewhere."""
-        name, n_layers, n_heads, n_kv = _shape(model)
+        """Full cache for the KV heads of the given **query** heads (``(layer, head)``
+        pairs or ``"L18H6"`` strings), sinks + window elsewhere."""
+        name, n_layers, n_heads, n_kv = model_shape(model)
         full = torch.zeros(n_layers, n_kv, dtype=torch.bool)
-        for layer, head in heads:
-            if not (0 <= int(layer) < n_layers and 0 <= int(head) < n_heads):
+        for layer, head in check_heads(heads, None, None, "KVPlan.from_heads"):
+            if not (layer < n_layers and head < n_heads):
                 raise InputError(f"head L{layer}H{head} is not in a {n_layers}x{n_heads} model")
-            full[int(layer), int(head) // (n_heads // n_kv)] = True
+            full[layer, head // (n_heads // n_kv)] = True
         src = {"kind": "heads"} if source is None else dict(source)
         windows = model_windows(model)
         return cls(full, n_heads, sinks, window, name, src, _provenance(model), windows)
@@ -190,7 +196,7 @@ class KVPlan:
     @classmethod
     def full_cache(cls, model: Any) -> KVPlan:
         """Every head full: the uncompressed model."""
-        _, n_layers, n_heads, _ = _shape(model)
+        _, n_layers, n_heads, _ = model_shape(model)
         heads = [(la, h) for la in range(n_layers) for h in range(n_heads)]
         return cls.from_heads(model, heads, source={"kind": "full"})
 
@@ -234,7 +240,7 @@ class KVPlan:
             return cls.from_heads(model, heads, sinks=sinks, window=window, source=src)
         if context is None:
             raise InputError("a budget needs the context length it is measured at")
-        _, n_layers, n_heads, n_kv = _shape(model)
+        _, n_layers, n_heads, n_kv = model_shape(model)
         group = n_heads // n_kv
         src.update(budget=budget, context=context, fill=fill)
         if fill == "window":
@@ -270,7 +276,7 @@ class KVPlan:
         chooses among the other layers' KV heads, and the budget is what is left after
         the windowed layers' caches.
         """
-        _, n_layers, n_heads, n_kv = _shape(model)
+        _, n_layers, n_heads, n_kv = model_shape(model)
         windows = model_windows(model) or (0,) * n_layers
         glob, k, w = split_beyond_windows(budget, context, windows, n_kv, sinks, window, ranking)
         group = n_heads // n_kv
@@ -296,11 +302,11 @@ class KVPlan:
             self.windows,
         )  # fmt: skip
 
-    # --- JSON ----------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """The ``plan.json`` contents (deterministic: sorted keys, rounded floats)."""
-        from headmech._version import __version__
+    # --- JSON (headmech.runs.files: the header, save, load, equality) -----------
+    SCHEMA = PLAN_FILE
 
+    def _body(self) -> dict[str, Any]:
+        """The ``plan.json`` contents but for the header."""
         contexts = (2048, 4096, 8192, 32768)
         model: dict[str, Any] = {
             "name": self.model,
@@ -310,9 +316,7 @@ class KVPlan:
         }
         if self.windows:
             model["windows"] = list(self.windows)
-        data = {
-            "schema_version": PLAN_SCHEMA,
-            "headmech_version": __version__,
+        return {
             "model": model,
             "sinks": self.sinks,
             "window": self.window,
@@ -323,45 +327,29 @@ class KVPlan:
                 "kv_fraction": {str(c): self.kv_fraction(c) for c in contexts},
             },
             "source": self.source,
-            "provenance": self.provenance,
         }
-        return json.loads(dumps(data))
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``plan.json`` (a folder gets ``plan.json`` inside); returns its path."""
-        p = Path(path)
-        if p.suffix != ".json":
-            p.mkdir(parents=True, exist_ok=True)
-            p = p / "plan.json"
-        p.write_text(dumps(self.to_json()))
-        return p
+        return super().save(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> KVPlan:
         """Read a ``plan.json`` (or a folder holding one); one-line errors if corrupt."""
-        p = Path(path)
-        p = p / "plan.json" if p.is_dir() else p
-        try:
-            data = json.loads(p.read_text())
-            m = data["model"]
-            n_layers, n_heads, n_kv = (int(m[k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
-            full = torch.zeros(n_layers, n_kv, dtype=torch.bool)
-            for layer, kv in data["full"]:
-                full[int(layer), int(kv)] = True
-            return cls(
-                full, n_heads, int(data["sinks"]), int(data["window"]), str(m["name"]),
-                dict(data.get("source", {})), dict(data.get("provenance", {})),
-                tuple(int(w) for w in m.get("windows", ())),
-            )  # fmt: skip
-        except FileNotFoundError:
-            raise InputError(f"no KV plan at {p}") from None
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
-            raise InputError(f"{p} is not a headmech KV plan: {e!s}") from None
+        return super().load(path)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, KVPlan) and self.to_json() == other.to_json()
-
-    __hash__ = None  # type: ignore[assignment]
+    @classmethod
+    def _from_json(cls, data: dict[str, Any]) -> KVPlan:
+        m = data["model"]
+        n_layers, n_heads, n_kv = (int(m[k]) for k in ("n_layers", "n_heads", "n_kv_heads"))
+        full = torch.zeros(n_layers, n_kv, dtype=torch.bool)
+        for layer, kv in data["full"]:
+            full[int(layer), int(kv)] = True
+        return cls(
+            full, n_heads, int(data["sinks"]), int(data["window"]), str(m["name"]),
+            dict(data.get("source", {})), dict(data.get("provenance", {})),
+            tuple(int(w) for w in m.get("windows", ())),
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return (
@@ -371,7 +359,7 @@ class KVPlan:
 
 
 def _check_catalog(cat: HeadCatalog, model: Any, types: Sequence[str], force: bool) -> None:
-    name, n_layers, n_heads, _ = _shape(model)
+    name, n_layers, n_heads, _ = model_shape(model)
     if (cat.model.n_layers, cat.model.n_heads) != (n_layers, n_heads):
         raise InputError(
             f"the catalog describes {cat.model.name}, a model of {cat.model.n_layers}x"

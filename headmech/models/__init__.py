@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.core.errors import UnknownModelError, UnsupportedModelError
+from headmech.core.errors import UnknownModelError, UnsupportedModelError, suggestion
 from headmech.core.registry import MODELS
 from headmech.models.files import (
     cache_dir,
@@ -258,7 +258,11 @@ def load_hf(name: str | os.PathLike) -> tuple[Any, Any]:
         elif Path(key).is_dir() and (Path(key) / "config.json").exists():
             model, tok = load_hf_dir(Path(key))
         else:
-            hint = " (a directory without config.json)" if Path(key).is_dir() else ""
+            hint = (
+                " (a directory without config.json)"
+                if Path(key).is_dir()
+                else suggestion(key, MODELS.names())
+            )
             raise UnknownModelError(
                 f"unknown model '{key}'{hint}: use one of {', '.join(MODELS.names())} "
                 "or a local Hugging Face model directory or GGUF file"

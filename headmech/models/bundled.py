@@ -51,10 +51,10 @@ from headmech.models.files import (
     repair_cache_folder,
 )
 from headmech.models.gguf import (
-    _QWEN25_PARTS,
     QWEN25_GGUF_SHA256,
+    QWEN25_PARTS,
     GGUFSource,
-    _dist_version,
+    dist_version,
     gguf_metadata,
     gguf_problem,
     gguf_source,
@@ -261,7 +261,7 @@ def _gemma3_gguf(tmp: Path) -> tuple[Path, str]:
 def _qwen25_gguf(tmp: Path) -> tuple[Path, str]:
     """Join Qwen2.5-Coder's six parts into one checked GGUF in ``tmp``."""
     target = tmp / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    join_parts(BUNDLED_MODELS["qwen2.5-coder-0.5b"], _QWEN25_PARTS, QWEN25_GGUF_SHA256, target)
+    join_parts(BUNDLED_MODELS["qwen2.5-coder-0.5b"], QWEN25_PARTS, QWEN25_GGUF_SHA256, target)
     return tmp, target.name
 
 
@@ -269,7 +269,7 @@ def _qwen25_source() -> dict[str, Any]:
     m = BUNDLED_MODELS["qwen2.5-coder-0.5b"]
     pips = [p.replace("_", "-") for p in (m.package, *m.extra_packages)]
     return {
-        "packages": {p: _dist_version(p) for p in pips},
+        "packages": {p: dist_version(p) for p in pips},
         "gguf_sha256": QWEN25_GGUF_SHA256,
         "licence": _QWEN25_LICENCE,
     }

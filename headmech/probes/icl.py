@@ -22,7 +22,7 @@ import torch
 
 from headmech.core.errors import InputError
 from headmech.core.stats import ProbeBatch
-from headmech.probes import Probe, ProbeOptions, batch_sequences, register_probe
+from headmech.probes import Probe, ProbeOptions, batch_sequences, register_probe, start_ids
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -93,8 +93,7 @@ def icl_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
         raise InputError("the tokenizer has no in-context task with enough single-token pairs")
     tasks = sorted(pairs)
     colon, newline = _single(tokenizer, ":"), _single(tokenizer, "\n")
-    bos = tokenizer.bos_token_id
-    prefix = [bos] if bos is not None else []
+    prefix = start_ids(model)
     g = torch.Generator().manual_seed(options.seed)
     seqs, extras = [], []
     for i in range(options.n_sequences):

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from headmech.core.errors import InputError
 from headmech.core.stats import ProbeBatch
-from headmech.probes import Probe, ProbeOptions, batch_sequences, register_probe
+from headmech.probes import Probe, ProbeOptions, batch_sequences, register_probe, start_ids
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -117,8 +117,7 @@ def ioi_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
             f"the tokenizer has {len(names)} single-token names; IOI prompts need at least 5"
         )
     g = torch.Generator().manual_seed(options.seed)
-    bos = tokenizer.bos_token_id
-    prefix = [bos] if bos is not None else []
+    prefix = start_ids(model)
     seqs, extras = [], []
     for i in range(options.n_sequences):
         template = IOI_TEMPLATES[(i // 2) % len(IOI_TEMPLATES)]

@@ -40,7 +40,14 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from headmech.core.errors import InputError
-from headmech.probes import Probe, ProbeOptions, batch_sequences, load_sentences, register_probe
+from headmech.probes import (
+    Probe,
+    ProbeOptions,
+    batch_sequences,
+    load_sentences,
+    register_probe,
+    start_ids,
+)
 from headmech.stream.engine import ProbeBatch
 
 if TYPE_CHECKING:
@@ -198,7 +205,7 @@ def needle_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     if not options.needle_depths or not all(0.0 <= d <= 1.0 for d in options.needle_depths):
         raise InputError(f"needle depths must lie in [0, 1], got {list(options.needle_depths)}")
     enc = _encoder(tok)
-    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    bos = start_ids(model)
     drafts = _trials(options, options.needle_lengths)
     overhead = len(bos) + max(
         len(enc(t.needle_lead)) + 2 * len(enc(t.answer)) + 1 + len(enc(t.question))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from headmech.core.errors import InputError
-from headmech.probes import Probe, ProbeOptions, batch_sequences, register_probe
+from headmech.probes import Probe, ProbeOptions, batch_sequences, register_probe, start_ids
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -112,8 +112,7 @@ def ordinal_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     if not tasks:
         raise InputError("the tokenizer has no run of 4 single-token ordinal items")
     g = torch.Generator().manual_seed(options.seed)
-    bos = tokenizer.bos_token_id
-    prefix = [bos] if bos is not None else []
+    prefix = start_ids(model)
     comma = tokenizer.encode(",", add_special_tokens=False)
     if len(comma) != 1:
         raise InputError("the tokenizer has no single-token comma")

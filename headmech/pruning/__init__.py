@@ -83,7 +83,7 @@ def prune(
     *,
     catalog: HeadCatalog | None = None,
     probe_options: ProbeOptions | None = None,
-    progress: bool = False,
+    progress: bool = True,
     units: Units | None = None,
     **options: Any,
 ) -> PruningResult:
@@ -96,7 +96,7 @@ def prune(
         task: a task name or :class:`headmech.tasks.Task`.
         catalog: fills ``survival`` per head type.
         probe_options: probe sizes.
-        progress: report progress.
+        progress: report progress on stderr (default; ``False``: silent).
         units: a :class:`headmech.runs.resume.Units` store: each step (michel), λ (l0) or run
             (mae) is read from it where stored, else stored as it finishes
             (:mod:`headmech.runs.resume`).

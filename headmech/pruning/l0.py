@@ -370,7 +370,7 @@ def l0_prune(
     Returns:
         A :class:`~headmech.pruning.result.PruningResult` (``method="l0"``).
     """
-    from headmech.pruning.michel import _result
+    from headmech.pruning.michel import pruning_result
     from headmech.pruning.survival import check_catalog
 
     check_catalog(catalog, model)
@@ -394,6 +394,6 @@ def l0_prune(
             {"n_kept": r.heads_kept, "heads_kept": kept, "metric": r.metric, "lambda": r.lam}
         )
     settings = {"lams": list(lams), "steps": steps, "lr": lr, "seed": seed}
-    return _result(
+    return pruning_result(
         "l0", t, model, history, catalog, n_layers * n_heads, (), probe_options, settings
     )

@@ -105,8 +105,9 @@ class HeadMask:
         """``(layer, head)`` of every head whose mask is zero."""
         return [(int(a), int(b)) for a, b in (self.values == 0).nonzero().tolist()]
 
-    def remove(self, heads: Iterable[HeadIndex | Sequence[int]]) -> HeadMask:
-        """A copy with ``heads`` set to 0 (a head outside the mask: :class:`HeadIndexError`)."""
+    def remove(self, heads: Iterable[HeadIndex | Sequence[int] | str] | str) -> HeadMask:
+        """A copy with ``heads`` (pairs or ``"L18H6"``) set to 0 (a head outside the mask:
+        :class:`HeadIndexError`)."""
         v = self.values.clone()
         for layer, head in check_heads(heads, *self.shape, what="HeadMask.remove"):
             v[layer, head] = 0.0

@@ -179,10 +179,12 @@ def michel_prune(
             print(f"step {len(history) - 1}: {mask.n_kept} heads kept, metric "
                   f"{history[-1]['metric']:.4f}", file=sys.stderr)  # fmt: skip
     settings = {"fraction": fraction, "steps": steps, "recompute": recompute, "per": per}
-    return _result("michel", t, model, history, catalog, n_total, batches, probe_options, settings)
+    return pruning_result(
+        "michel", t, model, history, catalog, n_total, batches, probe_options, settings
+    )
 
 
-def _result(
+def pruning_result(
     method: str,
     task: Task,
     model: TransformerBridge,

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headmech.core.errors import HeadmechError
-from headmech.runs.provenance import SCHEMA_VERSION, dumps
+from headmech.runs.files import FileSchema, ResultFile
+from headmech.runs.provenance import SCHEMA_VERSION
 
 __all__ = ["PruningResult"]
 
+# pruning.json (docs/architecture.md): its header names no headmech version
+PRUNING_FILE = FileSchema(
+    "pruning result", "pruning.json", SCHEMA_VERSION, required=("method", "task", "steps"),
+    headmech_version=False,
+)  # fmt: skip
+# the keys of pruning.json that are not method-specific extras
+_KNOWN = {"schema_version", "method", "task", "steps", "survival", "model", "n_heads_total",
+          "metric_description", "removable_at_5pct", "provenance"}  # fmt: skip
 
-@dataclass
-class PruningResult:
+
+@dataclass(eq=False)
+class PruningResult(ResultFile):
     """A pruning trajectory; ``save(dir)`` writes ``pruning.json`` (docs/architecture.md) and a curve.
 
     Attributes:
@@ -41,6 +49,8 @@ class PruningResult:
     extra: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
 
+    SCHEMA = PRUNING_FILE
+
     def removable_fraction(self, tolerance: float = 0.05) -> float:
         """Fraction of heads removed at the last step before the metric first exceeds
         ``clean * (1 + tolerance)``.
@@ -60,8 +70,7 @@ class PruningResult:
             best = int(s["n_kept"])
         return 1.0 - best / max(self.n_heads_total, 1)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ``pruning.json`` contents."""
+    def _body(self) -> dict[str, Any]:
         steps = []
         for s in self.steps:
             row = {
@@ -71,57 +80,43 @@ class PruningResult:
             }
             row.update({k: v for k, v in s.items() if k not in row})
             steps.append(row)
-        return json.loads(
-            dumps(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "method": self.method,
-                    "task": self.task,
-                    "steps": steps,
-                    "survival": self.survival,
-                    "model": self.model,
-                    "n_heads_total": self.n_heads_total,
-                    "metric_description": self.metric,
-                    "removable_at_5pct": self.removable_fraction(0.05),
-                    "provenance": self.provenance,
-                    **self.extra,
-                }
-            )
-        )
+        return {
+            "method": self.method,
+            "task": self.task,
+            "steps": steps,
+            "survival": self.survival,
+            "model": self.model,
+            "n_heads_total": self.n_heads_total,
+            "metric_description": self.metric,
+            "removable_at_5pct": self.removable_fraction(0.05),
+            **self.extra,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``pruning.json`` contents (:meth:`to_json`)."""
+        return self.to_json()
+
+    @classmethod
+    def _from_json(cls, d: dict[str, Any]) -> PruningResult:
+        return cls(
+            d["method"], d["task"], d["steps"], d.get("survival", {}),
+            int(d.get("n_heads_total", 0)), d.get("metric_description", ""),
+            d.get("model", ""), {k: v for k, v in d.items() if k not in _KNOWN},
+            d.get("provenance", {}),
+        )  # fmt: skip
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PruningResult:
-        """Read a ``pruning.json`` (a one-line error if it is not one)."""
-        p = Path(path)
-        p = p / "pruning.json" if p.is_dir() else p
-        known = {"schema_version", "method", "task", "steps", "survival", "model",
-                 "n_heads_total", "metric_description", "removable_at_5pct", "provenance"}  # fmt: skip
-        try:
-            d = json.loads(p.read_text())
-            return cls(
-                d["method"], d["task"], d["steps"], d.get("survival", {}),
-                int(d.get("n_heads_total", 0)), d.get("metric_description", ""),
-                d.get("model", ""), {k: v for k, v in d.items() if k not in known},
-                d.get("provenance", {}),
-            )  # fmt: skip
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise HeadmechError(f"{p} is not a pruning.json: {e}") from None
-
-    def __eq__(self, other: object) -> bool:
-        """Equal when they write the same ``pruning.json``."""
-        return isinstance(other, PruningResult) and self.to_dict() == other.to_dict()
-
-    __hash__ = None  # type: ignore[assignment]
+        """Read a ``pruning.json`` (or its folder); a one-line error if it is not one."""
+        return super().load(path)
 
     def save(self, out: str | os.PathLike) -> Path:
-        """Write ``out/pruning.json`` and, when there are steps, ``out/pruning.png``;
-        returns the JSON path."""
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "pruning.json"
-        path.write_text(dumps(self.to_dict()))
+        """Write ``out/pruning.json`` and, when there are steps, ``out/pruning.png``
+        (``out`` ending in ``.json``: that file alone); returns the JSON path."""
+        return super().save(out)
+
+    def _figures(self, folder: Path) -> None:
         if self.steps:
             from headmech.core.plot import pruning_curve
 
-            pruning_curve(self, out / "pruning.png")
-        return path
+            pruning_curve(self, folder / "pruning.png")

@@ -70,7 +70,7 @@ def update_validations(
         InputError: a type the catalog does not hold, a missing catalog, other weights.
     """
 
-    from headmech.classification.validation import _validation
+    from headmech.classification.validation import type_validation
     from headmech.headtypes.registry import get_head_type
     from headmech.models import load_model
     from headmech.probes import ProbeOptions
@@ -94,7 +94,7 @@ def update_validations(
     for t in types:
         head_type = get_head_type(t)(**(type_options or {}).get(t, {}))
         t1 = time.perf_counter()
-        v = _validation(
+        v = type_validation(
             model, head_type, labelled[t], options, n_random, labelled, *_of(data, t),
             alone=alone,
         )  # fmt: skip
@@ -201,7 +201,7 @@ def _validate(
 ) -> dict[str, float]:
     """Each added type's validation, as a full run computes it (the labelled heads of
     every type in the catalog beside), into ``data``. Returns the seconds per type."""
-    from headmech.classification.validation import _validation
+    from headmech.classification.validation import type_validation
     from headmech.headtypes.registry import get_head_type
     from headmech.probes import ProbeOptions
 
@@ -215,7 +215,7 @@ def _validate(
         t1 = time.perf_counter()
         head_type = get_head_type(t)(**size.type_options.get(t, {}))
         instances.append(head_type)
-        v = _validation(
+        v = type_validation(
             model, head_type, labelled[t], options, size.n_random, labelled, *_of(data, t),
             alone=size.alone,
         )  # fmt: skip

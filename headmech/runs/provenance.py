@@ -54,7 +54,7 @@ class WeightsMismatchError(HeadmechError):
     """A saved result describes other weights than the model it is applied to."""
 
 
-def _version(dist: str) -> str:
+def dist_version(dist: str) -> str:
     try:
         return version(dist)
     except PackageNotFoundError:
@@ -193,8 +193,8 @@ def provenance(
         "versions": {
             "headmech": __version__,
             "torch": torch.__version__,
-            "transformers": _version("transformers"),
-            "transformer_lens": _version("transformer-lens"),
+            "transformers": dist_version("transformers"),
+            "transformer_lens": dist_version("transformer-lens"),
             # the environment's, like the versions: not compared across checkouts
             "headmech_git": git_commit(),
         },

@@ -305,13 +305,13 @@ def settings_of(args: Any) -> dict[str, Any]:
 
 def _versions() -> dict[str, str]:
     from headmech._version import __version__
-    from headmech.runs.provenance import _version
+    from headmech.runs.provenance import dist_version
 
     return {
         "headmech": __version__,
         "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "transformer_lens": _version("transformer-lens"),
+        "transformers": dist_version("transformers"),
+        "transformer_lens": dist_version("transformer-lens"),
     }
 
 

@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import functools
 import re
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -72,57 +70,23 @@ def tiny_model(kind: str = "causal", seed: int = 0) -> TransformerBridge:
     """A randomly initialised 2-layer, 4-head model with a real tokenizer.
 
     ``kind="causal"``: LLaMA with grouped-query attention (2 KV heads) and SmolLM2's
-    tokenizer; ``kind="encoder"``: BERT with MiniLM's tokenizer. Built once per process;
-    the caller's random stream is left as it was.
+    tokenizer; ``kind="encoder"``: BERT with MiniLM's tokenizer; ``d_model`` 64, 256
+    positions, transformers' initialisation (:func:`headmech.models.families.tiny_model`
+    builds it). Built once per process; the caller's random stream is left as it was.
     """
-    from headmech.models import load_model
+    from headmech.models.bundled import minilm_tokenizer, smollm2_tokenizer
+    from headmech.models.families import tiny_model as build
 
-    with torch.random.fork_rng():  # HF initialises weights from the global generator
-        torch.manual_seed(seed)
-        model, tok = _tiny_hf(kind)
-    path = Path(tempfile.mkdtemp(prefix=f"headmech-tiny-{kind}-"))
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return load_model(str(path))
-
-
-def _tiny_hf(kind: str) -> tuple[Any, Any]:
-    from transformers import BertConfig, BertForMaskedLM, LlamaConfig, LlamaForCausalLM
-
-    if kind == "causal":
-        from headmech.models.bundled import smollm2_tokenizer
-
-        tok = smollm2_tokenizer()
-        model: Any = LlamaForCausalLM(
-            LlamaConfig(
-                vocab_size=len(tok),
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=256,
-                bos_token_id=tok.bos_token_id,
-                eos_token_id=tok.eos_token_id,
-            )
-        )
-    elif kind == "encoder":
-        from headmech.models.bundled import minilm_tokenizer
-
-        tok = minilm_tokenizer()
-        model = BertForMaskedLM(
-            BertConfig(
-                vocab_size=len(tok),
-                hidden_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=128,
-                max_position_embeddings=256,
-            )
-        )
-    else:
+    if kind not in ("causal", "encoder"):
         raise ValueError(f"kind must be 'causal' or 'encoder', got {kind!r}")
-    return model, tok
+    sizes: dict[str, Any] = {"d_model": 64, "d_mlp": 128, "n_ctx": 256, "init": 0.02}
+    if kind == "causal":  # SmolLM2's pad token is no padding row of the embedding
+        tok = smollm2_tokenizer()
+        return build(
+            "llama", seed=seed, name=f"tiny-{kind}", tokenizer=tok, pad_token_id=None, **sizes
+        )
+    tok = minilm_tokenizer()
+    return build("bert", seed=seed, name=f"tiny-{kind}", tokenizer=tok, **sizes)
 
 
 def _control_model(head_type: HeadType) -> TransformerBridge:

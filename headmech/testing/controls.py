@@ -56,26 +56,24 @@ def _smollm2() -> Any:
 def _llama(d_model: int, d_head: int, rope_theta: float, seed: int) -> Any:
     """The random attention-only LLaMA a control model starts from (weights from ``seed``,
     the caller's random stream untouched)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from headmech.models.families import tiny_hf
 
-    tok = _smollm2()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=d_model,
-        intermediate_size=4,  # zeroed below: attention-only
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+    model, _ = tiny_hf(
+        "llama",
+        seed=seed,
+        tokenizer=_smollm2(),
+        init=0.02,  # transformers' own
+        d_model=d_model,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=4,
+        d_mlp=4,  # zeroed below: attention-only
+        n_ctx=256,
         head_dim=d_head,
-        max_position_embeddings=256,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
+        pad_token_id=None,  # SmolLM2's pad token is no padding row of the embedding
         tie_word_embeddings=False,
     )
-    with torch.random.fork_rng():  # HF initialises weights from the global generator
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM._from_config(config, attn_implementation="eager")
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.down_proj.weight.zero_()

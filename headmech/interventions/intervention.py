@@ -63,13 +63,14 @@ class Intervention:
     @classmethod
     def on(
         cls,
-        heads: Iterable[HeadIndex | Sequence[int]],
+        heads: Iterable[HeadIndex | Sequence[int] | str] | str,
         effect: Effect,
         site: str = "z",
         pos: int | None = None,
     ) -> Intervention:
-        """Build from any iterable of ``(layer, head)`` pairs."""
-        return cls(tuple(HeadIndex(int(a), int(b)) for a, b in heads), effect, site, pos)
+        """Build from any iterable of heads: ``(layer, head)`` pairs, :class:`HeadIndex`
+        es or ``"L18H6"`` strings (:func:`~headmech.core.head_index.check_heads`)."""
+        return cls(tuple(check_heads(heads, None, None, what="Intervention")), effect, site, pos)
 
     @classmethod
     def all_heads(cls, model: TransformerBridge, effect: Effect, site: str = "z") -> Intervention:
