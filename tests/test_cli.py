@@ -136,3 +136,23 @@ def test_python_dash_m_headmech_runs_the_cli():
         [sys.executable, "-m", "headmech", "types"], capture_output=True, text=True, check=False
     )
     assert out.returncode == 0 and "previous_token" in out.stdout
+
+
+def test_checks_return_what_they_parsed_and_leave_the_arguments_alone():
+    """The command line's checks hand back typed values (ClassifyInput, the task) rather
+    than writing them into the parsed arguments: what was typed stays what was typed."""
+    import copy
+
+    from headmech.cli import build_parser
+    from headmech.cli.base import ClassifyInput, check_classify
+
+    args = build_parser().parse_args(
+        ["classify", "toy-induction", "--types", "induction,duplicate_token", "--validate",
+         "--threshold", "induction=0.5", "--alone", "2,1", "--out", "unused"]
+    )  # fmt: skip
+    before = copy.deepcopy(vars(args))
+    given = check_classify(args, "classify")
+    assert vars(args) == before
+    assert given == ClassifyInput(
+        ["induction", "duplicate_token"], None, {"induction": 0.5}, (2, 1)
+    )

@@ -335,8 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = _show_warning
         warnings.simplefilter("always", HeadmechWarning)  # every run shows its own
         try:
-            args = build_parser().parse_args(argv)
-            args.argv = list(sys.argv[1:] if argv is None else argv)  # for "continue with:"
+            given = list(sys.argv[1:] if argv is None else argv)  # for "continue with:"
+            args = build_parser().parse_args(argv, namespace=argparse.Namespace(argv=given))
             return int(args.func(args))
         except IncompleteRunError as e:  # the finished part is written; say where, once
             _close_bars()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -192,9 +193,30 @@ def check_run(args: argparse.Namespace, command: str) -> None:
     model_name(args.model)
 
 
-def load_model_of(args: argparse.Namespace) -> Any:
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A command's model and when its loading started and ended (``run.json``'s seconds)."""
+
+    model: Any
+    started: float
+    loaded: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifyInput:
+    """What ``classify``, ``circuit`` and ``discover`` were given, checked before a load:
+    the type names (None: every type), the ``--corpus`` sentences, ``--threshold`` per type
+    and ``--alone`` (None where not given)."""
+
+    names: list[str] | None
+    sentences: list[str] | None
+    thresholds: dict[str, float] | None = None
+    alone: tuple[int, int] | None = None
+
+
+def load_model_of(args: argparse.Namespace) -> Loaded:
     """The model of ``args.model`` on ``args.device`` in ``args.dtype`` (after every check
-    has passed)."""
+    has passed), timed."""
     from headmech.core import distributed
     from headmech.models import load_model
 
@@ -203,17 +225,17 @@ def load_model_of(args: argparse.Namespace) -> Any:
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (this process's own output)
     print(f"loading {args.model} ...", file=sys.stderr)
-    args.started = time.perf_counter()
+    started = time.perf_counter()
     where = {k: getattr(args, k, None) for k in ("device_map", "max_memory", "offload_folder")}
     model = load_model(args.model, device=device, dtype=getattr(args, "dtype", None), **where)
-    args.loaded = time.perf_counter()
-    return model
+    return Loaded(model, started, time.perf_counter())
 
 
 def save_result(
     args: argparse.Namespace,
     command: str,
     result: Any,
+    loaded: Loaded,
     files: tuple[str, ...] = (),
     units: Any = None,
 ) -> Path:
@@ -228,7 +250,7 @@ def save_result(
     if not distributed.is_main():  # under torchrun rank 0 alone writes
         return Path(args.out)
     now = time.perf_counter()
-    record = run_record(command, result, args.loaded - args.started, now - args.started)
+    record = run_record(command, result, loaded.loaded - loaded.started, now - loaded.started)
     try:
         with V.staged_output(args.out, RESULT_FILES[command] + files, args.force) as tmp:
             result.save(tmp)
@@ -361,11 +383,9 @@ def _thresholds(values: list[str], names: list[str] | None) -> dict[str, float]:
     return out
 
 
-def check_classify(
-    args: argparse.Namespace, command: str
-) -> tuple[list[str] | None, list[str] | None]:
-    """``headmech classify`` (and ``circuit``) input checks before loading: the run options,
-    ``--types``, ``--n-random``, ``--corpus``; returns the type names and the sentences."""
+def check_classify(args: argparse.Namespace, command: str) -> ClassifyInput:
+    """``headmech classify`` (and ``circuit``, ``discover``) input checks before loading:
+    the run options, ``--types``, ``--n-random``, ``--threshold``, ``--alone``, ``--corpus``."""
     check_run(args, command)
     names = head_type_names(args.types) if args.types is not None else None
     if getattr(args, "n_random", None) is not None:
@@ -377,10 +397,11 @@ def check_classify(
             )
         if not args.validate:
             V.warn("--n-random is ignored without --validate")
+    thresholds = alone = None
     if getattr(args, "threshold", None) is not None:
-        args.threshold = _thresholds(args.threshold, names)
+        thresholds = _thresholds(args.threshold, names)
     if getattr(args, "alone", None) is not None:
-        args.alone = _alone(args.alone)
+        alone = _alone(args.alone)
         if not args.validate:
             V.warn("--alone is ignored without --validate")
     corpus = getattr(args, "corpus", None)
@@ -390,7 +411,7 @@ def check_classify(
     source = _model_source(args.model)
     if source is not None and source.tokenizer is not None:  # e.g. a toy not trained yet
         fit_types(source.tokenizer(), names, sentences, None)
-    return names, sentences
+    return ClassifyInput(names, sentences, thresholds, alone)
 
 
 def _model_source(name: str) -> Any:

@@ -76,16 +76,18 @@ def cmd_classify(args: argparse.Namespace) -> int:
     from headmech.models import model_info
     from headmech.runs.resume import bind_weights
 
-    names, sentences = check_classify(args, "classify")  # fail fast, before loading
+    given = check_classify(args, "classify")  # fail fast, before loading
+    names, sentences = given.names, given.sentences
     units = staging(args, "classify")
     t0 = time.perf_counter()
-    model = load_model_of(args)
+    loaded = load_model_of(args)
+    model = loaded.model
     bind_weights(units, model)  # --resume: the same weights
     t1 = time.perf_counter()
     types, skipped = fit_types(model.tokenizer, names, sentences, model_info(model).causal)
     options = dict(vars(probe_options(args)), corpus=args.corpus)
     n_random = 5 if args.n_random is None else args.n_random
-    thresholds = getattr(args, "threshold", None)
+    thresholds = given.thresholds
     if thresholds is not None and types is not None:  # not the types skipped for their prose
         run = {t if isinstance(t, str) else t.name for t in types}
         thresholds = {n: v for n, v in thresholds.items() if n in run} or None
@@ -93,14 +95,14 @@ def cmd_classify(args: argparse.Namespace) -> int:
         try:
             catalog = classify(
                 model, types, validate=args.validate, n_random=n_random, progress=True,
-                units=units, alone=getattr(args, "alone", None), thresholds=thresholds,
+                units=units, alone=given.alone, thresholds=thresholds,
                 **options,
             )  # fmt: skip
         except IncompleteRunError as e:  # keep the finished types, then fail in one line
             save_partial(args, e, "catalog")
             raise
         t2 = time.perf_counter()
-        out = save_result(args, "classify", catalog, units=units)
+        out = save_result(args, "classify", catalog, loaded, units=units)
     (out / "catalog.partial.json").unlink(missing_ok=True)  # a stopped run's, now whole
     print(catalog.table())
     report.evidence(catalog)
@@ -142,19 +144,23 @@ def _task(model: Any, name: str) -> Any:
     return task
 
 
-def _check_method(args: argparse.Namespace, registry: Any, command: str) -> dict[str, Any]:
-    """``importance`` / ``prune`` checks before loading: run options, method, options, task."""
+def _check_method(
+    args: argparse.Namespace, registry: Any, command: str
+) -> tuple[dict[str, Any], str]:
+    """``importance`` / ``prune`` checks before loading: run options, method, options, task;
+    returns the method's options and the task (``--task``, else the model's default)."""
     from headmech.core.registry import TASKS
 
     check_run(args, command)
     options = _method_options(registry, args.method, args)
-    if args.task is None:
+    task = args.task
+    if task is None:
         from headmech.core.registry import MODELS
 
-        args.task = MODELS.get(args.model).default_task if args.model in MODELS else "lm"
-    V.lookup(TASKS, args.task)
+        task = MODELS.get(args.model).default_task if args.model in MODELS else "lm"
+    V.lookup(TASKS, task)
     V.probe_options(probe_options(args))
-    return options
+    return options, task
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
@@ -163,20 +169,21 @@ def cmd_importance(args: argparse.Namespace) -> int:
     from headmech.core.registry import METHODS
     from headmech.runs.resume import bind_weights
 
-    options = _check_method(args, METHODS, "importance")  # fail fast, before loading
+    options, task = _check_method(args, METHODS, "importance")  # fail fast, before loading
     units = staging(args, "importance")
     t0 = time.perf_counter()
-    model = load_model_of(args)
+    loaded = load_model_of(args)
+    model = loaded.model
     bind_weights(units, model)  # --resume: the same weights
-    _task(model, args.task)
+    _task(model, task)
     if options.get("baseline") is not None and options["baseline"] >= int(model.cfg.d_vocab):
         raise InputError(f"option 'baseline' is a token id below {model.cfg.d_vocab}")
     with resumable(args, units):
         result = importance(
-            model, args.method, args.task, probe_options=probe_options(args), progress=True,
+            model, args.method, task, probe_options=probe_options(args), progress=True,
             units=units, **options,
         )  # fmt: skip
-        out = save_result(args, "importance", result, units=units)
+        out = save_result(args, "importance", result, loaded, units=units)
     top = ", ".join(f"L{la}H{h}" for la, h in result.top(5))
     print(f"{result.method} / {result.task}: clean {result.metric_clean}  top heads: {top}")
     print(
@@ -194,7 +201,7 @@ def cmd_circuit(args: argparse.Namespace) -> int:
 
     kinds = V.kinds(args.kinds)
     V.count(args.top_k, "--top-k")
-    names, _ = check_classify(args, "circuit")  # fail fast, before loading
+    names = check_classify(args, "circuit").names  # fail fast, before loading
     given = catalog_file(args.catalog, args.model) if args.catalog is not None else None
     if given is not None and names is not None:
         if missing := [n for n in names if n not in given.types]:
@@ -203,7 +210,8 @@ def cmd_circuit(args: argparse.Namespace) -> int:
                 f"{', '.join(given.types) or 'no types'})"
             )
         given.types = {n: given.types[n] for n in names}
-    model = load_model_of(args)
+    loaded = load_model_of(args)
+    model = loaded.model
     if given is not None:
         _check_catalog(given, model, args.force)
         catalog = given
@@ -211,7 +219,7 @@ def cmd_circuit(args: argparse.Namespace) -> int:
         types, _ = fit_types(model.tokenizer, names, None, model_info(model).causal)
         catalog = classify(model, types, progress=True, seed=args.seed)
     result = circuit(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
-    out = save_result(args, "circuit", result)
+    out = save_result(args, "circuit", result, loaded)
     G = result.graph
     print(f"{G.number_of_nodes()} heads, {G.number_of_edges()} edges (score / random baseline):")
     for u, v, d in result.edges()[:40]:
@@ -224,12 +232,12 @@ def cmd_circuit(args: argparse.Namespace) -> int:
 _METHOD_FLAGS = {"michel": ("fraction", "steps"), "l0": ("lams", "l0_steps")}
 
 
-def _prune_options(args: argparse.Namespace) -> dict[str, Any]:
+def _prune_options(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The pruning method's options: ``-o`` pairs, then the method's own flags (checked;
-    a flag of another method warns that it is ignored)."""
+    a flag of another method warns that it is ignored); and the task."""
     from headmech.core.registry import PRUNING_METHODS
 
-    options = _check_method(args, PRUNING_METHODS, "prune")
+    options, task = _check_method(args, PRUNING_METHODS, "prune")
     for method, flags in _METHOD_FLAGS.items():
         given = [f for f in flags if getattr(args, f) is not None]
         if given and args.method != method:
@@ -244,7 +252,7 @@ def _prune_options(args: argparse.Namespace) -> dict[str, Any]:
         options.setdefault("lams", V.lams(lams))
         steps = 100 if args.l0_steps is None else args.l0_steps
         options.setdefault("steps", V.count(steps, "--l0-steps"))
-    return options
+    return options, task
 
 
 def _check_catalog(catalog: Any, model: Any, force: bool) -> None:
@@ -269,20 +277,21 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from headmech.pruning import prune
     from headmech.runs.resume import bind_weights
 
-    options = _prune_options(args)  # fail fast, before loading
+    options, task_name = _prune_options(args)  # fail fast, before loading
     catalog = catalog_file(args.catalog, args.model) if args.catalog is not None else None
     units = staging(args, "prune")
     t0 = time.perf_counter()
-    model = load_model_of(args)
+    loaded = load_model_of(args)
+    model = loaded.model
     bind_weights(units, model)  # --resume: the same weights
-    task = _task(model, args.task)
+    task = _task(model, task_name)
     _check_catalog(catalog, model, args.force)
     with resumable(args, units):
         result = prune(
             model, args.method, task, catalog=catalog, probe_options=probe_options(args),
             progress=True, units=units, **options,
         )  # fmt: skip
-        out = save_result(args, "prune", result, units=units)
+        out = save_result(args, "prune", result, loaded, units=units)
     report.pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
     return 0

@@ -42,10 +42,12 @@ def cmd_discover(args: argparse.Namespace) -> int:
     from headmech.models import model_info
 
     V.count(args.clusters, "--clusters", minimum=2)
-    names, sentences = check_classify(args, "discover")  # fail fast, before loading
+    given = check_classify(args, "discover")  # fail fast, before loading
+    names, sentences = given.names, given.sentences
     V.out_dir(args.out, _cluster_files(args.out), args.force)
     _check_clusters(args.clusters, config_shape(args.model))
-    model = load_model_of(args)
+    loaded = load_model_of(args)
+    model = loaded.model
     info = model_info(model)
     _check_clusters(args.clusters, (info.n_layers, info.n_heads))
     types, _ = fit_types(model.tokenizer, names, sentences, info.causal)
@@ -55,7 +57,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
         model, types, n_clusters=args.clusters, attention_probe="prose" if prose else "repeated_random",
         progress=True, **options,
     )  # fmt: skip
-    out = save_result(args, "discover", result, _cluster_files(args.out))
+    out = save_result(args, "discover", result, loaded, _cluster_files(args.out))
     print(result.table())
     print(result.examples_text())
     figures = [f"cluster_{c.id}.png" for c in result.unexplained if c.examples]

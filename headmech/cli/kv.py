@@ -84,7 +84,7 @@ def cmd_kv_plan(args: argparse.Namespace) -> int:
     from headmech.kv import KVPlan
 
     target, source, types = _check_kv_plan(args)  # fail fast, before loading
-    model = load_model_of(args)
+    model = load_model_of(args).model
     size = {"sinks": args.sinks, "window": args.window}
     if isinstance(source, list):
         plan = KVPlan.from_heads(model, source, **size, source={"kind": "heads"})
