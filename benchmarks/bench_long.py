@@ -51,7 +51,7 @@ POINT_TYPES = ("duplicate_token", "induction")
 # forward: the issue "statistics at the cost of the forward"
 POINT_TARGETS = {"smollm2-135m": (1.1, 1.2), "gemma3-270m": (1.2, 1.3)}
 # a LLaMA-3.2-1B-shaped config (grouped-query: 32 query heads, 8 KV heads), as sizes and
-# config fields of headmech.models.families.tiny_hf
+# config fields of headmech.models.tiny.tiny_hf
 CONFIGS = {
     "llama-1b": dict(
         d_model=2048,
@@ -71,7 +71,7 @@ def _load(args: argparse.Namespace):  # noqa: ANN202
 
     if not args.model_config:
         return headmech.load_model(args.model, device=args.device, dtype=args.dtype)
-    from headmech.models.families import tiny_model
+    from headmech.models.tiny import tiny_model
 
     # random weights (transformers' initialisation) with SmolLM2's tokenizer, whose pad
     # token is no padding row of the embedding

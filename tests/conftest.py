@@ -106,9 +106,9 @@ def bpe_tokenizer():
 def tiny_dirs(tmp_path_factory, bert_tokenizer, bpe_tokenizer) -> dict[str, Path]:
     """Tiny random Hugging Face models saved as local directories (2 layers, 4 heads,
     d_model 32, 64 positions, transformers' initialisation; built by
-    :func:`headmech.models.families.build_tiny`): GPT-2, LLaMA with grouped-query attention
+    :func:`headmech.models.tiny.build_tiny`): GPT-2, LLaMA with grouped-query attention
     (2 KV heads) and BERT."""
-    from headmech.models.families import build_tiny
+    from headmech.models.tiny import build_tiny
 
     root = tmp_path_factory.mktemp("tiny")
     torch.manual_seed(0)  # the three are drawn one after another from this stream (seed=None)

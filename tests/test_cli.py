@@ -54,7 +54,7 @@ def test_classify_takes_a_threshold_per_type(capsys, tmp_path):
     """``--threshold TYPE=VALUE``, repeatable or comma-separated, as ``thresholds=`` in
     Python; recorded in the catalog's provenance. On the toy, previous_token (measured on
     prose) is skipped by default, and so is its threshold."""
-    from headmech.cli.base import _thresholds
+    from headmech.cli.checks import _thresholds
 
     code, out, err = run(
         capsys, "classify", "toy-induction", "--n-sequences", "4", "--out", str(tmp_path),
@@ -144,7 +144,7 @@ def test_checks_return_what_they_parsed_and_leave_the_arguments_alone():
     import copy
 
     from headmech.cli import build_parser
-    from headmech.cli.base import ClassifyInput, check_classify
+    from headmech.cli.checks import ClassifyInput, check_classify
 
     args = build_parser().parse_args(
         ["classify", "toy-induction", "--types", "induction,duplicate_token", "--validate",

@@ -42,11 +42,11 @@ from headmech.models.families import (
     PARTS,
     REGENERATE,
     WINDOW,
-    build_tiny,
     read_matrix_table,
     unsupported,
     write_matrix_page,
 )
+from headmech.models.tiny import build_tiny
 from headmech.probes import ProbeOptions, build_probe
 from headmech.stream import engine
 from headmech.stream.engine import ProbeBatch, stream_statistics, target_reducer

@@ -17,7 +17,7 @@ from PIL import Image  # noqa: E402
 
 from headmech.classification.results import TypeResult  # noqa: E402
 from headmech.core.head_index import HeadIndex  # noqa: E402
-from headmech.publish.markdown import heatmap_figure, heatmap_png  # noqa: E402
+from headmech.publish.heatmaps import heatmap_figure, heatmap_png  # noqa: E402
 
 SHOWN_PX = 520  # the atlas's img.heatmap max-width
 MIN_TEXT_PX = 11

@@ -32,7 +32,8 @@ def gemma3(tmp_path_factory):
     """A tiny Gemma 3 (plain Hugging Face): layer 0 has a 6-token window, layer 1 none."""
     import transformers
 
-    from headmech.models.families import WINDOW, build_tiny
+    from headmech.models.families import WINDOW
+    from headmech.models.tiny import build_tiny
 
     path = build_tiny("gemma3", tmp_path_factory.mktemp("gemma3"))
     hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
@@ -133,7 +134,7 @@ def test_importance_is_the_loss_one_windowed_head_adds(llama):
 def test_importance_leaves_the_models_windowed_layers_alone(gemma3):
     from types import SimpleNamespace
 
-    from headmech.models.families import tiny_tokenizer
+    from headmech.models.tiny import tiny_tokenizer
 
     shim = SimpleNamespace(tokenizer=tiny_tokenizer(True), cfg=SimpleNamespace(n_ctx=512))
     prose = prose_batches(shim, 40, n=1)

@@ -23,7 +23,7 @@ def gemma3(tmp_path_factory):
     """A tiny Gemma 3 (plain Hugging Face): layer 0 has a 6-token window, layer 1 none."""
     import transformers
 
-    from headmech.models.families import build_tiny
+    from headmech.models.tiny import build_tiny
 
     path = build_tiny("gemma3", tmp_path_factory.mktemp("gemma3"))
     return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
@@ -109,7 +109,7 @@ def test_the_models_own_window_computed_as_a_band_is_exact(gemma3, monkeypatch):
 
     from types import SimpleNamespace
 
-    from headmech.models.families import tiny_tokenizer
+    from headmech.models.tiny import tiny_tokenizer
 
     shim = SimpleNamespace(tokenizer=tiny_tokenizer(True), cfg=SimpleNamespace(n_ctx=512))
     prose = prose_batches(shim, 120, n=1)

@@ -68,7 +68,7 @@ def write_gguf(path: Path, arch: str = "qwen2", licence: str | None = "apache-2.
     tokenizer (as llama.cpp's converter lays it out); return the original HF model."""
     import gguf
 
-    from headmech.models.families import tiny_tokenizer
+    from headmech.models.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer(causal=True)
     spec = json.loads(tok.backend_tokenizer.to_str())
@@ -613,7 +613,7 @@ def test_qwen25_classify_stopped_and_resumed_writes_the_same_bytes(
 
 
 def test_prepended_token_names_what_the_tokenizer_adds():
-    from headmech.models.families import tiny_tokenizer
+    from headmech.models.tiny import tiny_tokenizer
 
     assert models.prepended_token(tiny_tokenizer(causal=True)) == "<bos>"
     assert models.prepended_token(tiny_tokenizer(causal=False)) == "[CLS]"

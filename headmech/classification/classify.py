@@ -59,14 +59,29 @@ def runnable_types(
     return runnable, skipped
 
 
-def _check_arguments(validate: bool, n_random: Any, n_boot: Any) -> None:
-    """:func:`classify`'s own arguments, as the command line checks its flags: ``n_random``
-    a positive integer (at most :data:`headmech.core.checks.MAX_N_RANDOM`) when validating,
-    ``n_boot`` an integer of at least 0."""
+def _check_arguments(
+    types: Any, validate: bool, n_random: Any, n_boot: Any, alone: Any, options: dict
+) -> None:
+    """:func:`classify`'s own arguments, as the command line checks its flags: no
+    ``threshold=`` (one per type: ``thresholds=``), ``n_random`` a positive integer (at most
+    :data:`headmech.core.checks.MAX_N_RANDOM`) when validating, ``n_boot`` an integer of
+    at least 0, ``alone`` two integers of at least 0."""
     from headmech.core.checks import MAX_N_RANDOM
 
     def integer(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
+
+    if "threshold" in options:
+        one = types[0] if isinstance(types, (list, tuple)) and len(types) == 1 else None
+        name = one if isinstance(one, str) else "<head type>"
+        raise ArgumentError(
+            "classify() takes no threshold=: give one per head type, "
+            f"thresholds={{{name!r}: {options['threshold']!r}}}"
+        )
+    if alone is not None and not (len(alone) == 2 and all(integer(n) and n >= 0 for n in alone)):
+        raise ArgumentError(
+            f"alone must be two integers of at least 0 (labelled, rejected), got {alone!r}"
+        )
 
     if not integer(n_boot) or n_boot < 0:
         raise ArgumentError(
@@ -250,22 +265,8 @@ def classify(
     from headmech.core.progress import reporting
     from headmech.runs.resume import recording
 
-    if "threshold" in probe_options:
-        one = types[0] if isinstance(types, (list, tuple)) and len(types) == 1 else None
-        name = one if isinstance(one, str) else "<head type>"
-        raise ArgumentError(
-            "classify() takes no threshold=: give one per head type, "
-            f"thresholds={{{name!r}: {probe_options['threshold']!r}}}"
-        )
-    _check_arguments(validate, n_random, n_boot)
+    _check_arguments(types, validate, n_random, n_boot, alone, probe_options)
     resolve_types(types, thresholds)  # names, classes, thresholds: checked before the model
-    if alone is not None and not (
-        len(alone) == 2
-        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in alone)
-    ):
-        raise ArgumentError(
-            f"alone must be two integers of at least 0 (labelled, rejected), got {alone!r}"
-        )
     with reporting(progress), recording(units):
         return _classify(
             model, types, validate, n_random, n_boot, progress, probe_options, alone, thresholds
@@ -301,12 +302,7 @@ def _classify(
     used: dict[str, Any] = {}
 
     def catalog(done: list[HeadType]) -> HeadCatalog:
-        settings: dict[str, Any] = {"types": {t.name: repr(t) for t in done}, "skipped": skipped}
-        settings.update(validate=validate, n_random=n_random, n_boot=n_boot)
-        if alone is not None:  # recorded where it is not the default
-            settings["alone"] = list(alone)
-        if thresholds is not None:  # recorded where given
-            settings["thresholds"] = {n: float(v) for n, v in thresholds.items()}
+        settings = _settings(done, skipped, validate, n_random, n_boot, alone, thresholds)
         prov = provenance(model, probes=used, options=options, settings=settings)
         return HeadCatalog(info, {t.name: results[t.name] for t in done}, meta, prov)
 
@@ -322,18 +318,8 @@ def _classify(
             used[name] = probe.batches
             results.update(found)
         runnable = [t for t in runnable if t.name in results]
-        for t in runnable if validate else []:
-            r = results[t.name]
-            labelled = {n: r.heads for n, r in results.items()}  # induction heads: K-composition
-            rejected = [HeadIndex.parse(e["head"]) for e in r.not_labelled]
-            run = partial(
-                type_validation, model, t, r.heads, options, n_random, labelled,
-                sorted(r.not_controls()), rejected, alone=alone,
-            )  # fmt: skip
-            v = unit(f"validate-{t.name}", run)
-            r.per_head = v.pop("per_head", {})
-            r.details["validation"] = v
         if validate and runnable:
+            _validate_all(model, runnable, results, options, n_random, alone, unit)
             _beyond_the_probe(model, runnable, results, unit)
     except (Exception, KeyboardInterrupt) as e:
         # keep what is finished: the types scored (and validated, with validation)
@@ -347,6 +333,50 @@ def _classify(
         msg = f"stopped after {len(done)} of {len(runnable)} type(s) ({why})"
         raise IncompleteRunError(msg, finished) from e
     return catalog(runnable)
+
+
+def _settings(
+    done: list[HeadType],
+    skipped: dict[str, str],
+    validate: bool,
+    n_random: int,
+    n_boot: int,
+    alone: tuple[int, int] | None,
+    thresholds: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    """The provenance's settings: the types as configured, those skipped, the validation's
+    sizes; ``alone`` and ``thresholds`` only where given (a default leaves no trace)."""
+    settings: dict[str, Any] = {"types": {t.name: repr(t) for t in done}, "skipped": skipped}
+    settings.update(validate=validate, n_random=n_random, n_boot=n_boot)
+    if alone is not None:
+        settings["alone"] = list(alone)
+    if thresholds is not None:
+        settings["thresholds"] = {n: float(v) for n, v in thresholds.items()}
+    return settings
+
+
+def _validate_all(
+    model: TransformerBridge,
+    types: list[HeadType],
+    results: dict[str, TypeResult],
+    options: ProbeOptions,
+    n_random: int,
+    alone: tuple[int, int] | None,
+    unit: Any,
+) -> None:
+    """Each type's validation (:func:`headmech.classification.validation.type_validation`),
+    one resumable unit per type, into ``details["validation"]`` and ``per_head``."""
+    labelled = {n: r.heads for n, r in results.items()}  # induction heads: K-composition
+    for t in types:
+        r = results[t.name]
+        rejected = [HeadIndex.parse(e["head"]) for e in r.not_labelled]
+        run = partial(
+            type_validation, model, t, r.heads, options, n_random, labelled,
+            sorted(r.not_controls()), rejected, alone=alone,
+        )  # fmt: skip
+        v = unit(f"validate-{t.name}", run)
+        r.per_head = v.pop("per_head", {})
+        r.details["validation"] = v
 
 
 def _beyond_the_probe(

@@ -396,7 +396,3 @@ def _add_kv_plan(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="overwrite --out; any catalog weights")
     _add_placement(p)
     p.set_defaults(func=commands.cmd_kv_plan)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

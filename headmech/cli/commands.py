@@ -17,9 +17,7 @@ from headmech.cli import report
 from headmech.cli.base import (
     RESULT_FILES,
     catalog_file,
-    check_classify,
     check_run,
-    fit_types,
     load_model_of,
     probe_options,
     resumable,
@@ -27,6 +25,7 @@ from headmech.cli.base import (
     save_result,
     staging,
 )
+from headmech.cli.checks import check_classify, fit_types
 from headmech.cli.kv import cmd_kv_plan
 from headmech.core import checks as V
 from headmech.core.errors import IncompleteRunError, InputError

@@ -11,15 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headmech.cli.base import (
-    RESULT_FILES,
-    check_classify,
-    config_shape,
-    fit_types,
-    load_model_of,
-    probe_options,
-    save_result,
-)
+from headmech.cli.base import RESULT_FILES, config_shape, load_model_of, probe_options, save_result
+from headmech.cli.checks import check_classify, fit_types
 from headmech.core import checks as V
 from headmech.core.errors import InputError
 

@@ -1,10 +1,8 @@
 """A toy attention-only induction model that trains on CPU in about a minute.
 
-The model is a 2-layer Hugging Face ``LlamaForCausalLM`` whose MLPs are frozen at zero
-(``down_proj`` = 0, so every MLP outputs exactly 0): attention-only, with rotary
-position embeddings, and wrapped by TransformerLens' ``TransformerBridge`` LLaMA adapter
-like any other model. It is trained on the classic induction task: BOS, ``n`` uniformly
-random tokens, the same ``n`` tokens again, with ``n`` drawn afresh for every batch.
+A 2-layer Hugging Face ``LlamaForCausalLM`` with MLPs frozen at zero (attention-only,
+rotary positions; wrapped like any other model), trained on the classic induction task:
+BOS, ``n`` random tokens, the same ``n`` again, ``n`` drawn afresh for every batch.
 
 Why this recipe: with learned absolute positions (GPT-2 style) a 2-layer model found
 shortcuts here instead of induction heads — attention to about position q/2 when the
@@ -16,10 +14,8 @@ previous-token head is cheap to learn; the induction circuit (previous-token hea
 layer 0 K-composing with a prefix-matching head in layer 1) then forms in ~800 steps,
 with the abrupt loss drop Olsson et al. describe.
 
-Examples:
-    >>> model, tok, metrics = train_toy_induction()  # doctest: +SKIP
-    >>> metrics["induction_score"] > 0.8  # doctest: +SKIP
-    True
+Example: ``model, tok, metrics = train_toy_induction()``; ``metrics["induction_score"]``
+is above 0.8.
 """
 
 from __future__ import annotations

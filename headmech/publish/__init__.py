@@ -47,7 +47,7 @@ from headmech.publish.build import (
     expected_types,
     readme,
 )
-from headmech.publish.markdown import redraw_heatmaps, write_heatmaps
+from headmech.publish.heatmaps import redraw_heatmaps, write_heatmaps
 from headmech.runs.provenance import dumps
 
 __all__ = [

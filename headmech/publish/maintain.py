@@ -12,7 +12,7 @@ from pathlib import Path
 from headmech.core.errors import InputError
 from headmech.publish import build as publish
 from headmech.publish.compare import BEGIN, readme_block, replace_block
-from headmech.publish.markdown import heatmap_png
+from headmech.publish.heatmaps import heatmap_png
 
 __all__ = ["add", "broad", "readmes", "update"]
 

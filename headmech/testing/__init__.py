@@ -71,11 +71,11 @@ def tiny_model(kind: str = "causal", seed: int = 0) -> TransformerBridge:
 
     ``kind="causal"``: LLaMA with grouped-query attention (2 KV heads) and SmolLM2's
     tokenizer; ``kind="encoder"``: BERT with MiniLM's tokenizer; ``d_model`` 64, 256
-    positions, transformers' initialisation (:func:`headmech.models.families.tiny_model`
+    positions, transformers' initialisation (:func:`headmech.models.tiny.tiny_model`
     builds it). Built once per process; the caller's random stream is left as it was.
     """
     from headmech.models.bundled import minilm_tokenizer, smollm2_tokenizer
-    from headmech.models.families import tiny_model as build
+    from headmech.models.tiny import tiny_model as build
 
     if kind not in ("causal", "encoder"):
         raise ValueError(f"kind must be 'causal' or 'encoder', got {kind!r}")

@@ -56,7 +56,7 @@ def _smollm2() -> Any:
 def _llama(d_model: int, d_head: int, rope_theta: float, seed: int) -> Any:
     """The random attention-only LLaMA a control model starts from (weights from ``seed``,
     the caller's random stream untouched)."""
-    from headmech.models.families import tiny_hf
+    from headmech.models.tiny import tiny_hf
 
     model, _ = tiny_hf(
         "llama",
