@@ -28,6 +28,7 @@ def test_recorded_rows_are_the_hook_pattern(toy):
     heads = [HeadIndex(1, 0), HeadIndex(0, 3)]
     data = record_examples(toy, heads)
     assert [t["probe"] for t in data["texts"]] == ["repeated_random"]  # no English: no prose
+    assert all(len(t["ids"]) == len(t["tokens"]) for t in data["texts"])  # shown on hover
     ids = toy.tokenizer.convert_tokens_to_ids(data["texts"][0]["tokens"])
     _, cache = toy.run_with_cache(torch.tensor([ids]))
     for h in heads:
@@ -72,7 +73,8 @@ def test_show_escapes_tokens_and_refuses_bad_heads(toy):
     view = headmech.show(toy, "L1H0")
     assert 'class="hm-view"' in view.data and view._repr_html_() == view.data
     assert "<script>" in view.data  # the view's own script, inlined for a notebook
-    with pytest.raises(InputError, match="L1H0"):
+    assert headmech.show(toy, HeadIndex(1, 0)).data == headmech.show(toy, (1, 0)).data == view.data
+    with pytest.raises(InputError, match="show: 'head 3' does not name a head: write it as L"):
         headmech.show(toy, "head 3")
     with pytest.raises(HeadIndexError, match="outside the model"):
         headmech.show(toy, (5, 0))
@@ -86,3 +88,26 @@ def test_site_without_catalogs_is_a_one_line_error(tmp_path, capsys):
     assert main(["--catalog", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no published catalog") and err.count("\n") == 1
+
+
+def test_site_builds_from_a_classify_output_folder(tmp_path, capsys):
+    """``python -m headmech.publish.site --catalog DIR`` takes the folder ``headmech classify
+    --out DIR`` writes (catalog.json directly inside) as well as the published layout
+    (catalog/<model>/catalog.json), and builds the atlas of that one model."""
+    from headmech.cli import main as cli
+
+    out = tmp_path / "classified"
+    argv = ["classify", "toy-induction", "--types", "induction", "--n-sequences", "4"]
+    assert cli([*argv, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["--catalog", str(out)]) == 0
+    said = capsys.readouterr().out
+    site = out / "site"
+    assert said.startswith("site: ") and str(site / "index.html") in said
+    assert (site / "models" / "toy-induction.html").is_file()
+    assert "toy-induction" in (site / "index.html").read_text()
+    labelled = json.loads((out / "catalog.json").read_text())["types"]["induction"]["heads"]
+    assert labelled and all(
+        (site / "heads" / "toy-induction" / f"L{a}H{b}.html").is_file() for a, b in labelled
+    )
+    assert (site / "types" / "induction.html").is_file()

@@ -31,9 +31,14 @@ MODELS = sorted(p.parent.name for p in CATALOG.glob("*/catalog.json"))
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     summary = build_site(CATALOG, out)
-    # about 12 kB a head page: a model that labels most heads as sinks (SmolLM2, Qwen2.5)
-    # adds about 3 MB; five models' catalogs stay under 8 MB (tutorials apart)
-    assert summary.bytes < 8_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
+    # every head has a page now (758 of the five models, not only the 624 labelled or
+    # rejected ones; 8.6 kB on average, 12 kB at most with two attention views, their
+    # tokens shared in assets/texts.js), and every layer a layer view (80, 14 kB each):
+    # 8.3 MB of pages and assets in all, so the limit is 10 MB (tutorials apart). data/
+    # holds the copies of the published files (catalog.json, examples.json, run.json, the
+    # heatmap PNGs: 7.9 MB), counted on their own.
+    assert summary.bytes < 10_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
+    assert summary.data_bytes < 12_000_000, f"data/ is {summary.data_bytes / 1e6:.1f} MB"
     return out
 
 
@@ -172,8 +177,10 @@ def test_model_pages_show_every_type_with_its_labelled_heads_and_verdict(site, p
             assert section.count() == 1, f"{name}: no section for {t}"
             shown = set(section.locator("table.heads a").all_inner_texts())
             assert shown == {f"L{la}H{h}" for la, h in result["heads"]}, (name, t)
-            if (CATALOG / name / "heatmaps" / f"{t}.png").exists():
-                assert section.locator("img.heatmap").count() == 1
+            n_layers, n_heads = catalog["model"]["n_layers"], catalog["model"]["n_heads"]
+            assert section.locator(".hmap .hmap-cell").count() == n_layers * n_heads
+            if (CATALOG / name / "heatmaps" / f"{t}.png").exists():  # the PNG, from data/
+                assert section.locator(f'a[href="../data/{name}/heatmaps/{t}.png"]').count() == 1
             v = result["details"].get("validation") or {}
             said = v.get("verdict")
             if said == "no heads":  # no effect shown for a type without heads
@@ -256,3 +263,340 @@ def test_the_browser_is_found_by_env_then_path(tmp_path):
     assert find_chromium({**env, "HEADMECH_CHROMIUM": str(tmp_path / "nonexistent")}) is None
     mine.chmod(0o644)  # not executable: not a browser
     assert find_chromium(env) is None
+
+
+# --- the atlas as a research tool (issue 46) ---------------------------------------------
+
+LOCAL = r'(?:href|src)="([^"#?]*)[^"]*"'
+
+
+def _local_links(html_file: Path) -> list[str]:
+    import re
+
+    return [
+        u
+        for u in re.findall(LOCAL, html_file.read_text())
+        if u and not re.match(r"[a-z]+:", u)  # http:, mailto:, data: are not files here
+    ]
+
+
+def test_a_copy_of_the_folder_is_self_contained(site, tmp_path):
+    """Copied anywhere, the site's every local href/src resolves inside the copy (no
+    ../ out of it); the published files are there to download."""
+    copy = tmp_path / "elsewhere" / "atlas"
+    shutil.copytree(site, copy)
+    for html_file in copy.rglob("*.html"):
+        for link in _local_links(html_file):
+            target = (html_file.parent / unquote(link)).resolve()
+            assert target.is_relative_to(copy.resolve()), f"{html_file}: {link} leaves the site"
+            assert target.exists(), f"{html_file}: broken {link}"
+    for name in MODELS:
+        for f in ("catalog.json", "examples.json"):
+            assert (copy / "data" / name / f).read_bytes() == (CATALOG / name / f).read_bytes()
+        pngs = sorted(p.name for p in (CATALOG / name / "heatmaps").glob("*.png"))
+        assert sorted(p.name for p in (copy / "data" / name / "heatmaps").glob("*.png")) == pngs
+        model_page = (copy / "models" / f"{name}.html").read_text()
+        assert f'href="../data/{name}/catalog.json" download' in model_page
+
+
+def test_every_head_has_a_page_with_every_type_and_its_verdict(site):
+    import re
+
+    for name in MODELS:
+        catalog = json.loads((CATALOG / name / "catalog.json").read_text())
+        n_layers, n_heads = catalog["model"]["n_layers"], catalog["model"]["n_heads"]
+        pages = {p.stem for p in (site / "heads" / name).glob("*.html")}
+        assert pages == {f"L{la}H{h}" for la in range(n_layers) for h in range(n_heads)}, name
+        for t, result in catalog["types"].items():
+            for e in result.get("not_labelled", []):  # the reason, on the head's own page
+                text = (site / "heads" / name / f"{e['head']}.html").read_text()
+                row = re.search(rf">{t}</a></td>.*?</tr>", text, re.S)[0]
+                assert "not labelled" in row and _html_text(e["reason"]) in row, (name, t)
+            for la, h in result["heads"]:
+                text = (site / "heads" / name / f"L{la}H{h}.html").read_text()
+                row = re.search(rf">{t}</a></td>.*?</tr>", text, re.S)[0]
+                assert "labelled" in row and "below" not in row
+        # a head no type labels: a row per type, each "below the threshold" or a reason
+        text = (site / "heads" / name / f"L{n_layers - 1}H{n_heads - 1}.html").read_text()
+        for t in catalog["types"]:
+            assert f">{t}</a></td>" in text
+    copying = "details" in json.dumps(catalog)  # induction's own copying effect is shown
+    if "smollm2-135m" in MODELS and copying:
+        text = (site / "heads" / "smollm2-135m" / "L17H5.html").read_text()
+        assert "copying_effect: 0.032 [-0.009, 0.069]" in text
+
+
+def _html_text(s: str) -> str:
+    from markupsafe import escape  # as jinja2 escapes
+
+    return str(escape(s))
+
+
+def test_type_pages_render_rst_and_say_what_the_threshold_means(site):
+    for page in (site / "types").glob("*.html"):
+        text = page.read_text()
+        main = text.split("<main>")[1].split("</main>")[0]
+        assert "``" not in main and ":func:`" not in main and ":class:`" not in main, page.name
+        assert "see the docstring" not in main and "Args:" not in main, page.name
+        assert "when its score on the probe" in main, page.name
+    assert "<code>induction_head</code>" in (site / "types" / "induction.html").read_text()
+
+
+def _head_of(name: str, t: str) -> str:
+    catalog = json.loads((CATALOG / name / "catalog.json").read_text())
+    la, h = catalog["types"][t]["heads"][0]
+    return f"L{la}H{h}"
+
+
+def test_a_clicked_heatmap_cell_reaches_its_head_page(site, page):
+    name = "smollm2-135m" if "smollm2-135m" in MODELS else MODELS[-1]
+    t = (
+        "induction"
+        if "induction" in json.loads((CATALOG / name / "catalog.json").read_text())["types"]
+        else "attention_sink"
+    )
+    head = _head_of(name, t)
+    for url in (site / "models" / f"{name}.html", site / "types" / f"{t}.html"):
+        page.goto(url.as_uri())
+        cell = page.locator(f'.hmap[data-model="{name}"][data-type="{t}"] a[data-head="{head}"]')
+        assert "labelled" in cell.get_attribute("aria-label")
+        cell.click()
+        page.wait_for_load_state()
+        assert _path(page.url) == site / "heads" / name / f"{head}.html"
+        assert page.locator("h1").inner_text().startswith(head)
+    assert not page.errors
+
+
+def test_search_finds_heads_by_model_type_and_name(site, page):
+    page.goto((site / "index.html").as_uri())
+    name = "smollm2-135m" if "smollm2-135m" in MODELS else MODELS[-1]
+    catalog = json.loads((CATALOG / name / "catalog.json").read_text())
+    t = "induction" if "induction" in catalog["types"] else next(iter(catalog["types"]))
+    page.fill("#search", f"{name} {t}")
+    got = page.locator("#results tbody tr td:nth-child(2)").all_inner_texts()
+    assert sorted(got) == sorted(f"L{la}H{h}" for la, h in catalog["types"][t]["heads"])
+    page.fill("#search", "L1H0")  # a head by name: that head of every model
+    models = page.locator("#results tbody tr td:first-child").all_inner_texts()
+    assert sorted(models) == MODELS
+    page.locator("#results a", has_text="L1H0").first.click()
+    page.wait_for_load_state()
+    assert page.locator("h1").inner_text().startswith("L1H0")
+    assert not page.errors
+
+
+def test_tables_sort_and_filter(site, page):
+    name = MODELS[0]
+    page.goto((site / "models" / f"{name}.html").as_uri())
+    table = page.locator("#heads-table")
+    n = table.locator("tbody tr").count()
+    table.locator("th", has_text="layer").click()
+    table.locator("th", has_text="layer").click()  # descending: the last layer first
+    layers = [int(x) for x in table.locator("tbody tr td:nth-child(2)").all_inner_texts()]
+    assert layers == sorted(layers, reverse=True) and len(layers) == n
+    page.fill("#filter-heads", "L0H0")
+    assert table.locator("tbody tr:not([hidden])").count() == 1
+    assert not page.errors
+
+
+def test_compare_view_shows_two_heads_on_every_type(site, page):
+    a, b = MODELS[0], MODELS[-1]
+    page.goto((site / "compare.html").as_uri() + f"?a={a}/L0H1&b={b}/L1H0")
+    rows = page.locator("#compare-table tbody tr")
+    types = set(json.loads((CATALOG / a / "catalog.json").read_text())["types"]) | set(
+        json.loads((CATALOG / b / "catalog.json").read_text())["types"]
+    )
+    assert sorted(rows.locator("td:first-child").all_inner_texts()) == sorted(types)
+    ta = next(iter(sorted(json.loads((CATALOG / a / "catalog.json").read_text())["types"])))
+    score = json.loads((CATALOG / a / "catalog.json").read_text())["types"][ta]["score"][0][1]
+    row = rows.filter(has=page.locator("td:first-child", has_text=ta)).first
+    assert row.locator("td").nth(1).inner_text().startswith(f"{score:.3f}")
+    assert page.locator("#compare-table thead a").all_inner_texts() == [f"{a} L0H1", f"{b} L1H0"]
+    assert not page.errors
+
+
+def test_the_token_view_pins_on_click_and_works_by_keyboard(site, page):
+    name = "smollm2-135m" if "smollm2-135m" in MODELS else MODELS[-1]
+    examples = json.loads((CATALOG / name / "examples.json").read_text())
+    head = next(iter(examples["heads"]))
+    page.goto((site / "heads" / name / f"{head}.html").as_uri())
+    view = page.locator("#view-0")
+    toks = view.locator(".hm-tok")
+    assert toks.nth(3).get_attribute("tabindex") == "0"
+    assert toks.nth(3).get_attribute("role") == "button"
+    assert toks.nth(3).get_attribute("aria-label").startswith("token 3: ")
+    assert toks.nth(3).get_attribute("title") == toks.nth(3).get_attribute("aria-label")
+    toks.nth(3).click()  # pinned: hovering another token keeps query 3
+    toks.nth(5).hover()
+    assert view.get_attribute("data-query") == "3"
+    assert toks.nth(3).get_attribute("aria-pressed") == "true"
+    weights = [float(x) for x in view.locator(".hm-w").all_inner_texts()]
+    assert weights == pytest.approx(examples["heads"][head][0][3], abs=5e-4)
+    size = view.locator(".hm-w").first.evaluate("e => parseFloat(getComputedStyle(e).fontSize)")
+    assert size >= 11  # readable labels, one under each token, never running together
+    boxes = [view.locator(".hm-w").nth(k).bounding_box() for k in range(4)]
+    for x, y in zip(boxes, boxes[1:], strict=False):
+        assert x["x"] + x["width"] <= y["x"] or x["y"] != y["y"]
+    toks.nth(3).click()  # unpinned
+    toks.nth(6).focus()  # the keyboard: focus previews, Enter pins
+    assert view.get_attribute("data-query") == "6"
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("Enter")
+    assert view.get_attribute("data-pinned") == "7"
+    from playwright.sync_api import expect
+
+    view.locator(".hm-matrix summary").click()  # the full query x key pattern
+    expect(view.locator(".hm-matrix canvas")).to_have_attribute("data-drawn", "1")
+    assert not page.errors
+
+
+def test_pages_fit_a_390_px_phone_without_horizontal_scroll(site, browser):
+    p = browser.new_page(viewport={"width": 390, "height": 844})
+    name = MODELS[-1] if "smollm2-135m" not in MODELS else "smollm2-135m"
+    catalog = json.loads((CATALOG / name / "catalog.json").read_text())
+    rejected = [e["head"] for t in catalog["types"].values() for e in t.get("not_labelled", [])]
+    long = rejected[0] if rejected else "L1H0"  # a head with a long reason not to label it
+    for url in (
+        "index.html",
+        f"models/{name}.html",
+        "types/induction.html" if (site / "types" / "induction.html").exists() else "index.html",
+        f"heads/{name}/{long}.html",
+        f"layers/{name}/L1.html",
+        f"compare.html?a={name}/{long}&b={name}/L1H1",
+    ):
+        path, _, query = url.partition("?")
+        p.goto((site / path).as_uri() + (f"?{query}" if query else ""))
+        width = p.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"{url}: the page scrolls sideways ({width} px)"
+    p.close()
+
+
+def test_dark_mode_and_fonts(site, browser):
+    p = browser.new_page(color_scheme="dark")
+    name = "smollm2-135m" if "smollm2-135m" in MODELS else MODELS[-1]
+    p.goto((site / "heads" / name / "L1H0.html").as_uri())
+    bg = p.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert bg != "rgb(255, 255, 255)"
+    fonts = p.evaluate("getComputedStyle(document.querySelector('.hm-view')).fontFamily")
+    assert "Noto Sans CJK SC" in fonts and "Noto Sans Devanagari" in fonts
+    p.close()
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_accessibility(site, browser, scheme):
+    """axe-core (axe-playwright-python, a dev dependency) finds no moderate, serious or
+    critical violation (contrast included, with a token's weights shown) on the index, a
+    model, a type, a head, a layer and the compare page, in light and dark mode; every
+    token, heatmap cell and form field has an accessible name, and every token is a
+    focusable button."""
+    page = browser.new_page(color_scheme=scheme)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    name = "smollm2-135m" if "smollm2-135m" in MODELS else MODELS[-1]
+    head = next(iter(json.loads((CATALOG / name / "examples.json").read_text())["heads"]))
+    urls = [
+        "index.html",
+        f"models/{name}.html",
+        "types/induction.html",
+        f"heads/{name}/{head}.html",
+        f"layers/{name}/L{head[1:].split('H')[0]}.html",
+        f"compare.html?a={name}/L1H0&b={name}/L1H1",
+    ]
+    from axe_playwright_python.sync_playwright import Axe
+
+    for url in urls:
+        path, _, query = url.partition("?")
+        if not (site / path).exists():
+            continue
+        page.goto((site / path).as_uri() + (f"?{query}" if query else ""))
+        if page.locator(".hm-view").count():  # the weights shown: their contrast counts
+            page.locator("#view-0 .hm-tok").last.click()
+        unnamed = page.evaluate(
+            """() => [...document.querySelectorAll('.hm-tok, .hmap-cell, input, select')]
+            .filter(e => !(e.getAttribute('aria-label') || (e.id &&
+              document.querySelector('label[for="' + e.id + '"]')))).length"""
+        )
+        assert unnamed == 0, f"{url}: {unnamed} controls without an accessible name"
+        assert page.locator(".hm-tok:not([role=button]), .hm-tok:not([tabindex='0'])").count() == 0
+        result = Axe().run(page)
+        bad = [
+            (v["id"], len(v["nodes"]), v["nodes"][0]["html"][:80])
+            for v in result.response["violations"]
+            if v["impact"] in ("moderate", "serious", "critical")
+        ]
+        assert not bad, f"{url} ({scheme}): {bad}"
+    assert not errors
+    page.close()
+
+
+def test_the_layer_view_shows_every_head_of_a_layer_on_one_text(site, page):
+    name = "smollm2-135m" if "smollm2-135m" in MODELS else MODELS[-1]
+    examples = json.loads((CATALOG / name / "examples.json").read_text())
+    catalog = json.loads((CATALOG / name / "catalog.json").read_text())
+    n_layers = catalog["model"]["n_layers"]
+    assert len(list((site / "layers" / name).glob("L*.html"))) == n_layers
+    head = next(iter(examples["heads"]))
+    layer = int(head[1:].split("H")[0])
+    page.goto((site / "layers" / name / f"L{layer}.html").as_uri())
+    q = 5
+    page.locator(".hm-lquery .hm-ltok").nth(q).click()
+    assert page.locator("#layer-view").get_attribute("data-pinned") == str(q)
+    row = page.locator(".hm-lrow", has=page.locator(f'a.hm-lname:text-is("{head}")'))
+    shown = [
+        float(x)
+        for x in row.locator(".hm-ltok").evaluate_all(
+            f"es => es.slice(0, {q + 1}).map(e => e.dataset.w)"
+        )
+    ]
+    assert shown == pytest.approx(examples["heads"][head][0][q], abs=5e-4)
+    recorded = {h for h in examples["heads"] if h.startswith(f"L{layer}H")}
+    assert set(page.locator("a.hm-lname").all_inner_texts()) == recorded
+    assert not page.errors
+
+
+def test_token_ids_show_on_hover_where_recorded(site, page):
+    """examples.json records each text's token ids (files made before lack them: the
+    token's position and text only); a token's title and ARIA label name its id."""
+    for name in MODELS:
+        examples = json.loads((CATALOG / name / "examples.json").read_text())
+        if "ids" not in examples["texts"][0] or not examples["heads"]:
+            continue
+        head = next(iter(examples["heads"]))
+        page.goto((site / "heads" / name / f"{head}.html").as_uri())
+        tok = page.locator("#view-0 .hm-tok").nth(1)
+        assert tok.get_attribute("title").endswith(f", id {examples['texts'][0]['ids'][1]}")
+        assert tok.get_attribute("aria-label") == tok.get_attribute("title")
+        break
+    else:
+        pytest.skip("no examples.json records token ids")
+
+
+def test_a_copied_folder_opens_in_the_browser_without_broken_links(site, page, tmp_path):
+    """The copy, opened from elsewhere: every link and image of its index, model, type,
+    compare and layer pages (the heatmaps' cells included, made by the script) resolves
+    inside the copy, and no page logs an error."""
+    copy = tmp_path / "moved" / "atlas"
+    shutil.copytree(site, copy)
+    urls = [(copy / "index.html").as_uri(), (copy / "compare.html").as_uri()]
+    urls += [p.as_uri() for p in sorted((copy / "models").glob("*.html"))]
+    urls += [p.as_uri() for p in sorted((copy / "types").glob("*.html"))[:3]]
+    urls += [p.as_uri() for p in sorted((copy / "layers").rglob("L0.html"))]
+    cells = 0
+    for url, (links, broken, _idle) in _open(page, copy, urls):
+        assert not page.errors, f"{url}: {page.errors}"
+        assert not broken, f"{url}: images that do not load: {broken}"
+        for link in set(links):
+            target = _path(link)
+            assert target.is_relative_to(copy), f"{url}: {link} leaves the copy"
+            assert target.is_file(), f"{url}: broken link {link}"
+        cells += sum("/heads/" in link for link in links)
+    assert cells > 1000  # the heatmaps' cells link to head pages
+
+
+def test_the_guides_are_pages_of_the_atlas(site):
+    """The README and every guide of docs/ are pages under guides/, reached from every
+    page's navigation (the crawl above checks their links and anchors)."""
+    want = {"index.html"} | {f"{p.stem}.html" for p in (ROOT / "docs").glob("*.md")}
+    assert {p.name for p in (site / "guides").glob("*.html")} == want
+    assert 'href="./guides/index.html"' in (site / "index.html").read_text()
+    kv = (site / "guides" / "kv-compression.html").read_text()
+    assert "<table>" in kv and "headmech head atlas" in kv

@@ -1,6 +1,6 @@
-"""A token-level view of one head's attention, as CircuitsVis draws it: hover or click a
+"""A token-level view of one head's attention, as CircuitsVis draws it: hover or focus a
 token (the query) and every token it may attend to shows the weight it receives, shaded by
-it. The same HTML fragment serves the site's head pages (:mod:`headmech.publish.site`) and
+it; a click (or Enter) pins the query, and the full query x key pattern opens below. The same HTML fragment serves the site's head pages (:mod:`headmech.publish.site`) and
 :func:`headmech.show` in a notebook; it needs no server and no network.
 
 A pattern is given as rows: row ``q`` holds the weights of query ``q`` on keys ``0..q``
@@ -17,30 +17,91 @@ from collections.abc import Sequence
 __all__ = ["VIEW_CSS", "VIEW_JS", "top_attended", "view_html"]
 
 VIEW_CSS = """
-.hm-view { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 13px; margin: .5em 0 1em; }
-.hm-view .hm-title { font-family: sans-serif; font-weight: 600; margin-bottom: .3em; }
-.hm-view .hm-tokens { line-height: 3.4; }
-.hm-view .hm-tok { position: relative; display: inline-block; padding: 0 2px; margin: 1px;
-  border: 1px solid #ddd; border-radius: 3px; cursor: pointer; white-space: pre; }
-.hm-view .hm-tok.hm-query { outline: 2px solid #d62728; }
-.hm-view .hm-w { position: absolute; left: 0; top: calc(100% + 1px); font-size: 9px; color: #555;
-  line-height: 1; pointer-events: none; }
-.hm-view .hm-status { font-family: sans-serif; font-size: 12px; color: #333; margin-top: .2em; }
+.hm-view { --hm-fg: #1a1a1a; --hm-border: #bbb; --hm-q: #c01f20; --hm-shade: 22, 94, 166;
+  font-family: ui-monospace, Menlo, Consolas, "Noto Sans Mono", "Noto Sans Mono CJK SC",
+  "Noto Sans", "Noto Sans CJK SC", "Noto Sans Devanagari", monospace;
+  font-size: 14px; margin: .5em 0 1em; color: var(--hm-fg); max-width: 100%; }
+@media (prefers-color-scheme: dark) {
+  .hm-view { --hm-fg: #eee; --hm-border: #666; --hm-q: #ff7b72; --hm-shade: 88, 166, 255; }
+}
+.hm-view .hm-title { font-family: system-ui, "Noto Sans", sans-serif; font-weight: 600; margin-bottom: .3em; }
+.hm-view .hm-tokens { display: flex; flex-wrap: wrap; gap: 3px; align-items: flex-start; }
+.hm-view .hm-tok { display: inline-flex; flex-direction: column; align-items: center;
+  min-width: 1.2em; padding: 1px 3px; border: 1px solid var(--hm-border); border-radius: 3px;
+  cursor: pointer; white-space: pre; max-width: 100%; overflow-wrap: anywhere; }
+.hm-view .hm-tok:focus-visible { outline: 3px solid #f5a623; outline-offset: 1px; }
+.hm-view .hm-tok.hm-query { outline: 2px solid var(--hm-q); }
+.hm-view .hm-tok.hm-pinned { outline-width: 3px; }
+.hm-view .hm-w { display: block; font-size: 11px; line-height: 1.2; padding: 0 1px; margin-top: 1px;
+  color: inherit; background: rgba(128, 128, 128, .18); border-radius: 2px;
+  font-variant-numeric: tabular-nums; pointer-events: none; }
+.hm-view .hm-status { font-family: system-ui, "Noto Sans", sans-serif; font-size: 13px; margin-top: .4em; }
+.hm-view .hm-matrix canvas { max-width: 100%; image-rendering: pixelated; border: 1px solid var(--hm-border); cursor: crosshair; }
 """
 """The view's style sheet (the site links it, :func:`view_html` inlines it on request)."""
 
 VIEW_JS = r"""
 (function () {
-  function shade(w) { return "rgba(31, 119, 180, " + Math.min(1, w).toFixed(3) + ")"; }
   function init(root) {
     if (root.dataset.ready) return;
     root.dataset.ready = "1";
+    var shadeRgb = getComputedStyle(root).getPropertyValue("--hm-shade").trim() || "31, 119, 180";
+    function shade(w) { return "rgba(" + shadeRgb + ", " + Math.min(1, w).toFixed(3) + ")"; }
+
+    // text that stays readable on its shade: the shade blended over the page's background,
+    // then light or dark text by the blend's luminance (WCAG contrast of at least 4.58 either way)
+    function rgbOf(css) { var m = /rgba?\(([^)]+)\)/.exec(css || ""); if (!m) return null;
+      var v = m[1].split(",").map(parseFloat); return v.length > 3 && v[3] === 0 ? null : v.slice(0, 3); }
+    var page = rgbOf(getComputedStyle(document.body).backgroundColor) || [255, 255, 255];
+    function ink(w, rgbText) {
+      var rgb = rgbText.split(",").map(parseFloat), a = Math.min(1, w);
+      var lum = [0, 1, 2].map(function (i) {
+        var c = (rgb[i] * a + page[i] * (1 - a)) / 255;
+        return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
+      });
+      var L = 0.2126 * lum[0] + 0.7152 * lum[1] + 0.0722 * lum[2];
+      return L < 0.179 ? "#fff" : "#000";
+    }
     // weights travel as integer thousandths (a third smaller than "0.123")
-    var rows = JSON.parse(root.querySelector("script.hm-data").textContent).map(
+    var data = JSON.parse(root.querySelector("script.hm-data").textContent);
+    var ids = data.ids || null;
+    var rows = (data.rows || data).map(
       function (r) { return r.map(function (w) { return w / 1000; }); });
+    // a site's page may leave the tokens to a shared script (assets/texts.js):
+    // <div class="hm-tokens" data-ref="model/0"> and window.HEADMECH_TEXTS["model/0"]
+    var strip = root.querySelector(".hm-tokens");
+    if (strip.dataset.ref && !strip.children.length) {
+      ((window.HEADMECH_TEXTS || {})[strip.dataset.ref] || []).forEach(function (text) {
+        var s = document.createElement("span");
+        s.className = "hm-tok";
+        s.textContent = text || "\u200b";
+        strip.appendChild(s);
+      });
+    }
     var toks = root.querySelectorAll(".hm-tok");
-    toks.forEach(function (t) { t.dataset.text = t.textContent; });
     var status = root.querySelector(".hm-status");
+    var pinned = -1;
+    toks.forEach(function (t, k) {
+      var text = t.textContent;
+      t.dataset.text = text;
+      var label = "token " + k + ": " + JSON.stringify(text) + (ids ? ", id " + ids[k] : "");
+      t.title = label;
+      t.setAttribute("aria-label", label);
+      t.setAttribute("role", "button");
+      t.setAttribute("aria-pressed", "false");
+      t.tabIndex = 0;
+    });
+    function clear() {
+      toks.forEach(function (t) {
+        var old = t.querySelector(".hm-w");
+        if (old) old.remove();
+        t.classList.remove("hm-query");
+        t.style.background = "";
+        t.style.color = "";
+      });
+      status.textContent = "hover or focus a token to see the weights it puts on the others; click or press Enter to pin it";
+      delete root.dataset.query;
+    }
     function select(q) {
       var row = rows[q];
       toks.forEach(function (t, k) {
@@ -49,25 +110,71 @@ VIEW_JS = r"""
         t.classList.toggle("hm-query", k === q);
         if (k < row.length) {
           t.style.background = shade(row[k]);
+          t.style.color = ink(row[k], shadeRgb);
           var w = document.createElement("span");
           w.className = "hm-w";
+          w.setAttribute("aria-hidden", "true");
           w.textContent = row[k].toFixed(3);
           t.appendChild(w);
         } else {
           t.style.background = "";
+          t.style.color = "";
         }
       });
       var best = 0;
       for (var k = 1; k < row.length; k++) if (row[k] > row[best]) best = k;
-      status.textContent = "query " + q + " " + JSON.stringify(toks[q].dataset.text) +
-        ": most attention (" + row[best].toFixed(3) + ") on token " + best + " " +
-        JSON.stringify(toks[best].dataset.text);
+      status.textContent = (pinned === q ? "pinned: " : "") + "query " + q + " " +
+        JSON.stringify(toks[q].dataset.text) + ": most attention (" + row[best].toFixed(3) +
+        ") on token " + best + " " + JSON.stringify(toks[best].dataset.text);
       root.dataset.query = String(q);
     }
+    function pin(q) {
+      pinned = pinned === q ? -1 : q;
+      toks.forEach(function (t, k) {
+        t.classList.toggle("hm-pinned", k === pinned);
+        t.setAttribute("aria-pressed", k === pinned ? "true" : "false");
+      });
+      root.dataset.pinned = String(pinned);
+      if (pinned >= 0) select(pinned); else select(q);
+    }
     toks.forEach(function (t, q) {
-      t.addEventListener("mouseenter", function () { select(q); });
-      t.addEventListener("click", function () { select(q); });
+      t.addEventListener("mouseenter", function () { if (pinned < 0) select(q); });
+      t.addEventListener("focus", function () { if (pinned < 0) select(q); });
+      t.addEventListener("click", function () { pin(q); });
+      t.addEventListener("keydown", function (e) {
+        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pin(q); }
+        else if (e.key === "Escape" && pinned >= 0) { pin(pinned); clear(); }
+        else if (e.key === "ArrowRight" && q + 1 < toks.length) toks[q + 1].focus();
+        else if (e.key === "ArrowLeft" && q > 0) toks[q - 1].focus();
+      });
     });
+    root.querySelector(".hm-tokens").addEventListener("mouseleave", function () {
+      if (pinned >= 0) select(pinned);
+    });
+    // the full query x key pattern, drawn on demand
+    var details = document.createElement("details");
+    details.className = "hm-matrix";
+    details.innerHTML = "<summary>full query × key pattern (rows: queries)</summary>";
+    var canvas = document.createElement("canvas");
+    var n = toks.length, cell = Math.max(3, Math.min(10, Math.floor(320 / n)));
+    canvas.width = canvas.height = n * cell;
+    canvas.setAttribute("role", "img");
+    canvas.setAttribute("aria-label", "attention pattern, " + n + " queries by " + n + " keys; click a row to pin that query");
+    details.appendChild(canvas);
+    details.addEventListener("toggle", function () {
+      if (!details.open || canvas.dataset.drawn) return;
+      canvas.dataset.drawn = "1";
+      var ctx = canvas.getContext("2d");
+      rows.forEach(function (r, q) {
+        r.forEach(function (w, k) { ctx.fillStyle = shade(w); ctx.fillRect(k * cell, q * cell, cell, cell); });
+      });
+    });
+    canvas.addEventListener("click", function (e) {
+      var box = canvas.getBoundingClientRect();
+      var q = Math.floor((e.clientY - box.top) / box.height * n);
+      if (q >= 0 && q < n) pin(q);
+    });
+    root.insertBefore(details, status.nextSibling);
   }
   window.headmechView = init;
   document.querySelectorAll(".hm-view").forEach(init);
@@ -88,6 +195,8 @@ def view_html(
     title: str = "",
     view_id: str = "hm-view",
     inline: bool = False,
+    ids: Sequence[int] | None = None,
+    text_ref: str | None = None,
 ) -> str:
     """The HTML of one head's view on one text.
 
@@ -98,16 +207,26 @@ def view_html(
         view_id: the element's id (unique on its page).
         inline: also inline :data:`VIEW_CSS` and :data:`VIEW_JS` (a notebook cell);
             the site links them once instead.
+        ids: the tokens' ids, shown with each token on hover (where recorded).
+        text_ref: leave the tokens out of the HTML: the script reads them from
+            ``window.HEADMECH_TEXTS[text_ref]`` (the site shares each text between the
+            pages of a model's heads, a script of its own).
     """
     if len(rows) != len(tokens):
         raise ValueError(f"{len(rows)} rows of weights for {len(tokens)} tokens")
     spans = "".join(f'<span class="hm-tok">{html.escape(t) or "&#8203;"}</span>' for t in tokens)
-    milli = [[round(float(w) * 1000) for w in row] for row in rows]
+    strip = '<div class="hm-tokens">'
+    if text_ref is not None:
+        spans, strip = "", f'<div class="hm-tokens" data-ref="{html.escape(text_ref, quote=True)}">'
+    milli: object = [[round(float(w) * 1000) for w in row] for row in rows]
+    if ids is not None:
+        milli = {"rows": milli, "ids": [int(i) for i in ids]}
     body = (
         f'<div class="hm-view" id="{html.escape(view_id, quote=True)}">'
         f'<div class="hm-title">{html.escape(title)}</div>'
-        f'<div class="hm-tokens">{spans}</div>'
-        '<div class="hm-status">hover or click a token to see the weights it puts on the others</div>'
+        f"{strip}{spans}</div>"
+        '<div class="hm-status" role="status" aria-live="polite">hover or click a token to see the '
+        "weights it puts on the others</div>"
         f'<script type="application/json" class="hm-data">{_json_in_script(milli)}</script>'
         "</div>"
     )

@@ -117,7 +117,9 @@ def record_examples(
     """Each head's attention on each text (one forward pass per text).
 
     Returns:
-        ``{"texts": [{"probe", "tokens"}], "causal", "heads": {"L1H0": [rows per text]}}``.
+        ``{"texts": [{"probe", "tokens", "ids"}], "causal", "heads": {"L1H0": [rows per
+        text]}}`` (``ids``: the token ids, which the views show on hover; files recorded
+        before them lack them, and are not stale for that).
     """
     from headmech.interventions import capture
     from headmech.models import model_info
@@ -134,7 +136,7 @@ def record_examples(
         special = torch.isin(t, torch.tensor(sorted(set(model.tokenizer.all_special_ids))))
         store = capture(model, ProbeBatch(t, ones, special), names) if names else {}
         tokens = [_token(model.tokenizer, i) for i in t[0].tolist()]
-        out["texts"].append({"probe": probe, "tokens": tokens})
+        out["texts"].append({"probe": probe, "tokens": tokens, "ids": t[0].tolist()})
         for h in heads:
             pattern = store[f"blocks.{h.layer}.attn.hook_pattern"][0, h.head]
             out["heads"][str(h)].append(_rows(pattern, causal))
@@ -193,11 +195,6 @@ def show(model: TransformerBridge, head: Any, text: str | None = None) -> Any:
     from headmech.core.head_index import check_heads
     from headmech.publish.attention_view import view_html
 
-    if isinstance(head, str):
-        layer, _, index = head.upper().removeprefix("L").partition("H")
-        if not (layer.isdigit() and index.isdigit()):
-            raise InputError(f"head {head!r} is not of the form 'L1H0'")
-        head = (int(layer), int(index))
     (h,) = check_heads([head], int(model.cfg.n_layers), int(model.cfg.n_heads), "show")
     if text is not None and not text.strip():
         raise InputError("show() needs a non-empty text")

@@ -10,8 +10,15 @@ system, offline (no server, no CDN; one small script of our own for the attentio
   intervals, borderline heads, the validation effect against the controls, provenance;
 * ``types/<type>.html``: the type's definition, citation and threshold, and its heads in
   every model side by side (share, depth);
-* ``heads/<model>/<head>.html``: a labelled head's scores on every type, its attention on
-  real probe text (hover or click a token), its most attended tokens, its ablation effect.
+* ``heads/<model>/<head>.html``: every head (labelled or not): its score and the verdict on
+  every type, its attention on real probe text (hover a token, click to pin it), its most
+  attended tokens, its ablation effect;
+* ``layers/<model>/L<n>.html``: every head of a layer on one recorded text (pick a query);
+* ``compare.html``: two heads side by side (``?a=<model>/L3H4&b=<model>/L5H1``); the index
+  searches heads by model, head and type; heatmaps are clickable (a cell: the head's page);
+* ``data/<model>/``: copies of ``catalog.json``, ``examples.json``, ``run.json`` and
+  ``heatmaps/*.png``, so the folder is self-contained (copy it anywhere; downloads link here);
+  ``assets/atlas.js``: the scores and verdicts the search, compare view and heatmaps read.
 
 ``--examples`` first records the attention examples (``catalog/<model>/examples.json``,
 :func:`headmech.publish.examples.update_examples`) where they are missing or stale: that step
@@ -21,6 +28,7 @@ loads each model, seconds each.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -32,7 +40,9 @@ from headmech.core.errors import HeadmechError
 from headmech.publish.attention_view import VIEW_CSS, VIEW_JS
 from headmech.publish.site.pages import (
     Model,
+    atlas_index,
     head_page,
+    layer_page,
     load_models,
     model_types,
     provenance,
@@ -51,7 +61,8 @@ class SiteSummary:
 
     out: Path
     pages: int
-    bytes: int
+    bytes: int  # the pages and assets (tutorials and data/ apart)
+    data_bytes: int = 0  # data/: the copied catalogs, examples and heatmap PNGs
 
 
 def _environment() -> Any:
@@ -100,17 +111,106 @@ def _type_rows(models: list[Model], name: str) -> list[dict[str, Any]]:
     return rows
 
 
-def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSummary:
-    """Write the site for every ``catalog_dir/<model>/catalog.json`` into ``out`` (the
-    pages are replaced; ``out/tutorials/`` is kept and linked)."""
-    catalog_dir, out = Path(catalog_dir).resolve(), Path(out).resolve()
-    models = load_models(catalog_dir)
-    env = _environment()
-    for sub in ("models", "types", "heads", "assets"):
-        shutil.rmtree(out / sub, ignore_errors=True)
+def _write_assets(out: Path, models: list[Model]) -> None:
+    """The shared style and scripts, the atlas's index and texts, and the published files
+    copied into ``data/`` so that the folder stands alone."""
     css = (HERE / "static" / "site.css").read_text() + VIEW_CSS
     _write(out / "assets" / "site.css", css)
     _write(out / "assets" / "view.js", VIEW_JS)
+    _write(out / "assets" / "site.js", (HERE / "static" / "site.js").read_text())
+    index = json.dumps(atlas_index(models), separators=(",", ":")).replace("</", "<\\/")
+    _write(out / "assets" / "atlas.js", f"window.HEADMECH_ATLAS = {index};\n")
+    texts = {
+        f"{m.name}/{i}": t["tokens"]
+        for m in models
+        for i, t in enumerate((m.examples or {}).get("texts", []))
+    }
+    texts_js = json.dumps(texts, separators=(",", ":"), ensure_ascii=False).replace("</", "<\\/")
+    _write(out / "assets" / "texts.js", f"window.HEADMECH_TEXTS = {texts_js};\n")
+    for m in models:  # the published files, so that the folder stands alone
+        data = out / "data" / m.name
+        data.mkdir(parents=True, exist_ok=True)
+        for name in ("catalog.json", "examples.json", "run.json"):
+            if (m.folder / name).is_file():
+                shutil.copy2(m.folder / name, data / name)
+        if (m.folder / "heatmaps").is_dir():
+            (data / "heatmaps").mkdir()
+            for png in sorted((m.folder / "heatmaps").glob("*.png")):
+                shutil.copy2(png, data / "heatmaps" / png.name)
+
+
+def _write_model(env: Any, out: Path, m: Model, common: dict[str, Any]) -> int:
+    """One model's pages: the model page, a page per head and per layer."""
+    pages = 0
+    head_template = env.get_template("head.html")
+    page_dir = out / "models"
+    heads = [head_page(m, head) for head in m.heads]
+    all_heads = [
+        {
+            "name": h["name"],
+            "layer": h["layer"],
+            "labelled": [s["type"] for s in h["scores"] if s["labelled"]],
+            "above": [s["type"] for s in h["scores"] if s["verdict"] in ("rejected", "above")],
+        }
+        for h in heads
+    ]
+    pages += _write(
+        page_dir / f"{m.name}.html",
+        env.get_template("model.html").render(
+            root="..",
+            m=m,
+            rows=model_types(m, page_dir),
+            prov=provenance(m),
+            all_heads=all_heads,
+            has_examples=(m.folder / "examples.json").is_file(),
+            has_run=(m.folder / "run.json").is_file(),
+            **common,
+        ),
+    )
+    for h in heads:
+        pages += _write(
+            out / "heads" / m.name / f"{h['name']}.html",
+            head_template.render(root="../..", m=m, h=h, **common),
+        )
+    for layer in range(m.shape[0]):
+        pages += _write(
+            out / "layers" / m.name / f"L{layer}.html",
+            env.get_template("layer.html").render(
+                root="../..", m=m, lp=layer_page(m, layer), **common
+            ),
+        )
+    return pages
+
+
+def _write_guides(env: Any, repo: Path, out: Path, common: dict[str, Any]) -> int:
+    """The README and the guides of ``docs/`` as ``out/guides/`` pages, where the catalogs
+    are the headmech repository's (a ``classify --out`` folder has none)."""
+    from headmech.publish.site.guides import guide_pages
+
+    docs, readme = repo / "docs", repo / "README.md"
+    if not ((docs / "architecture.md").is_file() and readme.is_file()):
+        return 0
+    guides = guide_pages(docs, readme)
+    for image in {i for g in guides for i in g.images if i.is_file()}:  # their figures, beside
+        (out / "guides" / "img").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(image, out / "guides" / "img" / image.name)
+    template = env.get_template("guide.html")
+    return sum(
+        _write(out / "guides" / g.name, template.render(root="..", g=g, guides=guides, **common))
+        for g in guides
+    )
+
+
+def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSummary:
+    """Write the site for every ``catalog_dir/<model>/catalog.json`` into ``out`` (the
+    pages are replaced; ``out/tutorials/`` is kept and linked); where ``catalog_dir`` is a
+    ``headmech classify --out`` folder (``catalog_dir/catalog.json``), for that one model."""
+    catalog_dir, out = Path(catalog_dir).resolve(), Path(out).resolve()
+    models = load_models(catalog_dir)
+    env = _environment()
+    for sub in ("models", "types", "heads", "layers", "assets", "data", "guides"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+    _write_assets(out, models)
     pages = 0
     types = sorted({t for m in models for t in m.types})
     tutorials = sorted(p.name for p in (out / "tutorials").glob("*.html"))
@@ -125,21 +225,11 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
             **common,
         ),
     )
+    pages += _write(
+        out / "compare.html", env.get_template("compare.html").render(root=".", **common)
+    )
     for m in models:
-        page_dir = out / "models"
-        pages += _write(
-            page_dir / f"{m.name}.html",
-            env.get_template("model.html").render(
-                root="..", m=m, rows=model_types(m, page_dir), prov=provenance(m), **common
-            ),
-        )
-        for head in m.heads:
-            pages += _write(
-                out / "heads" / m.name / f"{head}.html",
-                env.get_template("head.html").render(
-                    root="../..", m=m, h=head_page(m, head), **common
-                ),
-            )
+        pages += _write_model(env, out, m, common)
     for name in types:
         pages += _write(
             out / "types" / f"{name}.html",
@@ -147,10 +237,13 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
                 root="..", info=type_info(name), rows=_type_rows(models, name), **common
             ),
         )
-    size = sum(
-        p.stat().st_size for p in out.rglob("*") if p.is_file() and "tutorials" not in p.parts
-    )
-    return SiteSummary(out, pages, size)
+    pages += _write_guides(env, catalog_dir.parent, out, common)
+    files = [
+        p for p in out.rglob("*") if p.is_file() and "tutorials" not in p.relative_to(out).parts
+    ]
+    data_bytes = sum(p.stat().st_size for p in files if p.relative_to(out).parts[0] == "data")
+    size = sum(p.stat().st_size for p in files) - data_bytes
+    return SiteSummary(out, pages, size, data_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m headmech.publish.site", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--catalog", default="catalog", help="folder of the published catalogs")
+    parser.add_argument(
+        "--catalog",
+        default="catalog",
+        help="folder of the published catalogs (<model>/catalog.json), or one "
+        "`headmech classify --out` folder (default: catalog)",
+    )
     parser.add_argument("--out", default=None, help="where to write the site (CATALOG/site)")
     parser.add_argument(
         "--examples", action="store_true", help="first record missing or stale attention examples"
@@ -168,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.examples:
             from headmech.publish.examples import update_examples
 
-            for folder in sorted(Path(args.catalog).glob("*/catalog.json")):
+            root = Path(args.catalog)
+            found = [root / "catalog.json"] if (root / "catalog.json").is_file() else []
+            for folder in found or sorted(root.glob("*/catalog.json")):
                 wrote = update_examples(folder.parent)
                 print(f"{folder.parent.name}: examples {'recorded' if wrote else 'up to date'}")
         summary = build_site(args.catalog, args.out or Path(args.catalog) / "site")
@@ -176,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(
-        f"site: {summary.pages} pages, {summary.bytes / 1e6:.2f} MB (tutorials apart) in "
+        f"site: {summary.pages} pages, {summary.bytes / 1e6:.2f} MB (tutorials apart; "
+        f"+ {summary.data_bytes / 1e6:.2f} MB of copied catalogs, examples and heatmaps) in "
         f"{summary.out}; open {summary.out / 'index.html'}"
     )
     return 0

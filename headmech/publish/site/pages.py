@@ -4,9 +4,9 @@ registered head-type classes (definition, citation, threshold). No model is load
 
 from __future__ import annotations
 
+import html
 import inspect
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +15,16 @@ from typing import Any
 from headmech.core.errors import InputError
 from headmech.publish.attention_view import top_attended, view_html
 
-__all__ = ["Model", "head_page", "load_models", "type_info", "verdict_counts"]
+__all__ = [
+    "Model",
+    "atlas_index",
+    "head_page",
+    "layer_page",
+    "load_models",
+    "rst_html",
+    "type_info",
+    "verdict_counts",
+]
 
 
 @dataclass
@@ -27,7 +36,7 @@ class Model:
     catalog: dict[str, Any]
     run: dict[str, Any]
     examples: dict[str, Any] | None
-    heads: list[str] = field(default_factory=list)  # labelled or rejected heads, "L1H0"
+    heads: list[str] = field(default_factory=list)  # every head of the model, "L1H0"
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -54,28 +63,52 @@ def _name(head: list[int] | tuple[int, int]) -> str:
 
 
 def load_models(catalog_dir: Path) -> list[Model]:
-    """Every ``catalog_dir/<model>/`` that holds a ``catalog.json``, sorted by name."""
+    """Every ``catalog_dir/<model>/`` that holds a ``catalog.json`` (the published layout,
+    ``catalog/<model>/catalog.json``), sorted by name; or, where ``catalog_dir`` holds a
+    ``catalog.json`` itself (a ``headmech classify --out DIR`` folder), that one model,
+    named as its catalog names it."""
+    catalog_dir = Path(catalog_dir)
+    if (catalog_dir / "catalog.json").is_file():
+        catalog = _read(catalog_dir / "catalog.json")
+        return [_model(catalog_dir, catalog, _page_name(catalog, catalog_dir))]
     models = []
     for path in sorted(catalog_dir.glob("*/catalog.json")):
-        folder = path.parent
-        examples = folder / "examples.json"
-        catalog = _read(path)
-        heads = {_key(h) for t in catalog["types"].values() for h in t["heads"]}
-        heads |= {_key(_parse(e["head"])) for t in catalog["types"].values() for e in _rejected(t)}
-        ordered = sorted(heads)
-        models.append(
-            Model(
-                folder.name,
-                folder,
-                catalog,
-                _read(folder / "run.json") if (folder / "run.json").exists() else {},
-                _read(examples) if examples.exists() else None,
-                [_name(h) for h in ordered],
-            )
-        )
+        models.append(_model(path.parent, _read(path), path.parent.name))
     if not models:
-        raise InputError(f"no published catalog (*/catalog.json) under {catalog_dir}")
+        raise InputError(
+            f"no published catalog (*/catalog.json) under {catalog_dir}, nor a catalog.json "
+            "in it (a `headmech classify --out` folder)"
+        )
     return models
+
+
+def _model(folder: Path, catalog: Any, name: str) -> Model:
+    """The model of ``folder``'s ``catalog.json`` (read as ``catalog``), with its files."""
+    if not isinstance(catalog, dict) or not isinstance(catalog.get("types"), dict):
+        raise InputError(f"{folder / 'catalog.json'} is not a headmech catalog (no types)")
+    examples = folder / "examples.json"
+    n_layers = int((catalog.get("model") or {}).get("n_layers", 0))
+    n_heads = int((catalog.get("model") or {}).get("n_heads", 0))
+    heads = {(la, h) for la in range(n_layers) for h in range(n_heads)}  # every head a page
+    heads |= {_key(h) for t in catalog["types"].values() for h in t["heads"]}
+    heads |= {_key(_parse(e["head"])) for t in catalog["types"].values() for e in _rejected(t)}
+    return Model(
+        name,
+        folder,
+        catalog,
+        _read(folder / "run.json") if (folder / "run.json").exists() else {},
+        _read(examples) if examples.exists() else None,
+        [_name(h) for h in sorted(heads)],
+    )
+
+
+def _page_name(catalog: dict[str, Any], folder: Path) -> str:
+    """A file name for the model of a ``classify --out`` folder: its catalog's model name
+    (the last part of a path; characters other than letters, digits, ``.``, ``_`` and
+    ``-`` as ``-``), else the folder's name."""
+    raw = str((catalog.get("model") or {}).get("name") or "")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(raw).name).strip(".-")
+    return name or folder.resolve().name
 
 
 def _parse(name: str) -> tuple[int, int]:
@@ -186,9 +219,7 @@ def model_types(m: Model, page_dir: Path) -> list[dict[str, Any]]:
                 ],
                 "narrow": [r["name"] for r in heads if r["narrow"]],
                 "validation": validation(t, (n_layers, n_heads)),
-                "heatmap": os.path.relpath(png, page_dir).replace(os.sep, "/")
-                if png.exists()
-                else None,
+                "heatmap": f"../data/{m.name}/heatmaps/{name}.png" if png.exists() else None,
                 "share": len(heads) / (n_layers * n_heads),
                 "depth": _depth([r["layer"] for r in heads], n_layers),
             }
@@ -220,6 +251,30 @@ def provenance(m: Model) -> dict[str, Any]:
     }
 
 
+_RST = [
+    (re.compile(r"``(.+?)``"), r"<code>\1</code>"),
+    (re.compile(r":(?:[a-z]+:)?[a-z]+:`~?([^`<]+?)(?:\s*<[^`]*>)?`"), r"<code>\1</code>"),
+    (re.compile(r"`([^`]+?)`_?"), r"<em>\1</em>"),
+    (re.compile(r"(?<![\w*])\*\*(\S(?:.*?\S)?)\*\*(?![\w*])"), r"<b>\1</b>"),
+    (re.compile(r"(?<![\w*])\*(\S(?:.*?\S)?)\*(?![\w*])"), r"<em>\1</em>"),
+]
+
+
+def rst_html(text: str) -> str:
+    """A docstring paragraph as HTML: the text escaped, then RST's inline markup converted
+    (double backticks and roles such as :func: as code, single and double stars as
+    emphasis and bold)."""
+    out = html.escape(text, quote=False)
+    for pattern, repl in _RST:
+        out = pattern.sub(repl, out)
+    return out
+
+
+def _is_args(paragraph: str) -> bool:
+    """A docstring's ``Args:``/``Attributes:`` section (the class's parameters), not prose."""
+    return bool(re.match(r"(Args|Arguments|Attributes|Parameters|Returns|Raises)\s*:", paragraph))
+
+
 def _threshold_why(cls: type) -> list[str]:
     """The docstring paragraphs about the threshold, and the comment on the line that sets
     ``default_threshold`` in the class's source."""
@@ -230,7 +285,9 @@ def _threshold_why(cls: type) -> list[str]:
     except (OSError, TypeError):
         source = ""
     comment = re.search(r"default_threshold\s*=\s*[^#\n]*#\s*(.+)", source)
-    return ([comment[1].strip()] if comment else []) + why
+    lines = ([comment[1].strip()] if comment else []) + why
+    # "see the docstring" and "Args: threshold ..." say nothing on a page that shows it
+    return [rst_html(w) for w in lines if "docstring" not in w.lower() and not _is_args(w)]
 
 
 def type_info(name: str) -> dict[str, Any]:
@@ -245,37 +302,152 @@ def type_info(name: str) -> dict[str, Any]:
     return {
         "name": name,
         "description": cls.description,
-        "definition": [p.replace("\n", " ") for p in doc.split("\n\n") if p.strip()],
+        "definition": [
+            rst_html(p.replace("\n", " "))
+            for p in doc.split("\n\n")
+            if p.strip() and not _is_args(p)
+        ],
         "citation": cls.citation or cls.reference,
         "reference": cls.reference,
         "default_threshold": cls.default_threshold,
-        "threshold_note": getattr(cls, "threshold_note", ""),
+        "threshold_note": rst_html(getattr(cls, "threshold_note", "") or ""),
         "probe": cls.probe,
         "task": cls.task,
         "why": _threshold_why(cls),
     }
 
 
+def _own_details(t: dict[str, Any], head: str) -> list[tuple[str, Any]]:
+    """A head's own entries in the type's ``details`` (those keyed by head name, e.g.
+    induction's ``copying_effect``: effect and 95% interval), as ``(key, value)``."""
+    out = []
+    for key, value in sorted((t.get("details") or {}).items()):
+        if isinstance(value, dict) and head in value and key != "validation":
+            v = value[head]
+            if isinstance(v, (int, float, str)) or (
+                isinstance(v, list) and all(isinstance(x, (int, float)) for x in v)
+            ):
+                out.append((key, v))
+    return out
+
+
+def verdict(t: dict[str, Any], head: tuple[int, int]) -> tuple[str, str]:
+    """What type ``t`` says of ``head``: ``(kind, text)``; kind is ``labelled``,
+    ``rejected`` (at or above the threshold, not labelled: the reason), ``borderline``,
+    ``above`` (at or above, not labelled, no reason recorded) or ``below``."""
+    if head in [_key(x) for x in t["heads"]]:
+        return "labelled", "labelled"
+    why = [e["reason"] for e in _rejected(t) if _parse(e["head"]) == head]
+    if why:
+        return "rejected", "at or above the threshold, not labelled: " + why[0]
+    if head in [_key(x) for x in t.get("borderline", [])]:
+        return "borderline", "borderline: the 95% interval straddles the threshold"
+    score, threshold = _cell(t.get("score"), head), t.get("threshold")
+    if score is not None and threshold is not None and score >= threshold:
+        return "above", "at or above the threshold, not labelled (a further criterion)"
+    return "below", "below the threshold"
+
+
 def head_page(m: Model, head: str) -> dict[str, Any]:
-    """One labelled head: its score on every type, its views, top tokens, ablation."""
+    """One head (labelled or not): its score and verdict on every type, its own effects,
+    its views, top tokens, ablation."""
     layer, index = (int(x) for x in head[1:].split("H"))
     h = (layer, index)
     scores, effects = [], []
     for name, t in sorted(m.types.items()):
-        labelled = [_key(x) for x in t["heads"]]
         row = head_row(t, h) | {"type": name, "threshold": t.get("threshold")}
-        row["labelled"] = h in labelled
-        row["borderline"] = h in [_key(x) for x in t.get("borderline", [])]
-        why = [e["reason"] for e in _rejected(t) if _parse(e["head"]) == h]
-        row["rejected"] = why[0] if why else None
+        kind, said = verdict(t, h)
+        row["labelled"] = kind == "labelled"
+        row["borderline"] = kind == "borderline"
+        row["rejected"] = said.split(": ", 1)[1] if kind == "rejected" else None
+        row["verdict"], row["verdict_text"] = kind, said
+        row["details"] = _own_details(t, head)
         scores.append(row)
-        if (row["labelled"] or why) and (v := validation(t, m.shape)):
+        if (row["labelled"] or row["rejected"]) and (v := validation(t, m.shape)):
             effects.append(v | {"type": name, "own": row, "labelled": row["labelled"]})
     views, tops = [], []
     ex = m.examples or {}
     patterns = ex.get("heads", {}).get(head, [])  # none: examples.json predates the head
     for i, (text, rows) in enumerate(zip(ex.get("texts", []), patterns, strict=False)):
         title = f"{head} on {text['probe']} ({len(text['tokens'])} tokens)"
-        views.append(view_html(text["tokens"], rows, title=title, view_id=f"view-{i}"))
+        views.append(
+            view_html(
+                text["tokens"],
+                rows,
+                title=title,
+                view_id=f"view-{i}",
+                ids=text.get("ids"),
+                text_ref=f"{m.name}/{i}",  # assets/texts.js: one copy of each text
+            )
+        )
         tops.append({"probe": text["probe"], "top": top_attended(text["tokens"], rows)})
-    return {"name": head, "scores": scores, "effects": effects, "views": views, "tops": tops}
+    n_layers, n_heads = m.shape
+    return {
+        "name": head,
+        "layer": layer,
+        "index": index,
+        "scores": scores,
+        "effects": effects,
+        "views": views,
+        "tops": tops,
+        "prev": f"L{layer}H{index - 1}" if index > 0 else None,
+        "next": f"L{layer}H{index + 1}" if index + 1 < n_heads else None,
+        "up": f"L{layer - 1}H{index}" if layer > 0 else None,
+        "down": f"L{layer + 1}H{index}" if layer + 1 < n_layers else None,
+    }
+
+
+def atlas_index(models: list[Model]) -> dict[str, Any]:
+    """The data of the site's search, compare view and clickable heatmaps: per model its
+    shape and, per type, the threshold, every head's score (row-major, layer by layer;
+    3 decimals) and each head's verdict code (0 below, 1 labelled, 2 rejected, 3
+    borderline, 4 at or above without a recorded reason)."""
+    codes = {"below": 0, "labelled": 1, "rejected": 2, "borderline": 3, "above": 4}
+    out: dict[str, Any] = {"models": []}
+    for m in models:
+        n_layers, n_heads = m.shape
+        types = {}
+        for name, t in sorted(m.types.items()):
+            grid = t.get("score")
+            scores = [
+                None if not grid or grid[la][h] is None else round(float(grid[la][h]), 3)
+                for la in range(n_layers)
+                for h in range(n_heads)
+            ]
+            v = [codes[verdict(t, (la, h))[0]] for la in range(n_layers) for h in range(n_heads)]
+            reasons = {e["head"]: e["reason"] for e in _rejected(t)}
+            types[name] = {
+                "threshold": t.get("threshold"),
+                "scores": scores,
+                "verdicts": v,
+                "reasons": reasons,
+            }
+        out["models"].append({"name": m.name, "layers": n_layers, "heads": n_heads, "types": types})
+    return out
+
+
+def layer_page(m: Model, layer: int, text: int = 0) -> dict[str, Any]:
+    """Every head of ``layer`` on one recorded text (``examples.json``'s text ``text``;
+    the heads it records): the tokens and, per head, its rows of weights in integer
+    thousandths, as the layer view of the site reads them."""
+    ex = m.examples or {}
+    texts = ex.get("texts", [])
+    if not texts:
+        return {"layer": layer, "probe": None, "data": None, "missing": []}
+    t = texts[min(text, len(texts) - 1)]
+    n_heads = m.shape[1]
+    heads, missing = {}, []
+    for h in range(n_heads):
+        rows = ex.get("heads", {}).get(f"L{layer}H{h}")
+        if rows and len(rows) > text:
+            heads[f"L{layer}H{h}"] = [[round(float(w) * 1000) for w in r] for r in rows[text]]
+        else:
+            missing.append(f"L{layer}H{h}")
+    data = json.dumps({"tokens": t["tokens"], "heads": heads}, separators=(",", ":"))
+    return {
+        "layer": layer,
+        "probe": t["probe"],
+        "n_tokens": len(t["tokens"]),
+        "data": data.replace("</", "<\\/"),
+        "missing": missing,
+    }

@@ -1,0 +1,290 @@
+// The head atlas's own script: clickable heatmaps, sortable and filterable tables, the
+// search of the index page and the compare view. It reads window.HEADMECH_ATLAS
+// (assets/atlas.js, written by headmech.publish.site) and needs no server.
+(function () {
+  "use strict";
+  var A = window.HEADMECH_ATLAS || { models: [] };
+  var VERDICT = ["below the threshold", "labelled", "at or above the threshold, not labelled",
+    "borderline", "at or above the threshold, not labelled"];
+  function model(name) { return A.models.filter(function (m) { return m.name === name; })[0]; }
+  function headName(m, i) { return "L" + Math.floor(i / m.heads) + "H" + (i % m.heads); }
+  function headIndex(m, name) {
+    var x = /^L(\d+)H(\d+)$/i.exec(name || "");
+    if (!x || +x[1] >= m.layers || +x[2] >= m.heads) return -1;
+    return +x[1] * m.heads + +x[2];
+  }
+  function fmt(v) { return v === null || v === undefined ? "–" : v.toFixed(3); }
+  function el(tag, attrs, text) {
+    var e = document.createElement(tag);
+    for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  function root() { return document.body.dataset.root || "."; }
+  function headHref(mname, head) { return root() + "/heads/" + mname + "/" + head + ".html"; }
+
+  // clickable heatmaps: <div class="hmap" data-model data-type>, layers as rows, heads as columns
+  function heatmap(div) {
+    var m = model(div.dataset.model), t = m && m.types[div.dataset.type];
+    if (!t) return;
+    var max = 0;
+    t.scores.forEach(function (v) { if (v !== null && Math.abs(v) > max) max = Math.abs(v); });
+    var grid = el("div", { "class": "hmap-grid", role: "group",
+      "aria-label": div.dataset.type + " score of every head of " + m.name +
+        " (rows: layers, columns: heads; outlined: labelled)" });
+    grid.style.gridTemplateColumns = "2.4em repeat(" + m.heads + ", minmax(9px, 16px))";
+    var head = el("div", { "class": "hmap-row", "aria-hidden": "true" });
+    head.appendChild(el("span", { "class": "hmap-lab" }, ""));
+    for (var h = 0; h < m.heads; h++) head.appendChild(el("span", { "class": "hmap-lab" }, String(h)));
+    grid.appendChild(head);
+    for (var la = 0; la < m.layers; la++) {
+      var row = el("div", { "class": "hmap-row" });
+      row.appendChild(el("span", { "class": "hmap-lab", "aria-hidden": "true" }, "L" + la));
+      for (h = 0; h < m.heads; h++) {
+        var i = la * m.heads + h, v = t.scores[i], name = "L" + la + "H" + h;
+        var label = name + ": " + fmt(v) + " (threshold " + t.threshold + "), " + VERDICT[t.verdicts[i]];
+        var a = el("a", { href: headHref(m.name, name), title: label, "aria-label": label,
+          "class": "hmap-cell v" + t.verdicts[i], "data-head": name });
+        var s = v === null || !max ? 0 : Math.abs(v) / max;
+        a.style.background = v === null ? "" : (v < 0 ? "rgba(214,39,40," : "rgba(31,119,180,") + (0.05 + 0.95 * s).toFixed(3) + ")";
+        row.appendChild(a);
+      }
+      grid.appendChild(row);
+    }
+    div.appendChild(grid);
+  }
+
+  // sortable tables: click (or Enter on) a column header
+  function sortable(table) {
+    var ths = table.querySelectorAll("thead th");
+    ths.forEach(function (th, c) {
+      th.tabIndex = 0;
+      th.setAttribute("aria-sort", "none");
+      th.classList.add("sorter");
+      function go() {
+        var asc = th.getAttribute("aria-sort") !== "ascending";
+        ths.forEach(function (o) { o.setAttribute("aria-sort", "none"); });
+        th.setAttribute("aria-sort", asc ? "ascending" : "descending");
+        var body = table.tBodies[0], rows = [].slice.call(body.rows);
+        function key(r) {
+          var cell = r.cells[c], x = cell ? (cell.dataset.sort || cell.textContent.trim()) : "";
+          var n = parseFloat(x.replace(/^\[/, "").replace("–", ""));
+          var lh = /^L(\d+)H(\d+)$/.exec(x);
+          if (lh) return [0, +lh[1] * 1000 + +lh[2], x];
+          return isNaN(n) ? [1, 0, x.toLowerCase()] : [0, n, x];
+        }
+        rows.sort(function (a, b) {
+          var ka = key(a), kb = key(b), d = ka[0] - kb[0] || ka[1] - kb[1] ||
+            (ka[2] < kb[2] ? -1 : ka[2] > kb[2] ? 1 : 0);
+          return asc ? d : -d;
+        });
+        rows.forEach(function (r) { body.appendChild(r); });
+      }
+      th.addEventListener("click", go);
+      th.addEventListener("keydown", function (e) { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); go(); } });
+    });
+  }
+  // filter: <input class="filter" data-table="id">: rows that contain every word
+  function filter(input) {
+    var table = document.getElementById(input.dataset.table);
+    input.addEventListener("input", function () {
+      var words = input.value.toLowerCase().split(/\s+/).filter(Boolean);
+      [].forEach.call(table.tBodies[0].rows, function (r) {
+        var text = r.textContent.toLowerCase();
+        r.hidden = !words.every(function (w) { return text.indexOf(w) >= 0; });
+      });
+    });
+  }
+
+  // search (index page): words naming a model, a head (L3H4) and/or a type
+  var TYPES = {};
+  A.models.forEach(function (m) { for (var t in m.types) TYPES[t] = 1; });
+  function search(query) {
+    var words = query.toLowerCase().split(/\s+/).filter(Boolean), out = [];
+    var heads = [], models = [], types = [], rest = [];
+    words.forEach(function (w) {
+      if (/^l\d+(h\d*)?$/.test(w) || /^h\d+$/.test(w)) heads.push(w);
+      else if (TYPES[w]) types.push(w);  // "induction" is a type before toy-induction
+      else if (A.models.some(function (m) { return m.name.toLowerCase().indexOf(w) >= 0; })) models.push(w);
+      else if (Object.keys(TYPES).some(function (t) { return t.indexOf(w) >= 0; })) types.push(w);
+      else rest.push(w);
+    });
+    if (rest.length || !words.length) return out;
+    A.models.forEach(function (m) {
+      if (!models.every(function (w) { return m.name.toLowerCase().indexOf(w) >= 0; })) return;
+      var ts = Object.keys(m.types).filter(function (t) {
+        return types.every(function (w) { return TYPES[w] ? t === w : t.indexOf(w) >= 0; });
+      });
+      if (types.length && !ts.length) return;
+      for (var i = 0; i < m.layers * m.heads; i++) {
+        var name = headName(m, i), low = name.toLowerCase();
+        if (!heads.every(function (w) {
+          return w[0] === "h" ? low.split("h")[1] === w.slice(1) : (w.indexOf("h") > 0 ? low === w : low.split("h")[0] === w);
+        })) continue;
+        var labelled = Object.keys(m.types).filter(function (t) { return m.types[t].verdicts[i] === 1; });
+        var hit = types.length ? ts.filter(function (t) { return labelled.indexOf(t) >= 0; }) : labelled;
+        if (types.length && !hit.length && !heads.length) continue;  // a type alone: its labelled heads
+        var best = ts.length === 1 ? m.types[ts[0]].scores[i] : null;
+        out.push({ model: m.name, head: name, labelled: labelled, score: best, type: ts.length === 1 ? ts[0] : "" });
+      }
+    });
+    return out;
+  }
+  function searchBox(input) {
+    var body = document.querySelector("#results tbody"), count = document.getElementById("result-count");
+    function run() {
+      var found = search(input.value);
+      body.textContent = "";
+      found.slice(0, 300).forEach(function (r) {
+        var tr = el("tr");
+        tr.appendChild(el("td", {}, r.model));
+        var td = el("td"); td.appendChild(el("a", { href: headHref(r.model, r.head) }, r.head)); tr.appendChild(td);
+        tr.appendChild(el("td", {}, r.labelled.join(", ") || "–"));
+        tr.appendChild(el("td", {}, r.type ? r.type + " " + fmt(r.score) : ""));
+        var c = el("td"); c.appendChild(el("a", { href: "compare.html?a=" + r.model + "/" + r.head }, "compare")); tr.appendChild(c);
+        body.appendChild(tr);
+      });
+      count.textContent = input.value.trim() ? found.length + " heads" + (found.length > 300 ? " (first 300 shown)" : "") : "";
+    }
+    input.addEventListener("input", run);
+    if (input.value) run();
+  }
+
+  // compare view: compare.html?a=model/L3H4&b=model/L5H1
+  function compare(box) {
+    var q = new URLSearchParams(location.search);
+    var sides = ["a", "b"].map(function (k) {
+      var v = (q.get(k) || "").split("/");
+      return { key: k, model: v[0] || (A.models[0] || {}).name, head: v[1] || "L0H0" };
+    });
+    var form = el("form", { "class": "compare-form" });
+    sides.forEach(function (s) {
+      var sel = el("select", { name: s.key + "m", "aria-label": "model of head " + s.key.toUpperCase() });
+      A.models.forEach(function (m) {
+        var o = el("option", { value: m.name }, m.name); if (m.name === s.model) o.selected = true; sel.appendChild(o);
+      });
+      var inp = el("input", { name: s.key + "h", value: s.head, size: "7", "aria-label": "head " + s.key.toUpperCase() + " (e.g. L3H4)" });
+      var lab = el("label", {}, s.key.toUpperCase() + ": ");
+      lab.appendChild(sel); lab.appendChild(inp); form.appendChild(lab);
+    });
+    form.appendChild(el("button", { type: "submit" }, "compare"));
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      var f = form.elements;
+      location.search = "?a=" + f.am.value + "/" + f.ah.value.toUpperCase() + "&b=" + f.bm.value + "/" + f.bh.value.toUpperCase();
+    });
+    box.appendChild(form);
+    var ok = sides.every(function (s) { var m = model(s.model); return m && headIndex(m, s.head) >= 0; });
+    if (!ok || !q.get("a")) {
+      box.appendChild(el("p", { "class": "empty" }, q.get("a") ? "No such head: pick a model and a head (e.g. L3H4)." : "Pick two heads."));
+      return;
+    }
+    var table = el("table", { "class": "heads sortable", id: "compare-table" });
+    var thead = el("thead"), tr = el("tr");
+    tr.appendChild(el("th", {}, "type"));
+    sides.forEach(function (s) {
+      var th = el("th"); th.appendChild(el("a", { href: headHref(s.model, s.head) }, s.model + " " + s.head));
+      tr.appendChild(th); tr.appendChild(el("th", {}, "verdict"));
+    });
+    thead.appendChild(tr); table.appendChild(thead);
+    var body = el("tbody");
+    var types = {};
+    sides.forEach(function (s) { for (var t in model(s.model).types) types[t] = 1; });
+    Object.keys(types).sort().forEach(function (t) {
+      var row = el("tr");
+      row.appendChild(el("td", {}, t));
+      sides.forEach(function (s) {
+        var m = model(s.model), ty = m.types[t], i = headIndex(m, s.head);
+        if (!ty) { row.appendChild(el("td", {}, "–")); row.appendChild(el("td", {}, "not classified")); return; }
+        row.appendChild(el("td", { "class": "v" + ty.verdicts[i] }, fmt(ty.scores[i]) + " / " + ty.threshold));
+        var why = ty.reasons[s.head];
+        row.appendChild(el("td", {}, VERDICT[ty.verdicts[i]] + (why ? ": " + why : "")));
+      });
+      body.appendChild(row);
+    });
+    table.appendChild(body);
+    var wrap = el("div", { "class": "scroll" });  // a narrow screen scrolls the table, not the page
+    wrap.appendChild(table);
+    box.appendChild(wrap);
+    sortable(table);
+  }
+
+  // layer view: every head of a layer on one text, for the query picked on the first line
+  function layerView(box) {
+    var data = JSON.parse(box.querySelector("script.hm-data").textContent);
+    var names = Object.keys(data.heads).sort(function (a, b) {
+      return +a.split("H")[1] - +b.split("H")[1];
+    });
+    var shadeRgb = getComputedStyle(document.documentElement).getPropertyValue("--blue").trim() || "31, 119, 180";
+    var strip = el("div", { "class": "hm-lrow hm-lquery" });
+    strip.appendChild(el("span", { "class": "hm-lname" }, "query"));
+    var qs = data.tokens.map(function (t, q) {
+      var label = "query " + q + ": " + JSON.stringify(t);
+      var s = el("span", { "class": "hm-ltok", tabindex: "0", role: "button", title: label, "aria-label": label }, t || "\u200b");
+      strip.appendChild(s);
+      return s;
+    });
+    box.appendChild(strip);
+    var lines = names.map(function (name) {
+      var row = el("div", { "class": "hm-lrow" });
+      row.appendChild(el("a", { "class": "hm-lname", href: headHref(document.body.dataset.model, name) }, name));
+      var cells = data.tokens.map(function (t) { var s = el("span", { "class": "hm-ltok" }, t || "\u200b"); row.appendChild(s); return s; });
+      box.appendChild(row);
+      return { name: name, cells: cells, rows: data.heads[name] };
+    });
+    var status = el("p", { "class": "small", role: "status" });
+    box.appendChild(status);
+    var pinned = -1;
+
+    // text that stays readable on its shade: the shade blended over the page's background,
+    // then light or dark text by the blend's luminance (WCAG contrast of at least 4.58 either way)
+    function rgbOf(css) { var m = /rgba?\(([^)]+)\)/.exec(css || ""); if (!m) return null;
+      var v = m[1].split(",").map(parseFloat); return v.length > 3 && v[3] === 0 ? null : v.slice(0, 3); }
+    var page = rgbOf(getComputedStyle(document.body).backgroundColor) || [255, 255, 255];
+    function ink(w, rgbText) {
+      var rgb = rgbText.split(",").map(parseFloat), a = Math.min(1, w);
+      var lum = [0, 1, 2].map(function (i) {
+        var c = (rgb[i] * a + page[i] * (1 - a)) / 255;
+        return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
+      });
+      var L = 0.2126 * lum[0] + 0.7152 * lum[1] + 0.0722 * lum[2];
+      return L < 0.179 ? "#fff" : "#000";
+    }
+    function select(q) {
+      qs.forEach(function (s, k) { s.classList.toggle("hm-query", k === q); });
+      var best = [];
+      lines.forEach(function (l) {
+        var row = l.rows[q] || [], b = 0;
+        l.cells.forEach(function (c, k) {
+          var w = k < row.length ? row[k] / 1000 : null;
+          c.style.background = w === null ? "" : "rgba(" + shadeRgb + "," + Math.min(1, w).toFixed(3) + ")";
+          c.style.color = w === null ? "" : ink(w, shadeRgb);
+          c.title = w === null ? "" : l.name + ": " + w.toFixed(3) + " on token " + k;
+          c.dataset.w = w === null ? "" : w.toFixed(3);
+          if (w !== null && w > row[b] / 1000) b = k;
+        });
+        best.push(l.name + " → " + b);
+      });
+      box.dataset.query = String(q);
+      status.textContent = "query " + q + " " + JSON.stringify(data.tokens[q]) + "; most attended token per head: " + best.join(", ");
+    }
+    qs.forEach(function (s, q) {
+      s.addEventListener("mouseenter", function () { if (pinned < 0) select(q); });
+      s.addEventListener("focus", function () { if (pinned < 0) select(q); });
+      function pin() { pinned = pinned === q ? -1 : q; box.dataset.pinned = String(pinned); select(q); }
+      s.addEventListener("click", pin);
+      s.addEventListener("keydown", function (e) { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); pin(); } });
+    });
+    select(data.tokens.length - 1);
+  }
+
+  document.querySelectorAll(".hmap").forEach(heatmap);
+  document.querySelectorAll(".hm-layer").forEach(layerView);
+  document.querySelectorAll("table.sortable").forEach(sortable);
+  document.querySelectorAll("input.filter").forEach(filter);
+  var s = document.getElementById("search");
+  if (s) searchBox(s);
+  var c = document.getElementById("compare");
+  if (c) compare(c);
+  window.headmechSearch = search;
+})();
