@@ -27,7 +27,7 @@ several short runs; ``--report`` prints the table, writes ``kv.png`` and records
 The catalog is ``--catalog`` or ``benchmarks/kv_catalog.json`` (``headmech classify
 smollm2-135m --types retrieval`` at its default needle lengths; made when missing).
 
-Usage (what the README reports; each run a few minutes, 1 thread on a shared CPU):
+Usage (what docs/kv-compression.md reports; each run a few minutes, 1 thread on a shared CPU):
     python benchmarks/bench_kv.py --threads 1 --max-seconds 120  # 2,048 tokens, 20-75%
     python benchmarks/bench_kv.py --threads 1 --budgets 0.9 \
         --plans catalog,random,windowed,labelled,labelled_random
