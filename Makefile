@@ -101,14 +101,15 @@ catalog: setup
 		$(if $(CATALOG_MODELS),--models $(CATALOG_MODELS)) $(CATALOG_ARGS)
 	$(MAKE) site
 
-# The head atlas (catalog/site/, headmech.publish.site): the attention examples of the labelled heads
-# where catalog/<model>/examples.json is missing or stale (seconds a model), then the pages
+# The head atlas (catalog/site/, headmech.publish.site): the attention examples of every head (on
+# the ordinary texts and its own type's probe) where catalog/<model>/examples.json is missing or
+# stale (seconds a model), then the pages
 site: setup
 	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.publish.site --examples --catalog catalog
 
-# docs/screenshots/{index,head}.png for the README, taken by the browser test
+# docs/screenshots/{index,head,head-own-probe,layer}.png for the README, taken by the browser test
 site-screenshots: setup browser
-	HEADMECH_SCREENSHOTS=docs/screenshots $(PY) -m pytest -n 0 -q tests/test_site.py -k hovering
+	HEADMECH_SCREENSHOTS=docs/screenshots $(PY) -m pytest -n 0 -q tests/test_site.py -k "hovering or layer_view"
 
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
 BENCH_ARGS ?=

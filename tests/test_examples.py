@@ -13,10 +13,11 @@ import torch
 import headmech
 from headmech.core.errors import HeadIndexError, InputError
 from headmech.core.head_index import HeadIndex
-from headmech.publish.examples import record_examples, update_examples
+from headmech.publish.examples import own_types, record_examples, update_examples
 from headmech.publish.site import build_site, main
 
 CATALOG = Path(__file__).resolve().parent.parent / "catalog"
+MODELS = sorted(p.parent.name for p in CATALOG.glob("*/catalog.json"))
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +62,73 @@ def test_update_examples_reproduces_the_committed_file_and_skips_when_current(to
     new = json.loads((folder / "examples.json").read_text())
     committed = json.loads((CATALOG / "toy-induction" / "examples.json").read_text())
     assert new == committed
+    # every head of the model, on the ordinary text; the inactive type's probe (domains)
+    # only for the heads whose own type it is
+    assert set(new["heads"]) == {f"L{la}H{h}" for la in range(2) for h in range(4)}
+    assert [t["probe"] for t in new["texts"]] == ["repeated_random", "domains"]
+    assert all(rows[0] is not None for rows in new["heads"].values())
     assert update_examples(folder, toy) is False  # up to date: nothing to do
     catalog = json.loads((folder / "catalog.json").read_text())
-    catalog["types"]["duplicate_token"]["heads"] = [[0, 1]]  # another labelled head: stale
+    assert new["heads"]["L1H0"][1] is None  # an induction head: not on the domains probe
+    catalog["types"]["inactive"]["heads"] = [[1, 0]]  # labelled inactive now: stale
     (folder / "catalog.json").write_text(json.dumps(catalog))
     assert update_examples(folder, toy) is True
-    assert "L0H1" in json.loads((folder / "examples.json").read_text())["heads"]
+    rows = json.loads((folder / "examples.json").read_text())["heads"]["L1H0"]
+    assert rows[1] is not None and len(rows[1]) == len(new["texts"][1]["tokens"])
+
+
+def test_own_types_label_then_threshold_then_closest():
+    """A head's page shows it on the probe of the types that label it; else of those
+    it reaches the threshold of; else of the one it comes closest to (score/threshold)."""
+    grid = [[0.9, 0.3, 0.05], [0.1, 0.2, None]]
+    catalog = {
+        "types": {
+            "a": {"heads": [[0, 0]], "threshold": 0.5, "score": grid},
+            "b": {"heads": [], "threshold": 0.25, "score": grid},
+            "c": {"heads": [], "threshold": 0.1, "score": [[0, 0, 0.09], [0.05, 0.05, None]]},
+            "d": {"heads": [], "threshold": None, "score": None},
+        }
+    }
+    assert own_types(catalog, (0, 0)) == ["a"]  # labelled (b and c reached, not labelled)
+    assert own_types(catalog, (0, 1)) == ["b"]  # 0.3 >= 0.25 (not labelled: a criterion)
+    assert own_types(catalog, (0, 2)) == ["c"]  # 0.09/0.1 beats 0.05/0.25 and 0.05/0.5
+    assert own_types(catalog, (1, 0)) == ["c"]  # 0.05/0.1 = 0.5 > 0.1/0.25 = 0.4
+    assert own_types(catalog, (1, 2)) == []  # no type scores it
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_head_page_leads_with_its_own_types_probe(name, tmp_path_factory):
+    """Every head of every published model has its views, and the first is on its own
+    type's probe where that probe was recorded: SmolLM2's name movers on an IOI prompt,
+    its retrieval heads on the needle."""
+    from headmech.headtypes import get_head_type
+    from headmech.publish.site.pages import head_page, load_models
+
+    (m,) = [m for m in load_models(CATALOG) if m.name == name]
+    probes = [t["probe"] for t in m.examples["texts"]]
+    n_layers, n_heads = m.shape
+    assert set(m.examples["heads"]) == {
+        f"L{la}H{h}" for la in range(n_layers) for h in range(n_heads)
+    }
+    own_probe_first = 0
+    for head in m.examples["heads"]:
+        page = head_page(m, head)
+        assert len(page["views"]) >= 1, head
+        own = {get_head_type(t).probe for t in own_types(m.catalog, _hx(head))}
+        recorded = own & set(probes)
+        if recorded - {"prose", "repeated_random"}:  # a probe of its own: shown first
+            first = page["views"][0]
+            assert any(f" on {p} (" in first for p in recorded), (head, recorded)
+            own_probe_first += 1
+    if name == "smollm2-135m":
+        assert own_probe_first >= 20
+        page = head_page(m, "L23H0")  # a name mover: first on an IOI prompt
+        assert "L23H0 on ioi (" in page["views"][0] and "name_mover" in page["views"][0]
+
+
+def _hx(name):
+    layer, head = name[1:].split("H")
+    return int(layer), int(head)
 
 
 def test_show_escapes_tokens_and_refuses_bad_heads(toy):
@@ -111,3 +173,33 @@ def test_site_builds_from_a_classify_output_folder(tmp_path, capsys):
         (site / "heads" / "toy-induction" / f"L{a}H{b}.html").is_file() for a, b in labelled
     )
     assert (site / "types" / "induction.html").is_file()
+
+
+def test_tutorial_pages_get_the_atlas_navigation_and_their_size(tmp_path):
+    """A rendered tutorial (tests/test_tutorials.py renders them into site/tutorials/) gets
+    the atlas's navigation and says which probe size it ran at; rebuilding replaces the
+    frame, never stacks it; a page without the size meta counts as reduced."""
+    out = tmp_path / "site"
+    (out / "tutorials").mkdir(parents=True)
+    head = '<!DOCTYPE html><html><head>\n<meta name="headmech-tutorial-size" content="{}">'
+    (out / "tutorials" / "01_a.html").write_text(
+        head.format("small") + "</head><body class='jp'>\n<p>cell</p></body></html>"
+    )
+    (out / "tutorials" / "02_b.html").write_text(
+        head.format("published") + "</head><body>\n<p>cell</p></body></html>"
+    )
+    (out / "tutorials" / "03_c.html").write_text("<html><body><p>old</p></body></html>")
+    for _ in range(2):
+        build_site(CATALOG / "toy-induction", out)
+    small, published, old = (
+        (out / "tutorials" / n).read_text() for n in ("01_a.html", "02_b.html", "03_c.html")
+    )
+    for page in (small, published, old):
+        assert page.count('<nav aria-label="site" class="hm-atlas">') == 1
+        assert '<a href="../index.html#tutorials">tutorials</a>' in page
+        assert '<a href="../models/toy-induction.html">toy-induction</a>' in page
+    assert "Run at the reduced tutorial size" in small and "Run at the reduced" in old
+    assert "Run at the published probe sizes" in published and "reduced" not in published
+    assert small.index("hm-atlas") > small.index("<body class='jp'>")  # inside the body
+    index = (out / "index.html").read_text()
+    assert 'id="tutorials"' in index and 'href="tutorials/01_a.html"' in index

@@ -52,7 +52,7 @@ import headmech
 import headmech.stream.uncertainty
 from headmech.headtypes.registry import get_head_type
 from headmech.probes import ProbeOptions, build_probe
-from headmech.publish.examples import example_texts, labelled_heads
+from headmech.publish.examples import example_texts, recording_plan
 from headmech.stream.engine import ProbeBatch, stream_statistics, target_reducer
 from headmech.stream.uncertainty import LEVEL, N_BOOT
 
@@ -258,15 +258,18 @@ def test_raw_previous_token_detector_adds_the_attention_to_bos(smollm2, prose):
 
 
 def test_published_examples_are_the_models_attention(smollm2):
-    """Every labelled head's rows in examples.json are the model's attention on the
-    example texts (run_with_cache's ``hook_pattern``), to the file's 3 decimals."""
+    """Every head's rows in examples.json are the model's attention on the example texts
+    (run_with_cache's ``hook_pattern``), to the file's 3 decimals: every head on the
+    ordinary texts, a head on another probe's text where that is its own type's probe."""
     data = json.loads((CATALOG / "examples.json").read_text())
     catalog = json.loads((CATALOG / "catalog.json").read_text())
     assert data["weights_sha256"] == catalog["provenance"]["model"]["weights_sha256"]
-    assert set(data["heads"]) == {str(h) for h in labelled_heads(catalog)}
+    assert set(data["heads"]) == {f"L{la}H{h}" for la in range(30) for h in range(9)}
     assert data["causal"] is True
-    texts = example_texts(smollm2)
+    texts = example_texts(smollm2, catalog["types"])
     assert [t["probe"] for t in data["texts"]] == [probe for probe, _ in texts]
+    assert {"prose", "repeated_random", "ioi", "needle"} <= {p for p, _ in texts}
+    plan = recording_plan(catalog, texts)
     for i, (text, (_, ids)) in enumerate(zip(data["texts"], texts, strict=True)):
         # the same tokens: each id decodes to the stored string
         assert text["tokens"] == [smollm2.tokenizer.decode([t]).replace("\n", "\\n") for t in ids]
@@ -274,8 +277,11 @@ def test_published_examples_are_the_models_attention(smollm2):
         n = len(ids)
         for name, per_text in data["heads"].items():
             layer, head = (int(x) for x in name.removeprefix("L").split("H"))
-            want = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].double().numpy()
             rows = per_text[i]
+            assert (rows is not None) == (i in plan[(layer, head)]), (name, i)
+            if rows is None:
+                continue
+            want = cache[f"blocks.{layer}.attn.hook_pattern"][0, head].double().numpy()
             assert [len(r) for r in rows] == list(range(1, n + 1)), name  # causal rows
             got = np.zeros((n, n))
             for q, row in enumerate(rows):

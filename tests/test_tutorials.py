@@ -12,6 +12,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from headmech.publish.site import TUTORIAL_SIZE
+
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 
@@ -133,6 +135,9 @@ def _render(nb, path: Path) -> None:
     # the lab template loads MathJax and require.js from a CDN: the atlas works offline, so
     # they go (the notebooks' figures are embedded PNGs, their math stays as TeX source)
     body = re.sub(r'<script[^>]*src="https://cdnjs[^"]*"[^>]*>\s*</script>', "", body)
+    # the probe size it ran at, which the atlas's frame states (headmech.publish.site)
+    size = "small" if os.environ.get("HEADMECH_TUTORIAL_SMALL") == "1" else "published"
+    body = body.replace("<head>", f'<head>\n<meta name="{TUTORIAL_SIZE}" content="{size}">', 1)
     SITE_TUTORIALS.mkdir(parents=True, exist_ok=True)
     out = SITE_TUTORIALS / f"{path.stem}.html"
     out.write_text(body, encoding="utf-8")

@@ -1,29 +1,35 @@
-"""Attention examples: what a labelled head attends to on short real probe texts.
+"""Attention examples: what each head attends to on short real probe texts.
 
 A published catalog says *which* heads are of a type; a reader also wants to see one at
-work. :func:`record_examples` runs the model once on one or two short texts of its probes
-(a few sentences of the prose corpus, where the tokenizer reads English, and a sequence of
-the ``repeated_random`` probe, where induction and duplicate-token heads show their
-stripes) and keeps each given head's attention pattern (hook
-``blocks.{l}.attn.hook_pattern``), rounded to 3 decimals. ``catalog/<model>/examples.json``
-holds them for every labelled head (:func:`update_examples`, run by ``make catalog`` and
-``make site``), and the site's head pages draw them with :mod:`headmech.publish.attention_view`.
-:func:`show` draws the same view in a notebook, on any text.
+work, on the text its type is measured on. :func:`record_examples` runs the model once per
+text and keeps each head's attention pattern (hook ``blocks.{l}.attn.hook_pattern``),
+rounded to 3 decimals. The texts (:func:`example_texts`): a few sentences of the prose
+corpus (where the tokenizer reads English) and a ``repeated_random`` sequence, on which
+every head is recorded, then one short sequence of each other probe the catalog's types
+are measured on (``ioi``, ``needle``, ``ordinal``, ``icl``, ...), on which a head is
+recorded when it is one of its :func:`own_types`' probe: the types that label it, else
+those it reaches the threshold of, else the one it comes closest to. So every head's page
+shows it on ordinary prose and on its own type's probe (an IOI prompt for a name mover,
+the needle for a retrieval head).
+
+``catalog/<model>/examples.json`` holds them for every head (:func:`update_examples`, run
+by ``make catalog`` and ``make site``), and the site's head and layer pages draw them with
+:mod:`headmech.publish.attention_view`. :func:`show` draws the same view in a notebook, on
+any text.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from headmech.core.errors import InputError
 
 if TYPE_CHECKING:
+    import torch
     from transformer_lens.model_bridge import TransformerBridge
 
     from headmech.core.head_index import HeadIndex
@@ -33,15 +39,23 @@ __all__ = [
     "HeadView",
     "example_texts",
     "labelled_heads",
+    "own_types",
     "record_examples",
     "show",
     "update_examples",
 ]
 
 MAX_TOKENS = 32
-"""Tokens of each example text (at most): a pattern of 32 rows stays small on disk."""
+"""Tokens of the prose and repeated-random texts (at most): a pattern of 32 rows stays
+small on disk, and every head is recorded on them."""
 
-SCHEMA = 1
+MAX_PROBE_TOKENS = 112
+"""Tokens of another probe's example (at most): the needle's shortest haystack fits."""
+
+ORDINARY = ("prose", "repeated_random")
+"""The texts every head is recorded on."""
+
+SCHEMA = 2
 
 
 def _token(tokenizer: Any, i: int) -> str:
@@ -78,14 +92,60 @@ def _repeated_ids(model: TransformerBridge) -> list[int]:
     return batch.input_ids[0, : int(batch.attention_mask[0].sum())].tolist()
 
 
-def example_texts(model: TransformerBridge) -> list[tuple[str, list[int]]]:
-    """The example texts for ``model``: ``(probe name, token ids)``; the prose only when
-    the model's tokenizer reads English."""
+def _probe_ids(model: TransformerBridge, probe: str) -> list[int] | None:
+    """The first sequence of ``probe`` (built at its smallest sizes) of at most
+    :data:`MAX_PROBE_TOKENS` tokens, or None where the probe cannot be built for the model
+    (e.g. IOI prompts on a toy vocabulary)."""
+    from headmech.core.errors import HeadmechError
+    from headmech.probes import ProbeOptions, build_probe
+
+    try:
+        # the smallest sizes that still hold one whole example of each probe
+        small = ProbeOptions(
+            n_sentences=8,
+            n_sequences=1,
+            half_len=15,
+            batch_size=4,
+            needle_lengths=(40,),
+            needle_depths=(0.5,),
+        )
+        built = build_probe(probe, model, small)
+    except HeadmechError:
+        return None
+    for batch in built.batches:
+        for row, mask in zip(batch.input_ids, batch.attention_mask, strict=True):
+            ids = row[: int(mask.sum())].tolist()
+            if 0 < len(ids) <= MAX_PROBE_TOKENS:
+                return ids
+    return None
+
+
+def _type_probe(name: str) -> str | None:
+    from headmech.core.errors import HeadmechError
+    from headmech.headtypes import get_head_type
+
+    try:
+        return str(get_head_type(name).probe)
+    except HeadmechError:  # a plug-in type not installed here
+        return None
+
+
+def example_texts(
+    model: TransformerBridge, types: Iterable[str] = ()
+) -> list[tuple[str, list[int]]]:
+    """The example texts for ``model``: ``(probe name, token ids)``: the prose (only when
+    the model's tokenizer reads English) and the repeated random tokens, then one sequence
+    of each other probe that ``types`` are measured on and the model can be given."""
     from headmech.core.checks import prose_problem
 
     texts = [("repeated_random", _repeated_ids(model))]
     if prose_problem(model.tokenizer) is None:
         texts.insert(0, ("prose", _prose_ids(model)))
+    probes = {_type_probe(t) for t in types} - {None, *ORDINARY}
+    for probe in sorted(p for p in probes if p is not None):
+        ids = _probe_ids(model, probe)
+        if ids is not None:
+            texts.append((probe, ids))
     return texts
 
 
@@ -113,14 +173,23 @@ def record_examples(
     model: TransformerBridge,
     heads: Iterable[HeadIndex],
     texts: Sequence[tuple[str, Sequence[int]]] | None = None,
+    on: Mapping[HeadIndex, Iterable[int]] | None = None,
 ) -> dict[str, Any]:
     """Each head's attention on each text (one forward pass per text).
 
+    Args:
+        model: the model.
+        heads: the heads to record.
+        texts: ``(probe, token ids)`` pairs (default: :func:`example_texts`).
+        on: per head, the indices of the texts to record it on (default: every text).
+
     Returns:
         ``{"texts": [{"probe", "tokens", "ids"}], "causal", "heads": {"L1H0": [rows per
-        text]}}`` (``ids``: the token ids, which the views show on hover; files recorded
-        before them lack them, and are not stale for that).
+        text, or None where not recorded]}}`` (``ids``: the token ids, which the views show
+        on hover).
     """
+    import torch
+
     from headmech.interventions import capture
     from headmech.models import model_info
     from headmech.stream.engine import ProbeBatch
@@ -130,7 +199,7 @@ def record_examples(
     causal = model_info(model).causal
     names = sorted({f"blocks.{h.layer}.attn.hook_pattern" for h in heads})
     out: dict[str, Any] = {"texts": [], "causal": causal, "heads": {str(h): [] for h in heads}}
-    for probe, ids in texts:
+    for i, (probe, ids) in enumerate(texts):
         t = torch.tensor([list(ids)], dtype=torch.long)
         ones = torch.ones_like(t)
         special = torch.isin(t, torch.tensor(sorted(set(model.tokenizer.all_special_ids))))
@@ -138,6 +207,9 @@ def record_examples(
         tokens = [_token(model.tokenizer, i) for i in t[0].tolist()]
         out["texts"].append({"probe": probe, "tokens": tokens, "ids": t[0].tolist()})
         for h in heads:
+            if on is not None and i not in set(on.get(h, ())):
+                out["heads"][str(h)].append(None)
+                continue
             pattern = store[f"blocks.{h.layer}.attn.hook_pattern"][0, h.head]
             out["heads"][str(h)].append(_rows(pattern, causal))
     return out
@@ -151,9 +223,66 @@ def labelled_heads(catalog: dict[str, Any]) -> list[HeadIndex]:
     return sorted(found)
 
 
+def _score(t: dict[str, Any], head: tuple[int, int]) -> float | None:
+    grid = t.get("score")
+    value = grid[head[0]][head[1]] if grid else None
+    return None if value is None else float(value)
+
+
+def own_types(catalog: dict[str, Any], head: tuple[int, int]) -> list[str]:
+    """The types whose probe a head's page shows it on: those of ``catalog`` that label
+    it; else those it is at or above the threshold of (not labelled: a further criterion,
+    or borderline); else the one whose threshold its score comes closest to (the largest
+    score / threshold, positive thresholds only). Sorted; empty where no type scores it."""
+    h = (int(head[0]), int(head[1]))
+    types = catalog["types"]
+    labelled = [n for n, t in types.items() if h in {(a, b) for a, b in t["heads"]}]
+    if labelled:
+        return sorted(labelled)
+    reached = []
+    for name, t in types.items():
+        score, threshold = _score(t, h), t.get("threshold")
+        if score is not None and threshold is not None and score >= threshold:
+            reached.append(name)
+    if reached:
+        return sorted(reached)
+    ratios = {
+        name: score / float(t["threshold"])
+        for name, t in types.items()
+        if (score := _score(t, h)) is not None and (t.get("threshold") or 0) > 0
+    }
+    return [max(sorted(ratios), key=ratios.__getitem__)] if ratios else []
+
+
+def every_head(catalog: dict[str, Any]) -> list[HeadIndex]:
+    """Every head of the catalog's model (with any head its types name)."""
+    from headmech.core.head_index import HeadIndex
+
+    model = catalog.get("model") or {}
+    found = {
+        HeadIndex(la, h)
+        for la in range(int(model.get("n_layers", 0)))
+        for h in range(int(model.get("n_heads", 0)))
+    }
+    return sorted(found | set(labelled_heads(catalog)))
+
+
+def recording_plan(
+    catalog: dict[str, Any], texts: Sequence[tuple[str, Sequence[int]]]
+) -> dict[HeadIndex, list[int]]:
+    """Per head, the texts it is recorded on: the ordinary ones (prose, repeated random)
+    and the probe of each of its :func:`own_types`."""
+    plan = {}
+    for h in every_head(catalog):
+        probes = {_type_probe(t) for t in own_types(catalog, h)} | set(ORDINARY)
+        plan[h] = [i for i, (probe, _) in enumerate(texts) if probe in probes]
+    return plan
+
+
 def update_examples(model_dir: str | Path, model: TransformerBridge | None = None) -> bool:
-    """Write ``model_dir/examples.json`` for the labelled heads of ``model_dir/catalog.json``
-    where it is missing or stale (other weights, other heads); loads the model when needed.
+    """Write ``model_dir/examples.json`` for every head of ``model_dir/catalog.json``
+    (:func:`recording_plan`) where it is missing or stale (an older schema, other weights,
+    other heads or texts); loads the model when needed.
 
     Returns:
         Whether the file was (re)written.
@@ -163,21 +292,35 @@ def update_examples(model_dir: str | Path, model: TransformerBridge | None = Non
     folder = Path(model_dir)
     catalog = json.loads((folder / "catalog.json").read_text())
     weights = catalog["provenance"]["model"]["weights_sha256"]
-    heads = labelled_heads(catalog)
     path = folder / "examples.json"
     if path.exists():
         old = json.loads(path.read_text())
-        if old.get("weights_sha256") == weights and set(old["heads"]) == {str(h) for h in heads}:
+        if (
+            old.get("schema") == SCHEMA
+            and old.get("weights_sha256") == weights
+            and old.get("plan") == _plan_key(catalog)
+        ):
             return False
     if model is None:
         from headmech.models import load_model
 
         model = load_model(catalog["model"]["name"])
     check_weights(catalog["provenance"], model, f"the catalog in {folder}")
+    texts = example_texts(model, catalog["types"])
+    plan = recording_plan(catalog, texts)
     data = {"schema": SCHEMA, "model": catalog["model"]["name"], "weights_sha256": weights}
-    data |= record_examples(model, heads)
+    data |= {"plan": _plan_key(catalog)} | record_examples(model, plan, texts, plan)
     path.write_text(dumps_examples(data))
     return True
+
+
+def _plan_key(catalog: dict[str, Any]) -> str:
+    """A digest of what decides the recording (every head's own types): a new label or
+    threshold makes the file stale."""
+    import hashlib
+
+    own = {str(h): own_types(catalog, h) for h in every_head(catalog)}
+    return hashlib.sha256(json.dumps(own, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def show(model: TransformerBridge, head: Any, text: str | None = None) -> Any:

@@ -11,11 +11,13 @@ system, offline (no server, no CDN; one small script of our own for the attentio
 * ``types/<type>.html``: the type's definition, citation and threshold, and its heads in
   every model side by side (share, depth);
 * ``heads/<model>/<head>.html``: every head (labelled or not): its score and the verdict on
-  every type, its attention on real probe text (hover a token, click to pin it), its most
-  attended tokens, its ablation effect;
+  every type, its attention on its own type's probe and on ordinary text (hover a token,
+  click to pin it), its most attended tokens, its ablation effect;
 * ``layers/<model>/L<n>.html``: every head of a layer on one recorded text (pick a query);
 * ``compare.html``: two heads side by side (``?a=<model>/L3H4&b=<model>/L5H1``); the index
   searches heads by model, head and type; heatmaps are clickable (a cell: the head's page);
+* ``tutorials/*.html`` (rendered by the tests): framed with the atlas's navigation and the
+  probe size they ran at;
 * ``data/<model>/``: copies of ``catalog.json``, ``examples.json``, ``run.json`` and
   ``heatmaps/*.png``, so the folder is self-contained (copy it anywhere; downloads link here);
   ``assets/atlas.js``: the scores and verdicts the search, compare view and heatmaps read.
@@ -30,11 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from headmech.core.errors import HeadmechError
 from headmech.publish.attention_view import VIEW_CSS, VIEW_JS
@@ -50,7 +53,10 @@ from headmech.publish.site.pages import (
     verdict_counts,
 )
 
-__all__ = ["SiteSummary", "build_site", "main"]
+if TYPE_CHECKING:
+    import jinja2
+
+__all__ = ["TUTORIAL_SIZE", "SiteSummary", "build_site", "main"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -201,6 +207,28 @@ def _write_guides(env: Any, repo: Path, out: Path, common: dict[str, Any]) -> in
     )
 
 
+_FRAME = re.compile(r"<!--headmech-atlas-->.*?<!--/headmech-atlas-->\n?", re.S)
+TUTORIAL_SIZE = "headmech-tutorial-size"
+"""The ``<meta>`` a rendered tutorial carries: ``small`` (run with
+``HEADMECH_TUTORIAL_SMALL=1``, as the tests run them) or ``published``."""
+
+
+def _frame_tutorials(env: jinja2.Environment, out: Path, common: dict[str, Any]) -> None:
+    """Put the atlas's navigation and the size the notebook was run at (its
+    :data:`TUTORIAL_SIZE` meta; unknown counts as reduced) at the top of each rendered
+    tutorial in ``out/tutorials/`` (replacing an earlier frame)."""
+    template = env.get_template("tutorial_frame.html")
+    for path in sorted((out / "tutorials").glob("*.html")):
+        page = _FRAME.sub("", path.read_text(encoding="utf-8"))
+        size = re.search(rf'<meta name="{TUTORIAL_SIZE}" content="([a-z]+)"', page)
+        frame = template.render(root="..", reduced=not size or size[1] != "published", **common)
+        body = re.search(r"<body[^>]*>\n?", page)
+        if body is None:
+            continue  # not an nbconvert page: left as it is
+        page = page[: body.end()] + frame + page[body.end() :]
+        path.write_text(page, encoding="utf-8")
+
+
 def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSummary:
     """Write the site for every ``catalog_dir/<model>/catalog.json`` into ``out`` (the
     pages are replaced; ``out/tutorials/`` is kept and linked); where ``catalog_dir`` is a
@@ -238,6 +266,7 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
             ),
         )
     pages += _write_guides(env, catalog_dir.parent, out, common)
+    _frame_tutorials(env, out, common)
     files = [
         p for p in out.rglob("*") if p.is_file() and "tutorials" not in p.relative_to(out).parts
     ]

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headmech.core.errors import InputError
+from headmech.core.errors import HeadmechError, InputError
 from headmech.publish.attention_view import top_attended, view_html
+from headmech.publish.examples import ORDINARY, own_types
 
 __all__ = [
     "Model",
@@ -348,6 +349,15 @@ def verdict(t: dict[str, Any], head: tuple[int, int]) -> tuple[str, str]:
     return "below", "below the threshold"
 
 
+def _head_type(name: str) -> type | None:
+    from headmech.headtypes import get_head_type
+
+    try:
+        return get_head_type(name)
+    except HeadmechError:  # a plug-in type not installed here
+        return None
+
+
 def head_page(m: Model, head: str) -> dict[str, Any]:
     """One head (labelled or not): its score and verdict on every type, its own effects,
     its views, top tokens, ablation."""
@@ -368,8 +378,23 @@ def head_page(m: Model, head: str) -> dict[str, Any]:
     views, tops = [], []
     ex = m.examples or {}
     patterns = ex.get("heads", {}).get(head, [])  # none: examples.json predates the head
-    for i, (text, rows) in enumerate(zip(ex.get("texts", []), patterns, strict=False)):
+    own = own_types(m.catalog, h)
+    probes = {name: str(getattr(_head_type(name), "probe", "")) for name in own}
+    shown = [
+        (i, text, rows)
+        for i, (text, rows) in enumerate(zip(ex.get("texts", []), patterns, strict=False))
+        if rows is not None
+    ]
+    # the head's own types' probes first: an IOI prompt for a name mover, the needle for
+    # a retrieval head; then the ordinary texts
+    shown.sort(
+        key=lambda x: (x[1]["probe"] not in probes.values(), x[1]["probe"] in ORDINARY, x[0])
+    )
+    for i, text, rows in shown:
+        of = [name for name, probe in probes.items() if probe == text["probe"]]
         title = f"{head} on {text['probe']} ({len(text['tokens'])} tokens)"
+        if of:
+            title += f": the probe of {', '.join(of)}"
         views.append(
             view_html(
                 text["tokens"],
@@ -390,6 +415,8 @@ def head_page(m: Model, head: str) -> dict[str, Any]:
         "effects": effects,
         "views": views,
         "tops": tops,
+        "own": own,
+        "own_labelled": bool(own) and all(h in {_key(x) for x in m.types[n]["heads"]} for n in own),
         "prev": f"L{layer}H{index - 1}" if index > 0 else None,
         "next": f"L{layer}H{index + 1}" if index + 1 < n_heads else None,
         "up": f"L{layer - 1}H{index}" if layer > 0 else None,
@@ -439,7 +466,7 @@ def layer_page(m: Model, layer: int, text: int = 0) -> dict[str, Any]:
     heads, missing = {}, []
     for h in range(n_heads):
         rows = ex.get("heads", {}).get(f"L{layer}H{h}")
-        if rows and len(rows) > text:
+        if rows and len(rows) > text and rows[text] is not None:
             heads[f"L{layer}H{h}"] = [[round(float(w) * 1000) for w in r] for r in rows[text]]
         else:
             missing.append(f"L{layer}H{h}")
