@@ -456,7 +456,49 @@ def test_the_token_view_pins_on_click_and_works_by_keyboard(site, page):
     from playwright.sync_api import expect
 
     view.locator(".hm-matrix summary").click()  # the full query x key pattern
-    expect(view.locator(".hm-matrix canvas")).to_have_attribute("data-drawn", "1")
+    canvas = view.locator(".hm-matrix canvas")
+    expect(canvas).to_have_attribute("data-drawn", "1")
+    # hover a cell: its weight; zoom: the pattern grows (the page scrolls inside the view)
+    rows = examples["heads"][head][0]
+    n = len(rows)
+    box = canvas.bounding_box()
+    q, k = n - 1, 2
+    page.mouse.move(
+        box["x"] + (k + 0.5) * box["width"] / n, box["y"] + (q + 0.5) * box["height"] / n
+    )
+    said = view.locator(".hm-cell").inner_text()
+    assert said.startswith(f"query {q} ") and f" key {k} " in said
+    assert float(said.rsplit(": ", 1)[1]) == pytest.approx(rows[q][k], abs=5e-4)
+    view.locator(".hm-zoom input").fill("3")
+    assert canvas.bounding_box()["width"] == pytest.approx(3 * box["width"], rel=0.02)
+    assert not page.errors
+
+
+def test_the_token_view_reads_a_token_as_a_key(site, page):
+    """The switch reads a selected token as a key: each query's weight on it (a column of
+    the pattern), for causal queries from the token on."""
+    name = "smollm2-135m" if "smollm2-135m" in MODELS else MODELS[-1]
+    examples = json.loads((CATALOG / name / "examples.json").read_text())
+    head = next(iter(examples["heads"]))
+    page.goto((site / "heads" / name / f"{head}.html").as_uri())
+    view = page.locator("#view-0")
+    rows = examples["heads"][head][0]
+    flip = view.locator("button.hm-flip")
+    assert flip.get_attribute("aria-pressed") == "false"
+    flip.click()
+    assert flip.get_attribute("aria-pressed") == "true" and "key ← queries" in flip.inner_text()
+    k = 2
+    view.locator(".hm-tok").nth(k).click()
+    assert view.get_attribute("data-reading") == "key"
+    shown = [float(x) for x in view.locator(".hm-w").all_inner_texts()]
+    column = [row[k] for row in rows if len(row) > k]  # queries k.. (causal)
+    assert shown == pytest.approx(column, abs=5e-4)
+    best = max(range(len(rows)), key=lambda q: rows[q][k] if len(rows[q]) > k else -1)
+    assert f"most attention from query {best} " in view.locator(".hm-status").inner_text()
+    flip.click()  # back to the query's row
+    assert [float(x) for x in view.locator(".hm-w").all_inner_texts()] == pytest.approx(
+        rows[k], abs=5e-4
+    )
     assert not page.errors
 
 

@@ -1,6 +1,8 @@
 """A token-level view of one head's attention, as CircuitsVis draws it: hover or focus a
 token (the query) and every token it may attend to shows the weight it receives, shaded by
-it; a click (or Enter) pins the query, and the full query x key pattern opens below. The same HTML fragment serves the site's head pages (:mod:`headmech.publish.site`) and
+it; a click (or Enter) pins the query; a button switches to reading a token as a key (the
+weight each query puts on it); the full query x key pattern opens below, zoomable, each
+cell's weight shown on hover. The same HTML fragment serves the site's head pages (:mod:`headmech.publish.site`) and
 :func:`headmech.show` in a notebook; it needs no server and no network.
 
 A pattern is given as rows: row ``q`` holds the weights of query ``q`` on keys ``0..q``
@@ -36,7 +38,10 @@ VIEW_CSS = """
   color: inherit; background: rgba(128, 128, 128, .18); border-radius: 2px;
   font-variant-numeric: tabular-nums; pointer-events: none; }
 .hm-view .hm-status { font-family: system-ui, "Noto Sans", sans-serif; font-size: 13px; margin-top: .4em; }
-.hm-view .hm-matrix canvas { max-width: 100%; image-rendering: pixelated; border: 1px solid var(--hm-border); cursor: crosshair; }
+.hm-view .hm-matrix { overflow-x: auto; }
+.hm-view .hm-matrix canvas { display: block; image-rendering: pixelated; border: 1px solid var(--hm-border); cursor: crosshair; }
+.hm-view .hm-flip, .hm-view .hm-zoom { font: 13px system-ui, "Noto Sans", sans-serif; margin: .4em 0 0; }
+.hm-view .hm-cell { font-family: system-ui, "Noto Sans", sans-serif; font-size: 13px; min-height: 1.4em; }
 """
 """The view's style sheet (the site links it, :func:`view_html` inlines it on request)."""
 
@@ -102,31 +107,41 @@ VIEW_JS = r"""
       status.textContent = "hover or focus a token to see the weights it puts on the others; click or press Enter to pin it";
       delete root.dataset.query;
     }
+    // reading: "query" (a token's row: the weight it puts on each key) or "key" (a token's
+    // column: the weight each query puts on it)
+    var reading = "query";
+    function weight(q, k) { var r = rows[q]; return k < r.length ? r[k] : null; }
     function select(q) {
-      var row = rows[q];
       toks.forEach(function (t, k) {
         var old = t.querySelector(".hm-w");
         if (old) old.remove();
         t.classList.toggle("hm-query", k === q);
-        if (k < row.length) {
-          t.style.background = shade(row[k]);
-          t.style.color = ink(row[k], shadeRgb);
-          var w = document.createElement("span");
-          w.className = "hm-w";
-          w.setAttribute("aria-hidden", "true");
-          w.textContent = row[k].toFixed(3);
-          t.appendChild(w);
+        var w = reading === "query" ? weight(q, k) : weight(k, q);
+        if (w !== null) {
+          t.style.background = shade(w);
+          t.style.color = ink(w, shadeRgb);
+          var label = document.createElement("span");
+          label.className = "hm-w";
+          label.setAttribute("aria-hidden", "true");
+          label.textContent = w.toFixed(3);
+          t.appendChild(label);
         } else {
           t.style.background = "";
           t.style.color = "";
         }
       });
-      var best = 0;
-      for (var k = 1; k < row.length; k++) if (row[k] > row[best]) best = k;
-      status.textContent = (pinned === q ? "pinned: " : "") + "query " + q + " " +
-        JSON.stringify(toks[q].dataset.text) + ": most attention (" + row[best].toFixed(3) +
-        ") on token " + best + " " + JSON.stringify(toks[best].dataset.text);
+      var best = -1, bw = -1;
+      for (var k = 0; k < toks.length; k++) {
+        var w = reading === "query" ? weight(q, k) : weight(k, q);
+        if (w !== null && w > bw) { best = k; bw = w; }
+      }
+      var who = reading === "query" ? "query " : "key ";
+      var what = reading === "query" ? ": most attention (" : ": most attention from query " + best + " (";
+      status.textContent = (pinned === q ? "pinned: " : "") + who + q + " " +
+        JSON.stringify(toks[q].dataset.text) + what + bw.toFixed(3) + ")" +
+        (reading === "query" ? " on token " + best + " " + JSON.stringify(toks[best].dataset.text) : "");
       root.dataset.query = String(q);
+      root.dataset.reading = reading;
     }
     function pin(q) {
       pinned = pinned === q ? -1 : q;
@@ -151,16 +166,52 @@ VIEW_JS = r"""
     root.querySelector(".hm-tokens").addEventListener("mouseleave", function () {
       if (pinned >= 0) select(pinned);
     });
-    // the full query x key pattern, drawn on demand
+    // query -> keys or key <- queries: which way a selected token is read
+    var flip = document.createElement("button");
+    flip.type = "button";
+    flip.className = "hm-flip";
+    flip.setAttribute("aria-pressed", "false");
+    flip.textContent = "reading: query → keys (switch to key ← queries)";
+    flip.addEventListener("click", function () {
+      reading = reading === "query" ? "key" : "query";
+      flip.setAttribute("aria-pressed", reading === "key" ? "true" : "false");
+      flip.textContent = reading === "query" ? "reading: query → keys (switch to key ← queries)"
+        : "reading: key ← queries (switch to query → keys)";
+      root.dataset.reading = reading;
+      if (pinned >= 0) select(pinned); else if (root.dataset.query) select(+root.dataset.query);
+    });
+    root.insertBefore(flip, status);
+    // the full query x key pattern, drawn on demand; zoom it, hover a cell for its weight
     var details = document.createElement("details");
     details.className = "hm-matrix";
     details.innerHTML = "<summary>full query × key pattern (rows: queries)</summary>";
     var canvas = document.createElement("canvas");
     var n = toks.length, cell = Math.max(3, Math.min(10, Math.floor(320 / n)));
     canvas.width = canvas.height = n * cell;
+    canvas.style.width = n * cell + "px";
     canvas.setAttribute("role", "img");
     canvas.setAttribute("aria-label", "attention pattern, " + n + " queries by " + n + " keys; click a row to pin that query");
+    var zoom = document.createElement("label");
+    zoom.className = "hm-zoom";
+    zoom.innerHTML = "zoom <input type=range min=1 max=6 step=1 value=1 aria-label=\"zoom the pattern\">";
+    zoom.querySelector("input").addEventListener("input", function (e) {
+      canvas.style.width = n * cell * +e.target.value + "px";
+    });
+    var cellInfo = document.createElement("div");
+    cellInfo.className = "hm-cell";
+    cellInfo.setAttribute("aria-live", "polite");
+    details.appendChild(zoom);
     details.appendChild(canvas);
+    details.appendChild(cellInfo);
+    canvas.addEventListener("mousemove", function (e) {
+      var box = canvas.getBoundingClientRect();
+      var q = Math.floor((e.clientY - box.top) / box.height * n);
+      var k = Math.floor((e.clientX - box.left) / box.width * n);
+      if (q < 0 || q >= n || k < 0 || k >= n) return;
+      var w = weight(q, k);
+      cellInfo.textContent = "query " + q + " " + JSON.stringify(toks[q].dataset.text) + " → key " +
+        k + " " + JSON.stringify(toks[k].dataset.text) + ": " + (w === null ? "masked" : w.toFixed(3));
+    });
     details.addEventListener("toggle", function () {
       if (!details.open || canvas.dataset.drawn) return;
       canvas.dataset.drawn = "1";
