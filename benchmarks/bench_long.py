@@ -13,7 +13,11 @@ sink) plus Voita's confidence, three ways, each in a fresh subprocess:
 * ``points``: only the types whose statistics are point masses (induction, duplicate
   token: attention on one key per query) in the pattern-free path, where models whose
   attention call returns the log-sum-exp (:mod:`headmech.stream.attention_call`) build no
-  pattern rows but the few whose argmax the points leave open.
+  pattern rows but the few whose argmax the points leave open;
+* ``all``: every built-in type whose statistics read attention and whose probe data a
+  token sequence holds (those of ``blocks``, and any other type whose ``prepare`` takes the
+  sequence), as ``classify`` runs them (``attention="blocks"``: inside the attention call,
+  rows from scores and the kernel's log-sum-exp, :mod:`headmech.stream.rows`).
 
 Rotary decoders (SmolLM2, Gemma 3) reduce inside their attention call; Gemma 3's sliding
 windows are in the mask that call receives.
@@ -44,7 +48,7 @@ from pathlib import Path
 
 from common import add_arguments, clock, memory_mb, peak_mb, record, reset_peak, start
 
-MODES = ("bare", "blocks", "pattern", "points")
+MODES = ("bare", "blocks", "pattern", "points", "all")
 TYPES = ("positional", "previous_token", "duplicate_token", "induction", "attention_sink")
 POINT_TYPES = ("duplicate_token", "induction")
 # the pattern-free statistics' targets at 8,192 tokens (memory, time) as ratios to the bare
@@ -101,6 +105,8 @@ def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
     short = build_probe("repeated_random", model, ProbeOptions(n_sequences=1, half_len=32)).batches
     if mode == "points":
         reducers = [r for t in POINT_TYPES for r in headmech.get_head_type(t)().reducers()]
+    elif mode == "all":
+        reducers = [confidence_reducer(), *_sequence_reducers(batches[0])]
     else:
         reducers = [r for t in TYPES for r in headmech.get_head_type(t)().reducers()]
         reducers.append(confidence_reducer())
@@ -111,7 +117,8 @@ def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
                 assert on, "no fused attention for this model"
                 bare_forward(model, b)
         else:
-            stream_statistics(model, b, reducers, attention="blocks" if mode == "points" else mode)
+            how = "blocks" if mode in ("points", "all") else mode
+            stream_statistics(model, b, reducers, attention=how)
 
     run(short)  # warm-up (and the once-per-model check)
     gc.collect()
@@ -129,6 +136,27 @@ def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
         "cpu_seconds": time.process_time() - c0,
         "peak_mb": peak_mb(args.device) - base,
     }
+
+
+def _sequence_reducers(batch) -> list:  # noqa: ANN001
+    """The reducers of every registered type that reads attention (``hook_pattern``) and
+    whose ``prepare`` takes a plain token sequence (types that need parses, word counts, a
+    needle or prompts of their own are left out: their probes are not a long sequence)."""
+    import headmech
+
+    out = []
+    for name in headmech.head_types():
+        reducers = headmech.get_head_type(name)().reducers()
+        if not reducers or any(r.hook != "hook_pattern" for r in reducers):
+            continue
+        try:
+            for r in reducers:
+                if r.prepare is not None:
+                    r.prepare(batch)
+        except Exception:  # noqa: BLE001 - the type needs data this sequence lacks
+            continue
+        out += reducers
+    return out
 
 
 def measure(args: argparse.Namespace, mode: str, n: int) -> dict:
@@ -154,7 +182,7 @@ def figure(table: dict[int, dict[str, dict]], name: str) -> None:
 
     data = {"tokens": [], "mode": [], "memory": [], "time": []}
     for n, row in table.items():
-        for mode in ("blocks", "points", "pattern"):
+        for mode in ("blocks", "all", "points", "pattern"):
             if (
                 mode in row
                 and "error" not in row[mode]

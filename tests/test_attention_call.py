@@ -160,6 +160,23 @@ def test_engine_reduces_inside_the_call_with_points(tiny_models, monkeypatch):
         torch.testing.assert_close(got.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)
     assert float(want.mean("prev.hit").max()) > 0  # hits happen, so the comparison bites
 
-    spy = engine.Reducer("spy", lambda p, b, pr, la, rows: {}, blockwise=True)
-    stream_statistics(model, [batch], [*reducers, spy], attention="blocks")
-    assert blocks  # a reducer without points: blocks for every reducer of the pass
+    # a reducer with neither points nor row statistics: the pass reads blocks of rows; the
+    # target reducers read their scores (no softmax), the spy the block's pattern, made
+    # in place from the scores and the kernel's LSE: the model's pattern rows
+    seen = []
+
+    def spy_fn(pattern, b, pr, layer, rows):
+        seen.append((layer, rows, pattern.clone()))
+        return {}
+
+    spy = engine.Reducer("spy", spy_fn, blockwise=True)
+    mixed = stream_statistics(model, [batch], [*reducers, spy], attention="blocks")
+    assert blocks == []  # no softmax of pattern_rows: the pattern came from the LSE
+    assert len(seen) == int(model.cfg.n_layers)
+    for k in want.sums:
+        torch.testing.assert_close(mixed.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)
+    _, cache = model.run_with_cache(batch.input_ids, attention_mask=batch.attention_mask)
+    for layer, rows, pattern in seen:
+        ref = cache[f"blocks.{layer}.attn.hook_pattern"][:, :, rows, : pattern.shape[-1]]
+        real = batch.attention_mask.bool()[:, None, rows, None]  # padding queries: any row
+        torch.testing.assert_close(pattern * real, ref * real, atol=1e-5, rtol=0)

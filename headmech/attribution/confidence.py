@@ -25,6 +25,8 @@ from headmech.stream.engine import ProbeBatch, Reducer, stream_statistics
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+    from headmech.stream.rows import RowBlock
+
 __all__ = ["confidence", "confidence_reducer"]
 
 
@@ -44,7 +46,16 @@ def confidence_reducer(name: str = "confidence") -> Reducer:
         w = queries[:, None, :].to(pattern.dtype)
         return {"max": ((top * w).sum(2), queries.sum(1))}  # per sequence
 
-    return Reducer(name, fn, prepare, blockwise=True)
+    def from_rows(
+        view: RowBlock, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
+    ) -> dict:
+        queries, keys = prepared
+        queries = queries[:, rows]
+        top = view.top(keys)[0]  # exp(max score - LSE): no softmax of the row
+        w = queries[:, None, :].to(top.dtype)
+        return {"max": ((top * w).sum(2), queries.sum(1))}
+
+    return Reducer(name, fn, prepare, blockwise=True, from_rows=from_rows)
 
 
 def confidence(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -12,6 +13,9 @@ from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import HeadType
 from headmech.stream import blockwise
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer
+
+if TYPE_CHECKING:
+    from headmech.stream.rows import RowBlock
 
 # Offsets with their own histogram bin; 0 (the token itself) is binned but never a
 # positional offset, see PositionalHead.
@@ -114,11 +118,33 @@ class PositionalHead(HeadType):
         layer: int,
         rows: slice,
     ) -> dict[str, tuple[Tensor, Tensor]]:
+        # masked_fill, not in place: the engine's activation must stay untouched
+        return self._sums(lambda keys=None: blockwise.top1(pattern, keys)[1], batch, prepared, rows)
+
+    def _from_rows(
+        self,
+        view: RowBlock,
+        batch: ProbeBatch,
+        prepared: tuple[Tensor, Tensor, Tensor, Tensor],
+        layer: int,
+        rows: slice,
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        # the argmax of the scores is the pattern's: no softmax needed
+        return self._sums(lambda keys=None: view.top(keys)[1], batch, prepared, rows)
+
+    def _sums(
+        self,
+        argmax: Callable[..., Int[Tensor, "batch head_index query_pos"]],
+        batch: ProbeBatch,
+        prepared: tuple[Tensor, Tensor, Tensor, Tensor],
+        rows: slice,
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        """The offsets' counts from each row's argmax over ``keys`` (``argmax(keys)``;
+        over every key without one)."""
         ordinary_keys, keys, valid, pos = prepared
         # this block's queries: rows of the pattern (the keys stay whole)
         ordinary, valid, pos = ordinary_keys[:, rows], valid[:, :, rows], pos[rows]
-        # masked_fill, not in place: the engine's activation must stay untouched
-        top: Int[Tensor, "batch head_index query_pos"] = blockwise.top1(pattern, keys)[1]
+        top: Int[Tensor, "batch head_index query_pos"] = argmax(keys)
         offset = top - pos  # [batch, head_index, query_pos]
         out: dict[str, tuple[Tensor, Tensor]] = {}
         binned = torch.zeros_like(ordinary[:, None].expand_as(top))
@@ -133,13 +159,17 @@ class PositionalHead(HeadType):
         out["other"] = (other.sum(2).double(), n_queries)
         # evidence: queries whose maximum over all real keys is a special token
         # (padding keys carry no weight: the argmax over every key is over the real ones)
-        top_all = blockwise.top1(pattern)[1]
+        top_all = argmax()
         sink = batch.special.gather(1, top_all.flatten(1)).view_as(top_all)  # key lookup
         out["special_argmax"] = ((sink & ordinary[:, None]).sum(2).double(), n_queries)
         return out
 
     def reducers(self) -> list[Reducer]:
-        return [Reducer(self.name, self._reduce, self._prepare, blockwise=True)]
+        return [
+            Reducer(
+                self.name, self._reduce, self._prepare, blockwise=True, from_rows=self._from_rows
+            )
+        ]
 
     # --- decision -----------------------------------------------------------------
     def _fractions(self, stats: HeadStats) -> Float[Tensor, "n_off n_layers n_heads"]:

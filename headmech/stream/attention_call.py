@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech.stream.blockwise import Buffers
 from headmech.stream.forward import hf_attention_forward, masks_for, pattern_hooked
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ def _with_lse(
     attention); None where none applies."""
     rep = query.shape[1] // key.shape[1]
     if rep > 1:  # grouped-query: kv head j serves a run of query heads
-        key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+        key, value = _repeat(key, rep, "kernel_k"), _repeat(value, rep, "kernel_v")
     bias = attention_mask
     if bias is not None and bias.dtype == torch.bool:
         bias = torch.zeros(bias.shape, dtype=query.dtype, device=bias.device).masked_fill_(
@@ -193,6 +194,18 @@ def _with_lse(
     return out.transpose(1, 2).contiguous(), lse[..., :n_q].float()
 
 
+_BUFFERS: list[Buffers | None] = [None]  # the pass's buffers, inside reducing()
+
+
+def _repeat(x: Tensor, rep: int, name: str) -> Tensor:
+    """``x.repeat_interleave(rep, 1)``, into the pass's buffer ``name`` inside
+    :func:`reducing` (one allocation per pass, not one per layer)."""
+    buffers = _BUFFERS[0]
+    if buffers is None:
+        return x.repeat_interleave(rep, 1)
+    return buffers.repeat_heads(name, x, rep)
+
+
 def stats_attention(
     module: Any,
     query: Tensor,
@@ -216,9 +229,15 @@ def stats_attention(
     fused = None
     if softcap is None and sinks is None:
         fused = _with_lse(module, query, key, value, attention_mask, scale)
-    k = key.detach().float()
+    k = key.detach()
     if k.shape[1] != query.shape[1]:  # grouped-query: kv head j serves a run of heads
-        k = k.repeat_interleave(query.shape[1] // k.shape[1], dim=1)
+        # the kernel's copy where it made one in float32; else one of the statistics' own
+        k = _repeat(
+            k,
+            query.shape[1] // k.shape[1],
+            "kernel_k" if fused and k.dtype == torch.float32 else "stats_k",
+        )
+    k = k.float()
     call = LayerCall(
         q=query.detach().float(),
         k=k,
@@ -289,11 +308,15 @@ def reducing(
     # SDPA's masks (None for plain causal attention) where every layer's output comes from
     # the fused kernel; a layer run eager (soft-capping, sinks) needs eager's additive mask
     eager = any(_variant(block.attn.original_component) for block in model.blocks)
-    with (
-        contextlib.nullcontext() if eager else masks_for(model, IMPLEMENTATION),
-        _calling(attns, layers, callback),
-    ):
-        yield
+    _BUFFERS[0] = Buffers()
+    try:
+        with (
+            contextlib.nullcontext() if eager else masks_for(model, IMPLEMENTATION),
+            _calling(attns, layers, callback),
+        ):
+            yield
+    finally:
+        _BUFFERS[0] = None
 
 
 def _variant(hf: Any) -> bool:

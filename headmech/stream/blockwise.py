@@ -18,6 +18,7 @@ own pattern on a short input before it trusts them for a model
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -125,6 +126,45 @@ def rotate(
     if k.shape[1] != q.shape[1]:  # grouped-query attention: kv head j serves a run of heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     return q, k
+
+
+class Buffers:
+    """Named buffers of one pass, each grown to the largest size asked of it and reused by
+    every block and layer: a pass allocates its large temporaries once, so its peak memory
+    does not depend on how the C allocator treats many freed buffers of about the same
+    size (at 8,192 tokens, glibc's heap kept SmolLM2's per-layer buffers of ~19 MB)."""
+
+    def __init__(self) -> None:
+        self._flat: dict[str, Tensor] = {}
+
+    def take(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> Tensor:
+        """A contiguous ``shape`` view of buffer ``name`` (its values are whatever was
+        left: write before reading)."""
+        n = math.prod(shape)
+        flat = self._flat.get(name)
+        if (
+            flat is None
+            or flat.numel() < n
+            or flat.dtype != dtype
+            or flat.device != torch.device(device)
+        ):
+            self._flat.pop(name, None)  # the old buffer goes before the new one is allocated
+            flat = self._flat[name] = torch.empty(n, dtype=dtype, device=device)
+        return flat[:n].view(shape)
+
+    def repeat_heads(self, name: str, x: Tensor, rep: int) -> Tensor:
+        """``x.repeat_interleave(rep, dim=1)`` (``[batch, heads, pos, d]``: grouped-query
+        key heads for the query heads they serve) into buffer ``name``."""
+        b, h, n, d = (int(v) for v in x.shape)
+        out = self.take(name, (b, h, rep, n, d), x.dtype, x.device)
+        out.copy_(x[:, :, None].expand(b, h, rep, n, d))
+        return out.view(b, h * rep, n, d)
 
 
 def rows_per_block(n_seqs: int, n_heads: int, n_keys: int, budget_bytes: int) -> int:

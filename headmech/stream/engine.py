@@ -44,6 +44,7 @@ from headmech.stream import attention_call, blockwise
 from headmech.stream.forward import bare_forward, fast_attention, pattern_hooked, run_blocks
 from headmech.stream.points import Points
 from headmech.stream.reducers import Reducer, Sums, merge_sums, target_reducer
+from headmech.stream.rows import RowBlock
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -180,11 +181,15 @@ def _call_reducer(
 
     def on_call(layer: int, call: attention_call.LayerCall) -> None:
         if pointwise and call.lse is not None:
-            view = Points(call)
+            view = Points(call, state.setdefault("buffers", blockwise.Buffers()))
             for r in pattern_reducers:
                 assert r.points is not None
                 out = r.points(view, state["batch"], state["prepared"][r.name], layer)
                 _add(stats, r.name, layer, out)
+            return
+
+        if call.lse is not None:
+            _reduce_rows(call, pattern_reducers, layer, state, stats)
             return
 
         def rows_of(rows: slice) -> Tensor:
@@ -193,6 +198,48 @@ def _call_reducer(
         _reduce_blocks(pattern_reducers, rows_of, _shape3(call.q), layer, state, stats)
 
     return on_call
+
+
+def _reduce_rows(
+    call: attention_call.LayerCall,
+    reducers: Sequence[Reducer],
+    layer: int,
+    state: dict[str, Any],
+    stats: HeadStats,
+) -> None:
+    """One layer inside an attention call that returned the rows' log-sum-exp, for a pass
+    that needs rows: one block of scores at a time (:class:`RowBlock`, in the pass's one
+    :class:`~headmech.stream.blockwise.Buffers`); the reducers with ``from_rows`` read the scores (no softmax),
+    then the other blockwise reducers the block's pattern (computed in place, only where
+    one of them needs it); a reducer that is not blockwise gets its whole pattern."""
+    from_rows = [r for r in reducers if r.from_rows is not None]
+    on_pattern = [r for r in reducers if r.from_rows is None and r.blockwise]
+    whole = [r for r in reducers if r.from_rows is None and not r.blockwise]
+    n_seqs, n_heads, n = _shape3(call.q)
+    step = blockwise.rows_per_block(n_seqs, n_heads, n, state["budget"])
+    buffers = state.setdefault("buffers", blockwise.Buffers())
+    acc: dict[str, dict[str, list[Any]]] = {r.name: {} for r in [*from_rows, *on_pattern]}
+    for start in range(0, n if from_rows or on_pattern else 0, step):
+        rows = slice(start, min(n, start + step))
+        view = RowBlock(call, rows, buffers)
+        for r in from_rows:
+            assert r.from_rows is not None
+            prepared = state["prepared"][r.name]
+            merge_sums(acc[r.name], r.from_rows(view, state["batch"], prepared, layer, rows))
+        if on_pattern:
+            block = view.pattern()
+            for r in on_pattern:
+                merge_sums(acc[r.name], _call(r, block, state, layer, rows))
+        blockwise.forget()
+        del view
+    for r in [*from_rows, *on_pattern]:
+        _add(stats, r.name, layer, {s: (t, c) for s, (t, c) in acc[r.name].items()})
+    if whole:
+
+        def rows_of(rows: slice) -> Tensor:
+            return attention_call.pattern_rows(call, rows)
+
+        _reduce_blocks(whole, rows_of, _shape3(call.q), layer, state, stats)
 
 
 # models whose pattern-free path was checked against their own pattern: model -> (mode,

@@ -17,6 +17,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech.stream.blockwise import Buffers
+
 if TYPE_CHECKING:
     from headmech.stream.attention_call import LayerCall
 
@@ -49,6 +51,7 @@ class Points:
 
     Args:
         call: the layer's call, with ``lse``.
+        buffers: the pass's buffers (the scaled queries go to ``"points_q"``).
     """
 
     # a probability decided from points must clear this margin (the kernel's LSE and the
@@ -57,13 +60,15 @@ class Points:
     # bytes of scores for one chunk of rows computed whole
     ROW_BYTES = 64 * 2**20
 
-    def __init__(self, call: LayerCall) -> None:
+    def __init__(self, call: LayerCall, buffers: Buffers | None = None) -> None:
         if call.lse is None:
             raise ValueError("Points needs the log-sum-exp of the fused kernel")
         self.call = call
         self.n_seqs, self.n_heads, self.n_queries, self.d_head = (int(d) for d in call.q.shape)
         self.offset = int(call.k.shape[2]) - self.n_queries  # keys before the first query
-        self._q = call.q * call.scale  # the scale on the queries, once for every lookup
+        # the scale on the queries, once for every lookup
+        q = (buffers or Buffers()).take("points_q", tuple(call.q.shape), device=call.q.device)
+        self._q = torch.mul(call.q, call.scale, out=q)
         self._fixed: dict[str, Tensor] = {}  # p at the first key, the query, the one before
 
     def allowed(self, keys: Tensor) -> Tensor:

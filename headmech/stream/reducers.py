@@ -21,6 +21,7 @@ from headmech.stream import blockwise
 
 if TYPE_CHECKING:
     from headmech.stream.points import Points
+    from headmech.stream.rows import RowBlock
 
 __all__ = ["Reducer", "Sums", "merge_sums", "target_reducer"]
 
@@ -57,6 +58,13 @@ class Reducer:
             pairs from the fused kernel's log-sum-exp, and the argmax of the rows it
             names). Where every pattern reducer of a pass has it and the model's attention
             call returns the log-sum-exp, the engine computes no pattern rows but those.
+        from_rows: the same sums from a block of rows' scores and log-sum-exp, without
+            the block's softmax: ``from_rows(view, batch, prepared, layer, rows)`` with
+            ``view`` a :class:`headmech.stream.rows.RowBlock` (each row's maximum and
+            argmax over any keys, probabilities at chosen keys). Where the model's
+            attention call returns the log-sum-exp and a pass needs rows (a reducer
+            without ``points``), the engine gives every reducer that has it the block's
+            scores, and the block's pattern only to the reducers without it.
     """
 
     name: str
@@ -65,6 +73,7 @@ class Reducer:
     hook: str = "hook_pattern"
     blockwise: bool = False
     points: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]] | None = None
+    from_rows: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]] | None = None
 
     def __call__(
         self,
@@ -200,7 +209,30 @@ def target_reducer(
         hit = view.hits(best, is_target, has) if hits else None
         return _target_sums(mass, hit, has, real_query)
 
-    return Reducer(name, fn, prepare, blockwise=True, points=points)
+    def from_rows(
+        view: RowBlock, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
+    ) -> dict:
+        target, has, real_query = (x[:, rows] for x in prepared[:3])
+        top = view.top()[1] if hits else None  # [batch, head_index, query rows]
+        width, hit = view.width, None
+        if target.dim() == 2:  # one key per query
+            mass = view.at(target) * has[:, None]
+            if top is not None:
+                hit = top == target[:, None]
+        else:  # a set of keys per query: its (sequence, query, key) rows in this block
+            b, q, k = prepared[3].unbind(-1)
+            keep = (q >= rows.start) & (q < rows.stop) & (k < width)
+            b, q, k = b[keep], q[keep] - rows.start, k[keep]
+            p = view.pairs(b, q, k)  # [pairs, head]
+            n_seqs, n_heads, n_rows = view.lse.shape
+            mass = p.new_zeros(n_seqs, n_rows, n_heads).index_put_((b, q), p, accumulate=True)
+            mass = mass.transpose(1, 2)
+            if top is not None:
+                sets = target[:, None, :, :width].expand(-1, n_heads, -1, -1)
+                hit = sets.gather(-1, top[..., None])[..., 0]
+        return _target_sums(mass, hit, has, real_query)
+
+    return Reducer(name, fn, prepare, blockwise=True, points=points, from_rows=from_rows)
 
 
 def _set_max(p: Tensor, b: Tensor, q: Tensor, n_seqs: int, n: int) -> Tensor:

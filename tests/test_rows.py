@@ -1,0 +1,95 @@
+"""Row statistics from scores and the kernel's log-sum-exp (headmech.stream.rows) against
+the softmax pattern rows: maxima and argmaxes over any keys, probabilities at chosen keys,
+the pattern made in place, and one reused buffer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_attention_call import _call as attention_call_case
+
+from headmech.stream import blockwise
+from headmech.stream.attention_call import LayerCall, pattern_rows
+from headmech.stream.rows import RowBlock
+
+
+def _call(window=None, pad=6, mask=True):
+    """test_attention_call's call (heads with planted peaks: previous token, first token,
+    diffuse; padding keys at the end of sequence 1, an optional sliding window), whose
+    padding queries also see nothing here; LSE by logsumexp (as the fused kernel's)."""
+    call, allowed = attention_call_case(n=40, window=window, pad=pad)
+    if pad:
+        allowed[1, :, -pad:, :] = False
+    s = ((call.q * call.scale) @ call.k.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+    lse = s.logsumexp(-1)
+    return LayerCall(call.q, call.k, allowed if mask else None, call.scale, None, None, True, lse)
+
+
+CALLS = {
+    "mask": lambda: _call(),
+    "window": lambda: _call(window=7),
+    "causal-no-mask": lambda: _call(pad=0, mask=False),
+}
+
+
+@pytest.mark.parametrize("which", sorted(CALLS))
+@pytest.mark.parametrize("rows", [slice(0, 40), slice(0, 13), slice(13, 29), slice(29, 40)])
+def test_row_statistics_equal_the_softmax_rows(which, rows):
+    call = CALLS[which]()
+    want = pattern_rows(call, rows)  # the model's softmax, [batch, head, rows, width]
+    view = RowBlock(call, rows)
+    assert view.width == want.shape[-1]
+    keys = torch.ones(2, 40, dtype=torch.bool)
+    keys[:, 0] = False  # every key but the first (confidence's "ordinary" keys)
+    keys[1, 20] = False  # and a hole: not one run of keys
+    for mask in (None, keys):
+        p, idx = view.top(mask)
+        w = want if mask is None else want.masked_fill(~mask[:, None, None, : want.shape[-1]], -1)
+        wv, wi = w.max(-1)
+        torch.testing.assert_close(p, wv.clamp(min=0), atol=1e-6, rtol=0)
+        real = wv > 1e-6  # rows with a visible key: the same key (first on ties)
+        assert torch.equal(idx[real], wi[real])
+        blockwise.forget()
+    targets = torch.randint(
+        0, 40, (2, rows.stop - rows.start), generator=torch.Generator().manual_seed(1)
+    )
+    got = view.at(targets)
+    wide = torch.nn.functional.pad(want, (0, 40 - want.shape[-1]))  # keys past the block: 0
+    ref = wide.gather(-1, targets[:, None, :, None].expand(-1, 3, -1, 1))[..., 0]
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
+    b = torch.tensor([0, 1, 1])
+    q = torch.tensor([0, rows.stop - rows.start - 1, 0])
+    k = torch.tensor([0, 0, min(rows.start, view.width - 1)])
+    torch.testing.assert_close(view.pairs(b, q, k), want[b, :, q, k], atol=1e-6, rtol=0)
+    # the pattern itself, in place of the scores; the maxima then read it
+    scores = view.scores
+    pattern = view.pattern()
+    assert pattern.data_ptr() == scores.data_ptr()
+    torch.testing.assert_close(pattern, want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(view.top()[0], want.max(-1).values, atol=1e-6, rtol=0)
+    blockwise.forget()
+
+
+def test_padding_queries_get_zero_rows():
+    call = _call()
+    view = RowBlock(call, slice(30, 40))
+    p, _ = view.top()
+    assert torch.equal(p[1, :, 4:], torch.zeros_like(p[1, :, 4:]))  # queries 34..39 of seq 1
+    assert not view.pattern().isnan().any()
+    assert float(view.pattern()[1, :, 4:].abs().sum()) == 0.0
+    blockwise.forget()
+
+
+def test_one_buffer_serves_every_block():
+    call = _call()
+    buffers = blockwise.Buffers()
+    first = RowBlock(call, slice(20, 40), buffers).scores
+    ptr = first.data_ptr()
+    for rows in (slice(0, 10), slice(10, 20), slice(30, 40)):  # no larger than the first
+        assert RowBlock(call, rows, buffers).scores.data_ptr() == ptr
+    x = torch.randn(2, 3, 5, 4)
+    repeated = buffers.repeat_heads("k", x, 3)
+    assert torch.equal(repeated, x.repeat_interleave(3, 1))
+    assert buffers.repeat_heads("k", x + 1, 3).data_ptr() == repeated.data_ptr()
+    with pytest.raises(ValueError, match="log-sum-exp"):
+        RowBlock(LayerCall(call.q, call.k, None, 1.0, None, None, True, None), slice(0, 4))
