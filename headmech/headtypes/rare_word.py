@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,7 +15,7 @@ from headmech.stream import blockwise
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer
 
 if TYPE_CHECKING:
-    pass
+    from headmech.stream.rows import RowBlock
 
 
 class RareWordHead(HeadType):
@@ -99,25 +100,54 @@ class RareWordHead(HeadType):
         layer: int,
         rows: slice,
     ) -> dict[str, tuple[Tensor, Tensor]]:
-        target, keys = prepared
-        width = pattern.shape[-1]  # keys after the block's last query are left out
         visible = pattern.amax(1) > 0  # [batch, query, key]: what the layer can attend to
+        return self._sums(lambda keys: blockwise.top1(pattern, keys)[1], visible, prepared, rows)
+
+    def _from_rows(
+        self,
+        view: RowBlock,
+        batch: ProbeBatch,
+        prepared: tuple[Tensor, Tensor],
+        layer: int,
+        rows: slice,
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        # what the layer can attend to: a finite score (the argmax of the scores is the
+        # pattern's: no softmax)
+        visible = view.scores.amax(1) > float("-inf")
+        return self._sums(lambda keys: view.top(keys)[1], visible, prepared, rows)
+
+    def _sums(
+        self,
+        argmax: Callable[[Tensor], Tensor],
+        visible: Bool[Tensor, "batch query_pos key_pos"],
+        prepared: tuple[Tensor, Tensor],
+        rows: slice,
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        """Hits of each row's argmax over the ordinary keys (``argmax(keys)``) on a
+        rarest token, and the chance of one, over the queries that see a rarest token."""
+        target, keys = prepared
+        width = visible.shape[-1]  # keys after the block's last query are left out
         target = target[:, rows, :width] & visible  # [batch, query, key]
         seen = keys[:, None, :width] & visible
         query = target.any(-1)  # [batch, query]: queries that see a target
         chance = target.sum(-1) / seen.sum(-1).clamp(min=1)  # [batch, query]
-        top = blockwise.top1(pattern, keys)[1][..., None]  # [batch, head_index, query_pos, 1]
-        hit = target[:, None].expand_as(pattern).gather(-1, top)[..., 0]  # [batch, head, query]
+        top = argmax(keys)[..., None]  # [batch, head_index, query_pos, 1]
+        n_heads = top.shape[1]
+        sets = target[:, None].expand(-1, n_heads, -1, -1)
+        hit = sets.gather(-1, top)[..., 0]  # [batch, head, query]
         hit = hit & query[:, None]
         n = query.sum(1).double()  # per sequence
-        n_heads = pattern.shape[1]
         return {
             "hit": (hit.sum(2).double(), n),
             "chance": ((chance * query).sum(1).double()[:, None].expand(-1, n_heads), n),
         }
 
     def reducers(self) -> list[Reducer]:
-        return [Reducer(self.name, self._reduce, self._prepare, blockwise=True)]
+        return [
+            Reducer(
+                self.name, self._reduce, self._prepare, blockwise=True, from_rows=self._from_rows
+            )
+        ]
 
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
@@ -12,6 +13,9 @@ from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import HeadType
 from headmech.probes.needle import needle_spans
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer
+
+if TYPE_CHECKING:
+    from headmech.stream.rows import RowBlock
 
 
 class RetrievalHead(HeadType):
@@ -72,23 +76,42 @@ class RetrievalHead(HeadType):
 
     def reducers(self) -> list[Reducer]:
         def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice) -> dict:
+            return sums(lambda idx: pattern.gather(2, idx), pattern.shape, batch, prepared, rows)
+
+        def from_rows(
+            view: RowBlock, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
+        ) -> dict:
+            # only the answer steps' rows become probabilities: exp(score - LSE)
+            def steps_at(idx: Tensor) -> Tensor:
+                lse = view.lse.gather(2, idx[..., 0])[..., None]
+                return torch.exp(view.scores.gather(2, idx) - lse).nan_to_num_(0.0)
+
+            return sums(steps_at, view.scores.shape, batch, prepared, rows)
+
+        def sums(
+            steps_at: Callable[[Tensor], Tensor],
+            shape: torch.Size,
+            batch: ProbeBatch,
+            prepared: Any,
+            rows: slice,
+        ) -> dict:
             query, target, source_pos, valid_all, span = prepared
-            _, n_heads, n_rows, n_key = pattern.shape
+            _, n_heads, n_rows, n_key = shape
             # this block's answer steps: their query rows fall in ``rows``
             local = query - rows.start
             valid = valid_all & (local >= 0) & (local < n_rows)
             idx = local.clamp(0, n_rows - 1)[:, None, :, None].expand(-1, n_heads, -1, n_key)
-            steps = pattern.gather(2, idx)  # [batch, head_index, answer, key_pos]
+            steps = steps_at(idx)  # [batch, head_index, answer, key_pos]
             top = steps.argmax(-1)  # [batch, head_index, answer]
             flat = top.flatten(1)  # [batch, head_index * answer]
             in_span = span.gather(1, flat).view_as(top)
             same = batch.input_ids.gather(1, flat).view_as(top) == target[:, None]
-            w = valid[:, None].to(pattern.dtype)  # [batch, 1, answer]
-            copy = (in_span & same).to(pattern.dtype) * w
-            n_steps = valid_all.sum(1, keepdim=True).clamp(min=1).to(pattern.dtype)  # [batch, 1]
+            w = valid[:, None].to(steps.dtype)  # [batch, 1, answer]
+            copy = (in_span & same).to(steps.dtype) * w
+            n_steps = valid_all.sum(1, keepdim=True).clamp(min=1).to(steps.dtype)  # [batch, 1]
             on_span = span[:, None, None, :n_key].to(steps.dtype)  # keys 0 .. n_key - 1
             mass = (steps * on_span).sum(-1)  # [batch, head, answer]
-            src_hit = (top == source_pos[:, None]).to(pattern.dtype) * w
+            src_hit = (top == source_pos[:, None]).to(steps.dtype) * w
             n = valid.sum(1)  # per trial (sequence), this block's steps
             # one trial counts once: its steps' shares over the blocks sum to 1 (a trial
             # with no valid step counts in the first block)
@@ -105,7 +128,7 @@ class RetrievalHead(HeadType):
             target = batch.input_ids.gather(1, answer_pos.clamp(min=0))  # [batch, answer]
             return query, target, source_pos, valid, span
 
-        return [Reducer(self.name, fn, prepare, blockwise=True)]
+        return [Reducer(self.name, fn, prepare, blockwise=True, from_rows=from_rows)]
 
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
