@@ -22,21 +22,67 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(_threads)
 
 
+# Seconds of the longest work units (a test file, or one tutorial) in a `make test` (2
+# workers, on a 2-core machine that another job shared: about 15% above CI's). The queue
+# hands these out first, longest first, and the rest after them in xdist's order (most
+# tests first), so the units handed out last are short ones and the workers finish
+# together: xdist's own order left the eleven single-test notebook units (10-80 s each)
+# for the end, and a worker takes its next unit before it finishes the one it runs, so a
+# late long unit could keep one worker busy for a minute while the other idled. Only the
+# order depends on these numbers: a stale one costs balance, never a result.
+UNIT_SECONDS = {
+    "tests/test_commands.py": 450,
+    "tests/test_published_catalog.py": 315,
+    "tests/test_attribution.py": 150,
+    "tests/test_tutorials.py::test_tutorial_runs[03_induction_heads]": 77,
+    "tests/test_tutorials.py::test_tutorial_runs[11_more_head_types]": 77,
+    "tests/test_site.py": 70,
+    "tests/test_retrieval.py": 69,
+    "tests/test_families.py": 63,
+    "tests/test_tutorials.py::test_tutorial_runs[05_pruning]": 63,
+    "tests/test_tutorials.py::test_tutorial_runs[09_new_head_types]": 53,
+    "tests/test_qwen.py": 48,
+    "tests/test_tutorials.py::test_tutorial_runs[08_discovering_head_types]": 48,
+    "tests/test_catalog_decoder.py": 47,
+    "tests/test_conformance.py": 45,
+    "tests/test_tutorials.py::test_tutorial_runs[10_kv_compression]": 43,
+    "tests/test_tutorials.py::test_tutorial_runs[04_retrieval_heads]": 42,
+    "tests/test_findings.py": 40,
+    "tests/test_hostile.py": 39,
+    "tests/test_packaging.py": 35,
+    "tests/test_models.py": 32,
+    "tests/test_distributed.py": 30,
+    "tests/test_dtype.py": 30,
+    "tests/test_resume.py": 30,
+    "tests/test_kv.py": 27,
+}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` (make test), except that every tutorial is a unit of its own:
-    a test file runs whole on one worker, so its module fixtures load once, while the ten
-    notebooks (each in its own kernel, 8 of the suite's 12 minutes) spread over the
-    workers."""
+    a test file runs whole on one worker, so its module fixtures load once, while the
+    notebooks (each in its own kernel) spread over the workers; the longest units go first
+    (:data:`UNIT_SECONDS`)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class TutorialsApart(LoadFileScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith("tests/test_tutorials.py::test_tutorial_runs["):
                 return nodeid
             return super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is complete at the first assignment
+                self.ordered = True
+                units = sorted(self.workqueue.items(), key=lambda u: -UNIT_SECONDS.get(u[0], 0))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     return TutorialsApart(config, log)
 

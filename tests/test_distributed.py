@@ -13,51 +13,76 @@ import pytest
 import torch
 
 TYPES = "positional,previous_token,attention_sink,syntactic"
+# exact (the batched runner) and gradient methods: each rank runs its share of the batches
+METHODS = ["zero", "mask_gradient", "attribution_patching", "dla", "lrp"]
 
 
-def _run(args: list[str], nproc: int | None) -> None:
-    """The command in this process (``nproc`` None: the single-process reference, without
-    the ~10 s of a fresh interpreter's imports), or under torchrun with ``nproc``
-    processes."""
-    if not nproc:
-        from headmech.cli import main
+# Every torchrun command of this module in one launch: the two ranks run the commands one
+# after another (``headmech.cli.main``, what ``python -m headmech`` runs), so the launcher's
+# and the ranks' start-up (imports, the process group) is paid once, not once a command
+# (7 launches took ~85 s of the module's ~90 s on the 2-core CI machine)
+_COMMANDS = """
+import json, sys
 
-        assert main(args) == 0
-        return
+from headmech.cli import main
+
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    if code:
+        sys.exit(code)
+"""
+
+
+def _torchrun(commands: list[list[str]], nproc: int, script) -> None:
+    """The commands under torchrun with ``nproc`` processes, in one launch."""
+    script.write_text(_COMMANDS)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    launcher += ["--nproc-per-node", str(nproc), "-m", "headmech"]
+    launcher += ["--nproc-per-node", str(nproc), str(script), json.dumps(commands)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*launcher, *args], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(launcher, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def _one_and_two(root, args: list[str]) -> list[dict]:
-    for name, nproc in (("one", None), ("two", 2)):
-        _run([*args, "--out", str(root / name)], nproc)
-    return [json.loads((root / d / "catalog.json").read_text()) for d in ("one", "two")]
+def _commands(tiny_dirs) -> dict[str, list[str]]:
+    """What each check runs (without ``--out``)."""
+    # catalogs: the prose types (spaCy parses included) on the tiny LLaMA: random weights,
+    # so no type labels heads; the scores, intervals and the clean run's metric must agree
+    catalogs = ["classify", str(tiny_dirs["llama"]), "--types", TYPES, "--n-sentences", "24"]
+    catalogs += ["--batch-size", "4", "--validate", "--n-random", "2"]
+    # labelled: the trained toy model, whose induction and duplicate-token heads are
+    # labelled: the validation ablates them and their controls, with large effects to agree on
+    labelled = ["classify", "toy-induction", "--types", "induction,duplicate_token"]
+    labelled += ["--n-sequences", "12", "--batch-size", "4", "--validate", "--n-random", "2"]
+    out = {"catalogs": catalogs, "labelled": labelled}
+    for method in METHODS:
+        args = ["importance", str(tiny_dirs["llama"]), "--method", method, "--task", "induction"]
+        out[method] = args + ["--n-sequences", "8", "--half-len", "8", "--batch-size", "2"]
+    return out
 
 
 @pytest.fixture(scope="module")
-def catalogs(tiny_dirs, tmp_path_factory):
-    """The prose types (spaCy parses included) on the tiny LLaMA: random weights, so no
-    type labels heads; the scores, intervals and the clean run's metric must agree."""
-    args = ["classify", str(tiny_dirs["llama"]), "--types", TYPES, "--n-sentences", "24"]
-    args += ["--batch-size", "4", "--validate", "--n-random", "2"]
-    return _one_and_two(tmp_path_factory.mktemp("dist"), args)
+def results(tiny_dirs, tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """Per check: the result file of the single-process reference (in this process) and of
+    two gloo processes under torchrun (every check's command in the same launch)."""
+    from headmech.cli import main
 
-
-@pytest.fixture(scope="module")
-def labelled(tmp_path_factory):
-    """The trained toy model, whose induction and duplicate-token heads are labelled: the
-    validation ablates them and their controls, with large effects to agree on."""
-    args = ["classify", "toy-induction", "--types", "induction,duplicate_token"]
-    args += ["--n-sequences", "12", "--batch-size", "4", "--validate", "--n-random", "2"]
-    return _one_and_two(tmp_path_factory.mktemp("dist-toy"), args)
+    root = tmp_path_factory.mktemp("dist")
+    commands = _commands(tiny_dirs)
+    for name, args in commands.items():
+        assert main([*args, "--out", str(root / name / "one")]) == 0
+    launched = [[*args, "--out", str(root / name / "two")] for name, args in commands.items()]
+    _torchrun(launched, 2, root / "commands.py")
+    out = {}
+    for name, args in commands.items():
+        file = "catalog.json" if args[0] == "classify" else "importance.json"
+        one, two = (json.loads((root / name / d / file).read_text()) for d in ("one", "two"))
+        out[name] = (one, two)
+    return out
 
 
 @pytest.mark.parametrize("which", ["catalogs", "labelled"])
-def test_two_gloo_processes_equal_one(request, which):
-    one, two = request.getfixturevalue(which)
+def test_two_gloo_processes_equal_one(results, which):
+    one, two = results[which]
     assert one["types"].keys() == two["types"].keys()
     for name, t in one["types"].items():
         u = two["types"][name]
@@ -80,17 +105,9 @@ def test_two_gloo_processes_equal_one(request, which):
         # matter too: issue "findings that hold up")
 
 
-# exact (the batched runner) and gradient methods: each rank runs its share of the batches
-METHODS = ["zero", "mask_gradient", "attribution_patching", "dla", "lrp"]
-
-
 @pytest.mark.parametrize("method", METHODS)
-def test_two_gloo_processes_importance_equals_one(tiny_dirs, tmp_path, method):
-    args = ["importance", str(tiny_dirs["llama"]), "--method", method, "--task", "induction"]
-    args += ["--n-sequences", "8", "--half-len", "8", "--batch-size", "2"]
-    for name, nproc in (("one", None), ("two", 2)):
-        _run([*args, "--out", str(tmp_path / name)], nproc)
-    one, two = (json.loads((tmp_path / d / "importance.json").read_text()) for d in ("one", "two"))
+def test_two_gloo_processes_importance_equals_one(results, method):
+    one, two = results[method]
     a, b = (torch.tensor(x["score"], dtype=torch.float64) for x in (one, two))
     torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
     if "interval" in one:  # per-sequence parts gathered in batch order: same bootstrap

@@ -111,14 +111,15 @@ LINKS = """d => [[
   [...d.images].filter(i => !i.naturalWidth).map(i => i.src),
   d.querySelectorAll('.hm-view:not([data-ready])').length]"""
 BATCH = 128  # head pages loaded at once, as hidden frames of one page (2x faster than goto)
+FRAMED = ("/heads/", "/layers/")  # the pages loaded as frames: most pages, one template each
 
 
 def _open(page, site: Path, urls: list[str]) -> list[tuple[str, list]]:
-    """Load ``urls`` and return each one's :data:`LINKS`: pages one by one, head pages in
-    batches of frames (the browser runs with --allow-file-access-from-files)."""
-    heads = [u for u in urls if "/heads/" in u]
+    """Load ``urls`` and return each one's :data:`LINKS`: pages one by one, head pages and
+    layer views in batches of frames (the browser runs with --allow-file-access-from-files)."""
+    heads = [u for u in urls if any(f in u for f in FRAMED)]
     out = []
-    for url in (u for u in urls if "/heads/" not in u):
+    for url in (u for u in urls if not any(f in u for f in FRAMED)):
         page.goto(url)
         out.append((url, page.evaluate(f"() => ({LINKS})(document)")))
     for i in range(0, len(heads), BATCH):

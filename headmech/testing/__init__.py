@@ -283,11 +283,15 @@ def check_causal(
     options: ProbeOptions | None = None,
     n_random: int = 5,
 ) -> dict[str, Any]:
-    """On a real model: ablating the labelled heads hurts more than random heads."""
+    """On a real model: ablating the labelled heads hurts more than random heads (the set
+    and its controls; no head is ablated alone: ``alone=(0, 0)``, each would be a pass of
+    the task that nothing here reads)."""
     from headmech.classification.classify import classify
 
     options = options or ProbeOptions()
-    cat = classify(model, [head_type], validate=True, n_random=n_random, **vars(options))
+    cat = classify(
+        model, [head_type], validate=True, n_random=n_random, alone=(0, 0), **vars(options)
+    )
     v = cat[head_type.name].details["validation"]
     assert v["n_heads"] > 0, (
         f"no {head_type.name} heads labelled on this model: nothing to validate"
