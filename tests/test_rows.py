@@ -93,3 +93,40 @@ def test_one_buffer_serves_every_block():
     assert buffers.repeat_heads("k", x + 1, 3).data_ptr() == repeated.data_ptr()
     with pytest.raises(ValueError, match="log-sum-exp"):
         RowBlock(LayerCall(call.q, call.k, None, 1.0, None, None, True, None), slice(0, 4))
+
+
+def test_causal_blocks_that_grow_share_one_allocation():
+    """Causal blocks widen as they go (keys up to the last query): the first block takes
+    the buffer for the widest, so no later block allocates (on a GPU each allocation of a
+    grown buffer cost a device allocation: a 32k-token pass was 8x slower)."""
+    call = _call(pad=0, mask=False)
+    buffers = blockwise.Buffers()
+    ptrs = {RowBlock(call, slice(s, s + 10), buffers).scores.data_ptr() for s in (0, 10, 20, 30)}
+    assert len(ptrs) == 1
+
+
+def test_a_gpu_takes_larger_blocks():
+    from headmech.stream.engine import BLOCK_MEMORY, CUDA_BLOCK_MEMORY_MAX, default_block_memory
+
+    assert default_block_memory("cpu") == BLOCK_MEMORY
+    assert default_block_memory("cuda", free=40 * 2**30) == 10 * 2**30
+    assert default_block_memory("cuda", free=2**30) == BLOCK_MEMORY  # never below the CPU's
+    assert default_block_memory("cuda", free=200 * 2**30) == CUDA_BLOCK_MEMORY_MAX
+
+
+def test_row_maxima_over_one_mask_read_its_runs_once(monkeypatch):
+    """The key mask's runs are read on the host once per mask, not once per block (on a GPU
+    each read is a synchronisation), and clipped to each block's width."""
+    keys = torch.ones(2, 12, dtype=torch.bool)
+    keys[:, 0] = False  # a BOS
+    keys[1, 9:] = False  # padding
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or real(t))
+    for width in (4, 8, 12):
+        blockwise.forget()
+        pattern = torch.rand(2, 3, 5, width)
+        got = blockwise.top1(pattern, keys)
+        want = pattern.masked_fill(~keys[:, None, None, :width], float("-inf")).max(-1)
+        assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+    assert len(reads) == 2  # starts and counts, once

@@ -143,9 +143,12 @@ class Buffers:
         shape: tuple[int, ...],
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        reserve: int = 0,
     ) -> Tensor:
         """A contiguous ``shape`` view of buffer ``name`` (its values are whatever was
-        left: write before reading)."""
+        left: write before reading). ``reserve``: elements to allocate when the buffer
+        must grow (the largest size the caller will ask for), so that a run of growing
+        requests (causal blocks) allocates once."""
         n = math.prod(shape)
         flat = self._flat.get(name)
         if (
@@ -155,7 +158,7 @@ class Buffers:
             or flat.device != torch.device(device)
         ):
             self._flat.pop(name, None)  # the old buffer goes before the new one is allocated
-            flat = self._flat[name] = torch.empty(n, dtype=dtype, device=device)
+            flat = self._flat[name] = torch.empty(max(n, reserve), dtype=dtype, device=device)
         return flat[:n].view(shape)
 
     def repeat_heads(self, name: str, x: Tensor, rep: int) -> Tensor:
@@ -239,13 +242,15 @@ def top1(
     if _TOP[0] is not pattern:
         _TOP[0], _TOP[1], _TOP[2] = pattern, {}, []
     for mask, out in _TOP[2]:
-        if (mask is None) == (keys is None) and (keys is None or torch.equal(mask, keys)):
+        if (mask is None) == (keys is None) and (
+            keys is None or mask is keys or torch.equal(mask, keys)
+        ):
             return out
     width = pattern.shape[-1]
     if keys is None:
         out = _all_keys_max(pattern) if width > 1 else pattern.max(-1)
     else:
-        out = _masked_max(pattern, keys[:, :width])
+        out = _masked_max(pattern, keys)
     values, indices = out
     _TOP[2].append((keys, (values, indices)))
     return values, indices
@@ -273,20 +278,35 @@ def _all_keys_max(pattern: Tensor) -> tuple[Tensor, Tensor]:
     return torch.stack(values), torch.stack(indices)
 
 
+# the last key mask whose runs were read, and its runs: every block of a pass asks of the
+# same mask, and reading it on the host is a device synchronisation on a GPU
+_RUNS: list[Any] = [None, None]
+
+
+def _runs(keys: Tensor) -> list[tuple[int, int]] | None:
+    """Each sequence's allowed keys as one run ``(first, count)``; None where a sequence's
+    keys are not one run (or there are none)."""
+    if _RUNS[0] is not keys:
+        starts = keys.int().argmax(-1)
+        counts = keys.sum(-1)
+        run = torch.arange(keys.shape[-1], device=keys.device)[None]
+        contiguous = keys == ((run >= starts[:, None]) & (run < (starts + counts)[:, None]))
+        ok = bool(contiguous.all()) and bool((counts > 0).all())
+        runs = list(zip(starts.tolist(), counts.tolist(), strict=True)) if ok else None
+        _RUNS[0], _RUNS[1] = keys, runs
+    return _RUNS[1]
+
+
 def _masked_max(pattern: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """Max over the allowed keys; where they are one run per sequence (special tokens at
-    the ends, the usual case), over a view of the run, without a masked copy."""
-    starts = keys.int().argmax(-1)
-    counts = keys.sum(-1)
-    run = torch.arange(keys.shape[-1], device=keys.device)[None]
-    contiguous = (keys == ((run >= starts[:, None]) & (run < (starts + counts)[:, None]))).all()
-    if not bool(contiguous) or not bool((counts > 0).all()):
-        out = pattern.masked_fill(~keys[:, None, None, :], float("-inf")).max(-1)
+    """Max over the allowed keys (``keys`` ``[batch, pos]``, the block's ``width`` first
+    read); where they are one run per sequence (special tokens at the ends, the usual
+    case), over a view of the run, without a masked copy."""
+    width = pattern.shape[-1]
+    runs = _runs(keys)
+    if runs is None or any(lo >= width for lo, _ in runs):
+        out = pattern.masked_fill(~keys[:, None, None, :width], float("-inf")).max(-1)
         return out.values, out.indices
-    pairs = [
-        _run_max(pattern, seq, lo, lo + c)
-        for seq, (lo, c) in enumerate(zip(starts.tolist(), counts.tolist(), strict=True))
-    ]
+    pairs = [_run_max(pattern, seq, lo, min(lo + c, width)) for seq, (lo, c) in enumerate(runs)]
     return torch.stack([v for v, _ in pairs]), torch.stack([i for _, i in pairs])
 
 

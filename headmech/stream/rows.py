@@ -50,7 +50,13 @@ class RowBlock:
         n_keys = int(call.k.shape[2])
         width = min(n_keys, rows.stop) if call.causal and n_keys == n_q else n_keys
         shape = (n_seqs, n_heads, rows.stop - rows.start, width)
-        scores = (buffers or blockwise.Buffers()).take("scores", shape, device=call.q.device)
+        # the buffer at once for the widest block of the pass (causal blocks grow): a
+        # buffer grown block by block is a new allocation each time (on a GPU, a device
+        # allocation and synchronisation each)
+        widest = n_seqs * n_heads * (rows.stop - rows.start) * n_keys
+        scores = (buffers or blockwise.Buffers()).take(
+            "scores", shape, device=call.q.device, reserve=widest
+        )
         torch.matmul(
             call.q[:, :, rows] * call.scale, call.k[:, :, :width].transpose(-1, -2), out=scores
         )
