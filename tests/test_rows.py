@@ -106,7 +106,7 @@ def test_causal_blocks_that_grow_share_one_allocation():
 
 
 def test_a_gpu_takes_larger_blocks():
-    from headmech.stream.engine import BLOCK_MEMORY, CUDA_BLOCK_MEMORY_MAX, default_block_memory
+    from headmech.stream.blockwise import BLOCK_MEMORY, CUDA_BLOCK_MEMORY_MAX, default_block_memory
 
     assert default_block_memory("cpu") == BLOCK_MEMORY
     assert default_block_memory("cuda", free=40 * 2**30) == 10 * 2**30

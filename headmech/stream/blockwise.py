@@ -32,8 +32,10 @@ if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
 __all__ = [
+    "BLOCK_MEMORY",
     "Geometry",
     "capture_rotary",
+    "default_block_memory",
     "forget",
     "geometry",
     "pattern_rows",
@@ -168,6 +170,27 @@ class Buffers:
         out = self.take(name, (b, h, rep, n, d), x.dtype, x.device)
         out.copy_(x[:, :, None].expand(b, h, rep, n, d))
         return out.view(b, h * rep, n, d)
+
+
+BLOCK_MEMORY = 256 * 2**20  # default bytes for one block of rebuilt pattern rows (CPU)
+# On a GPU the blocks' cost is their kernel launches, not their arithmetic: measured on an
+# H200 (benchmarks/bench_call.py, LLaMA-3.2-1B's shape, bf16, 8,192 tokens, every type on
+# the sequence) 86,632 launches took 2.1 s of CPU for 0.33 s of GPU work with 2 GiB blocks,
+# and 256 MiB blocks were 5x slower again. A CUDA device's blocks take a quarter of its free
+# memory, up to this much:
+CUDA_BLOCK_MEMORY_MAX = 16 * 2**30
+
+
+def default_block_memory(device: torch.device | str, free: int | None = None) -> int:
+    """Bytes for one block of rows on ``device``: :data:`BLOCK_MEMORY` on a CPU; on a CUDA
+    device a quarter of its free memory (``free``: as ``torch.cuda.mem_get_info`` gives it),
+    at least :data:`BLOCK_MEMORY` and at most :data:`CUDA_BLOCK_MEMORY_MAX`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return BLOCK_MEMORY
+    if free is None:
+        free = int(torch.cuda.mem_get_info(device)[0])
+    return max(BLOCK_MEMORY, min(free // 4, CUDA_BLOCK_MEMORY_MAX))
 
 
 def rows_per_block(n_seqs: int, n_heads: int, n_keys: int, budget_bytes: int) -> int:

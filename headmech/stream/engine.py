@@ -247,25 +247,7 @@ def _reduce_rows(
 _CHECKED: weakref.WeakKeyDictionary[Any, tuple[str, blockwise.Geometry | None] | None] = (
     weakref.WeakKeyDictionary()
 )
-BLOCK_MEMORY = 256 * 2**20  # default bytes for one block of rebuilt pattern rows (CPU)
-# On a GPU the blocks' cost is their kernel launches, not their arithmetic: measured on an
-# H200 (benchmarks/bench_call.py, LLaMA-3.2-1B's shape, bf16, 8,192 tokens, every type on
-# the sequence) 86,632 launches took 2.1 s of CPU for 0.33 s of GPU work with 2 GiB blocks,
-# and 256 MiB blocks were 5x slower again. A CUDA device's blocks take a quarter of its free
-# memory, up to this much:
-CUDA_BLOCK_MEMORY_MAX = 16 * 2**30
-
-
-def default_block_memory(device: torch.device | str, free: int | None = None) -> int:
-    """Bytes for one block of rows on ``device``: :data:`BLOCK_MEMORY` on a CPU; on a CUDA
-    device a quarter of its free memory (``free``: as ``torch.cuda.mem_get_info`` gives it),
-    at least :data:`BLOCK_MEMORY` and at most :data:`CUDA_BLOCK_MEMORY_MAX`."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return BLOCK_MEMORY
-    if free is None:
-        free = int(torch.cuda.mem_get_info(device)[0])
-    return max(BLOCK_MEMORY, min(free // 4, CUDA_BLOCK_MEMORY_MAX))
+BLOCK_MEMORY = blockwise.BLOCK_MEMORY  # default bytes for one block of rows on a CPU
 
 
 def _probe_reducer() -> Reducer:
@@ -359,7 +341,7 @@ def _stream(
     layers: Sequence[int] | None,
     mode: str,
     geom: blockwise.Geometry | None,
-    budget: int,
+    budget: int | None,
     *,
     shard: bool = True,
 ) -> tuple[HeadStats, list[int]]:
@@ -369,6 +351,8 @@ def _stream(
     stats = HeadStats(n_layers, n_heads)
     layers = list(range(n_layers)) if layers is None else list(layers)
     device = next(model.parameters()).device
+    if budget is None:
+        budget = blockwise.default_block_memory(device)
     state: dict[str, Any] = {"prepared": {}, "rope": {}, "budget": budget, "sizes": []}
     ctx: Any = contextlib.ExitStack()
     if mode == "blocks":
@@ -434,7 +418,7 @@ def stream_statistics(
             check on a short input reproduced the model's pattern (once per model); else
             the pattern.
         block_memory: bytes for one block of rebuilt rows and its temporaries (default:
-            :func:`default_block_memory` of the model's device: 256 MiB on a CPU, a quarter
+            :func:`~headmech.stream.blockwise.default_block_memory` of the model's device: 256 MiB on a CPU, a quarter
             of the free memory of a GPU, where fewer, larger blocks mean fewer launches).
 
     Returns:
@@ -443,8 +427,6 @@ def stream_statistics(
         (:mod:`headmech.core.distributed`).
     """
     stream_arguments(model, reducers, layers)
-    if block_memory is None:
-        block_memory = default_block_memory(next(model.parameters()).device)
     mode, geom = _choose(model, reducers, attention)
     iterator: Iterable[ProbeBatch] = batches
     if progress and distributed.world()[0] == 0:
