@@ -24,7 +24,7 @@ PYTEST_WORKERS ?= 2
 COVERAGE ?=
 COV_ARGS := $(if $(COVERAGE),--cov=headmech --cov-report=term-missing:skip-covered --cov-report=json:coverage.json)
 
-.PHONY: setup demo test test-fast lint docs format bench catalog site site-screenshots browser mutation clean
+.PHONY: setup demo test test-fast lint docs format bench catalog site site-screenshots browser mutation clean kv-peers-env
 
 setup: $(STAMP)
 
@@ -113,11 +113,29 @@ site-screenshots: setup browser
 
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
 BENCH_ARGS ?=
-bench: setup
+bench: setup kv-peers-env  # kvpress, the peer of bench_kv_peers.py, in its own environment
 	$(PIP) -e ".[dev,syntactic,bench]" $(QUIET)  # nnsight, a peer in bench_peers.py
 	rm -f benchmarks/results.json
 	for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f $(BENCH_ARGS) || exit 1; done
 	$(PY) benchmarks/report.py
 
+# The kvpress peer of benchmarks/bench_kv_peers.py, in its own environment: kvpress 0.5.5
+# needs transformers < 5.3, headmech runs on 5.x. torch first (the exact pin: a bare torch
+# requirement pulls the CUDA build); kvpress without its declared dependencies, then those
+# its modules import (peft and accelerate are declared but never imported).
+KV_PEERS_VENV ?= .venv-kvpress
+KV_PEERS_PY := $(KV_PEERS_VENV)/bin/python
+KV_PEERS_PIP := $(KV_PEERS_PY) -m pip install --disable-pip-version-check -q
+kv-peers-env: $(KV_PEERS_VENV)/.kvpress-setup
+
+$(KV_PEERS_VENV)/.kvpress-setup: Makefile
+	test -x $(KV_PEERS_PY) || $(PYTHON) -m venv $(KV_PEERS_VENV)
+	$(KV_PEERS_PIP) $(TORCH_SPEC) $(QUIET)
+	$(KV_PEERS_PIP) "transformers==5.2.0" "datasets>=2.21" "cachetools>=5.5.2,<6" "fire>=0.6,<0.7" \
+		"numpy>=2,<3" "pandas>=2.2.2,<3" "requests>=2.32.3,<3" $(QUIET)
+	$(KV_PEERS_PIP) --no-deps "kvpress==0.5.5" $(QUIET)
+	$(KV_PEERS_PY) -c "import kvpress, transformers; print('kvpress', transformers.__version__)"
+	touch $@
+
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) docs/api .pytest_cache .mypy_cache .ruff_cache .coverage coverage.json
+	rm -rf $(VENV) $(KV_PEERS_VENV) $(DEMO_OUT) docs/api .pytest_cache .mypy_cache .ruff_cache .coverage coverage.json
