@@ -9,7 +9,7 @@ Three steps (``--step``; ``all`` runs them in order):
    Hugging Face folder (the cached dequantised safetensors of a bundled model); headmech's
    ``importance`` / ``union`` / ``catalog`` plans at each compression ratio (budget
    ``1 - ratio`` of the cache, the importance ranking stored by ``bench_kv_plans.py``),
-   written as DuoAttention pattern folders (:meth:`headmech.kv.KVPlan.save_duo_attention`);
+   written as DuoAttention pattern folders (:func:`headmech.kv.duo.write_pattern`);
    and the masked evaluations ``bench_kv_plans.py`` stored for those plans where its store
    has the budget (whole-sequence perplexity: shown beside, not ranked).
 2. ``peer`` (run by ``.venv-kvpress/bin/python``, ``make kv-peers-env``: kvpress 0.5.5
@@ -112,6 +112,7 @@ def prepare(args: argparse.Namespace) -> dict:
     import bench_kv_plans as kvp
 
     from headmech.classification.results import HeadCatalog
+    from headmech.kv.duo import write_pattern
     from headmech.probes.needle import needle_spans
 
     opts = SimpleNamespace(
@@ -150,7 +151,7 @@ def prepare(args: argparse.Namespace) -> dict:
         for ratio in _floats(args.ratios):
             for kind in PLANS:
                 plan = kvp.plan_of(hf, kind, 1 - ratio, args.context, rankings, 0, opts)
-                folder = plan.save_duo_attention(duo_root / f"{kind}-{ratio:g}")
+                folder = write_pattern(plan, duo_root / f"{kind}-{ratio:g}")
                 data["plans"][f"{kind}/{ratio:g}"] = {
                     "folder": str(folder), "n_full": plan.n_full, "window": plan.window,
                     "sinks": plan.sinks, "n_kv_heads_total": plan.full.numel(),

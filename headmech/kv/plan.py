@@ -351,29 +351,6 @@ class KVPlan(ResultFile):
             tuple(int(w) for w in m.get("windows", ())),
         )  # fmt: skip
 
-    # --- DuoAttention's pattern files (:mod:`headmech.kv.duo`) ---------------------
-    def save_duo_attention(
-        self, folder: str | os.PathLike, *, sink: int | None = None, recent: int | None = None
-    ) -> Path:
-        """The plan as DuoAttention's pattern files (:func:`headmech.kv.duo.write_pattern`)."""
-        from headmech.kv.duo import write_pattern
-
-        return write_pattern(self, folder, sink=sink, recent=recent)
-
-    @classmethod
-    def from_duo_attention(
-        cls,
-        folder: str | os.PathLike,
-        n_heads: int,
-        *,
-        threshold: float = 0.5,
-        model: str = "model",
-    ) -> KVPlan:
-        """A plan from DuoAttention's pattern files (:func:`headmech.kv.duo.read_pattern`)."""
-        from headmech.kv.duo import read_pattern
-
-        return read_pattern(folder, n_heads, threshold=threshold, model=model)
-
     def __repr__(self) -> str:
         return (
             f"KVPlan({self.model}: {self.n_full} of {self.full.numel()} KV heads full, "
