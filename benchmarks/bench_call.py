@@ -55,7 +55,7 @@ if importlib.util.find_spec("transformer_lens") is None:
 from common import add_arguments, clock, memory_mb, peak_mb, record, reset_peak, start  # noqa: E402
 
 from headmech.core.stats import HeadStats, ProbeBatch  # noqa: E402
-from headmech.stream import attention_call, engine  # noqa: E402
+from headmech.stream import attention_call, passes  # noqa: E402
 from headmech.stream.points import Points  # noqa: E402
 from headmech.stream.reducers import target_reducer  # noqa: E402
 
@@ -156,7 +156,7 @@ def build(args: argparse.Namespace) -> Any:
 
 def statistics(model: Any, batch: ProbeBatch, rs: list, budget: int) -> HeadStats:
     """One pass of the decoder (no unembedding) with ``rs`` reduced inside every layer's
-    attention call, as the engine does it (:func:`headmech.stream.engine._call_reducer`)."""
+    attention call, as the engine does it (:func:`headmech.stream.passes.call_reducer`)."""
     cfg = model.config
     stats = HeadStats(cfg.num_hidden_layers, cfg.num_attention_heads)
     state = {
@@ -164,7 +164,7 @@ def statistics(model: Any, batch: ProbeBatch, rs: list, budget: int) -> HeadStat
         "budget": budget,
         "prepared": {r.name: r.prepare(batch) for r in rs},
     }
-    on_call = engine._call_reducer(rs, stats, state)
+    on_call = passes.call_reducer(rs, stats, state)
     attention_call._register()
     layers = model.model.layers
     old = cfg._attn_implementation

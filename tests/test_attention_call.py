@@ -54,7 +54,8 @@ def test_kernel_log_sum_exp_equals_logsumexp_of_the_scores():
     for mask, allowed in ((causal, causal), (additive, causal), (None, causal[:1])):
         fused = attention_call._with_lse(module, q, k, v, mask, 0.3)
         assert fused is not None
-        out, lse = fused
+        out, lse, key = fused
+        torch.testing.assert_close(key, kr, atol=0, rtol=0)  # what the statistics reuse
         want = _scores(q, kr, 0.3, allowed).logsumexp(-1)
         torch.testing.assert_close(lse, want, atol=1e-5, rtol=1e-5)
         ref = torch.nn.functional.scaled_dot_product_attention(

@@ -443,14 +443,14 @@ def test_pattern_blocks_follow_the_memory_budget(causal, monkeypatch):
 
             monkeypatch.setattr(module, "pattern_rows", counting)
     # inside an attention call that returns the LSE, blocks of scores (headmech.stream.rows)
-    engine = importlib.import_module("headmech.stream.engine")
-    if hasattr(engine, "RowBlock"):
+    passes = importlib.import_module("headmech.stream.passes")
+    if hasattr(passes, "RowBlock"):
 
-        def row_block(call, rows, *args, _build=engine.RowBlock):
+        def row_block(call, rows, *args, _build=passes.RowBlock):
             built.append(rows.stop - rows.start)
             return _build(call, rows, *args)
 
-        monkeypatch.setattr(engine, "RowBlock", row_block)
+        monkeypatch.setattr(passes, "RowBlock", row_block)
     spy = [Reducer("spy", fn, blockwise=True)]
     blocks = stream_statistics(causal, [batch], spy, attention="blocks", block_memory=budget)
     assert seen == [(la, s, s + 3) for la in range(2) for s in (0, 3, 6)]

@@ -156,10 +156,11 @@ def _with_lse(
     value: Tensor,
     attention_mask: Tensor | None,
     scale: float,
-) -> tuple[Tensor, Tensor] | None:
-    """Plain attention's output ``[batch, q_pos, n_heads, d_head]`` and every row's
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Plain attention's output ``[batch, q_pos, n_heads, d_head]``, every row's
     log-sum-exp ``[batch, n_heads, q_pos]`` from one fused kernel (CPU: flash attention;
     CUDA: flash attention in half precision without a mask, else memory-efficient
+    attention) and the key it was given (repeated for the query heads under grouped-query
     attention); None where none applies."""
     rep = query.shape[1] // key.shape[1]
     if rep > 1:  # grouped-query: kv head j serves a run of query heads
@@ -191,7 +192,7 @@ def _with_lse(
             return None
     except RuntimeError:  # a shape or dtype the kernel does not take: no LSE
         return None
-    return out.transpose(1, 2).contiguous(), lse[..., :n_q].float()
+    return out.transpose(1, 2).contiguous(), lse[..., :n_q].float(), key
 
 
 _BUFFERS: list[Buffers | None] = [None]  # the pass's buffers, inside reducing()
@@ -231,12 +232,10 @@ def stats_attention(
         fused = _with_lse(module, query, key, value, attention_mask, scale)
     k = key.detach()
     if k.shape[1] != query.shape[1]:  # grouped-query: kv head j serves a run of heads
-        # the kernel's copy where it made one in float32; else one of the statistics' own
-        k = _repeat(
-            k,
-            query.shape[1] // k.shape[1],
-            "kernel_k" if fused and k.dtype == torch.float32 else "stats_k",
-        )
+        if fused is not None and fused[2].dtype == torch.float32:
+            k = fused[2].detach()  # the kernel's repeated copy, not made twice
+        else:
+            k = _repeat(k, query.shape[1] // k.shape[1], "stats_k")
     k = k.float()
     call = LayerCall(
         q=query.detach().float(),
