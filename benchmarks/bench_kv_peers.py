@@ -21,7 +21,11 @@ Three steps (``--step``; ``all`` runs them in order):
    and a trial is recalled when every answer token is the argmax (what greedy decoding
    answers: ``bench_kv_plans.py``'s ``exact``). Prose: the last ``--continuation`` tokens
    follow the compressed rest; perplexity over them. headmech's plans run as kvpress's
-   ``DuoAttentionPress`` with the patterns of step 1 (``headmech-<plan>`` rows). ``kept``:
+   ``DuoAttentionPress`` with the patterns of step 1 (``headmech-<plan>`` rows), and
+   combined with a token-level press (``headmech-<plan>+<press>`` rows, ``--combine``):
+   the plan's full heads keep everything, the others keep as many entries as the plan's
+   window gives them, chosen by the press's scores (checked once per run: with a recency
+   scorer it masks exactly what the plan's row masks). ``kept``:
    the measured share of the context's cache entries left (removed entries and, for the
    presses that mask per head, masked ones subtracted).
 3. ``report`` (headmech's environment): per model and context a table (recall / perplexity
@@ -69,6 +73,12 @@ PRESSES = (
     "StreamingLLMPress", "SnapKVPress", "PyramidKVPress", "AdaKVPress(SnapKVPress)",
     "ExpectedAttentionPress", "TOVAPress", "KnormPress", "KVzipPress", "RandomPress",
 )  # fmt: skip
+# combined rows (plan+scorer press): ExpectedAttention lost the least perplexity of the
+# presses on SmolLM2; SnapKV is the issue's example
+COMBINE = (
+    "importance+ExpectedAttentionPress,union+ExpectedAttentionPress,"
+    "catalog+ExpectedAttentionPress,importance+SnapKVPress,catalog+SnapKVPress"
+)
 CRITERIA = "recall >= 95% of the full cache's and perplexity within 1%"
 
 
@@ -196,10 +206,14 @@ def make_press(name: str, ratio: float, data: dict) -> Any:
     """A kvpress press by row name at ``ratio`` (the fraction of the context removed)."""
     import kvpress as kp
 
-    if name.startswith("headmech-"):
-        plan = data["plans"][f"{name.removeprefix('headmech-')}/{ratio:g}"]
+    if name.startswith("headmech-"):  # headmech-<plan> or headmech-<plan>+<scorer press>
+        kind, _, inner = name.removeprefix("headmech-").partition("+")
+        plan = data["plans"][f"{kind}/{ratio:g}"]
         windowed = 1 - plan["n_full"] / plan["n_kv_heads_total"]
-        return pattern_duo_press()(head_compression_ratio=windowed, pattern_dir=plan["folder"])
+        duo = pattern_duo_press()(head_compression_ratio=windowed, pattern_dir=plan["folder"])
+        if not inner:
+            return duo
+        return plan_scorer_press()(plan=duo, press=getattr(kp, inner)(compression_ratio=ratio))
     if name.startswith("AdaKVPress("):
         inner = getattr(kp, name[len("AdaKVPress(") : -1])(compression_ratio=ratio)
         return kp.AdaKVPress(press=inner)
@@ -228,6 +242,74 @@ def pattern_duo_press() -> type:
             return config["sink_size"], config["recent_size"], scores
 
     return PatternDuoAttentionPress
+
+
+def plan_scorer_press() -> type:
+    """A headmech plan combined with a token-level press (issue 48, item 2): the plan's
+    full KV heads keep the whole context, as in its DuoAttention row; every other KV head
+    keeps as many entries as the plan's window gives it (``sink_size + recent_size``), but
+    which ones the inner press's scores choose (the first ``sink_size`` always kept), not
+    the most recent. The same bytes as the plan alone; masked per head as kvpress's
+    ``AdaKVPress`` and ``DuoAttentionPress`` do (``masked_key_indices``)."""
+    from kvpress.presses.base_press import BasePress
+
+    @dataclass
+    class PlanScorerPress(BasePress):
+        plan: Any = None  # a PatternDuoAttentionPress: which heads keep everything
+        press: Any = None  # a kvpress ScorerPress: which entries the other heads keep
+
+        def post_init_from_model(self, model: Any) -> None:
+            self.plan.post_init_from_model(model)
+            self.press.post_init_from_model(model)
+
+        def compress(self, module, hidden_states, keys, values, attentions, kwargs):  # noqa: ANN001, ANN201
+            keep = self.plan.sink_size + self.plan.recent_size
+            streaming = self.plan.streaming_mask[module.layer_idx]
+            if keys.shape[2] <= keep or not bool(streaming.any()):
+                return keys, values
+            scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
+            scores = scores.float().clone()
+            scores[..., : self.plan.sink_size] = float("inf")
+            chosen = scores.topk(keep, dim=-1).indices
+            masked = torch.ones_like(scores, dtype=torch.bool).scatter_(-1, chosen, False)
+            masked[:, ~streaming.to(masked.device)] = False
+            module.masked_key_indices = torch.nonzero(masked, as_tuple=True)
+            return keys, values
+
+    return PlanScorerPress
+
+
+def check_combined(model: Any, saved: dict[int, tuple], data: dict) -> None:
+    """The combined press with a recency scorer (score = position) keeps exactly what the
+    plan's DuoAttention row keeps (the sinks and the most recent entries of every
+    windowed head): the head choice, the budget and the masking are the plan's."""
+    from kvpress import ScorerPress
+
+    class Recency(ScorerPress):
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):  # noqa: ANN001, ANN201
+            return torch.arange(keys.shape[2], dtype=torch.float).expand(*keys.shape[:3])
+
+    plan = next(iter(sorted(data["plans"])), None)
+    if plan is None:
+        return
+    kind, ratio = plan.split("/")
+    masks = []
+    for press in (make_press(f"headmech-{kind}", float(ratio), data),
+                  plan_scorer_press()(plan=make_press(f"headmech-{kind}", float(ratio), data),
+                                      press=Recency(compression_ratio=float(ratio)))):  # fmt: skip
+        press.post_init_from_model(model)
+        per_layer = []
+        for i, layer in enumerate(model.model.layers):
+            hidden, kwargs, keys, values = saved[i]
+            layer.self_attn.masked_key_indices = None
+            press.compress(layer.self_attn, hidden, keys, values, None, kwargs)
+            got = layer.self_attn.masked_key_indices
+            per_layer.append([] if got is None else torch.stack(got).T.tolist())
+            layer.self_attn.masked_key_indices = None
+        masks.append(per_layer)
+    if masks[0] != masks[1]:
+        raise AssertionError(f"the combined press with a recency scorer is not {plan}'s row")
+    print(f"checked: {plan} + a recency scorer masks what {plan} alone masks")
 
 
 def kept_fraction(model: Any, cache: Any, n_context: int) -> float:
@@ -389,7 +471,10 @@ def peer(args: argparse.Namespace) -> None:
 
     names = [s for s in args.presses.split(",") if s]
     if args.headmech:
-        names += [f"headmech-{k}" for k in PLANS if any(p.startswith(k) for p in data["plans"])]
+        names += [f"headmech-{k}" for k in args.plans.split(",")
+                  if any(p.startswith(f"{k}/") for p in data["plans"])]  # fmt: skip
+        names += [f"headmech-{c}" for c in args.combine.split(",")
+                  if c and any(p.startswith(c.split("+")[0] + "/") for p in data["plans"])]  # fmt: skip
     keys = ["full/0"] + [f"{n}/{r:g}" for n in names for r in _floats(args.ratios)]
     for key in keys:
         cell = ctx["cells"].get(key)
@@ -398,7 +483,7 @@ def peer(args: argparse.Namespace) -> None:
     # trial-outer: one prefill per trial, replayed for every cell that lacks the trial
     items = [("trials", i, t) for i, t in enumerate(data["needle"])]
     items += [("prose", i, p) for i, p in enumerate(data["prose"])]
-    t_start = time.perf_counter()
+    t_start, checked = time.perf_counter(), False
     with torch.inference_mode():
         for part, i, item in items:
             todo = [k for k in keys if "error" not in ctx["cells"][k]
@@ -412,6 +497,9 @@ def peer(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             saved = capture(model, item["ids"], split)
             prefill_s = time.perf_counter() - t0
+            if not checked and any("+" in k for k in todo):
+                check_combined(model, saved, data)
+                checked = True
             for key in todo:
                 name, ratio = key.rsplit("/", 1)
                 cell = ctx["cells"][key]
@@ -471,11 +559,50 @@ def _cell(c: dict | None, full: dict) -> str:
     return f"{c['recall']:.2f} / {c['perplexity'] / full['perplexity'] - 1:+.1%}"
 
 
+def head_to_head(model: str, context: int, methods: dict, full: dict) -> list[dict]:
+    """Per ratio, headmech's rows (plans alone and combined) against the field at its best
+    on each criterion: the most recall any press keeps and the least perplexity any press
+    loses (often two presses). Which headmech rows match both, or else the best headmech
+    row and what it loses. Printed and recorded."""
+    rows = []
+    for ratio in sorted({r for m in methods.values() for r in m}):
+
+        def cells(mine: bool, ratio: float = ratio) -> list[tuple[str, dict]]:
+            return [(n, m[ratio]) for n, m in methods.items() if ratio in m and done(m[ratio])
+                    and n.startswith("headmech-") == mine]  # fmt: skip
+
+        presses, ours = cells(False), cells(True)
+        if not presses or not ours:
+            continue
+        recall = max(presses, key=lambda nc: (nc[1]["recall"], -nc[1]["perplexity"]))
+        ppl = min(presses, key=lambda nc: (nc[1]["perplexity"], -nc[1]["recall"]))
+        beat = [n for n, c in ours if c["recall"] >= recall[1]["recall"]
+                and c["perplexity"] <= ppl[1]["perplexity"]]  # fmt: skip
+        mine = min(ours, key=lambda nc: (-nc[1]["recall"], nc[1]["perplexity"]))
+        text = (f"most recall of a press {recall[0]} {_cell(recall[1], full)}, least perplexity "
+                f"{ppl[0]} {_cell(ppl[1], full)}; "
+                + (f"headmech rows at least as good on both: {', '.join(beat)}" if beat else
+                   f"no headmech row as good on both (best {mine[0]} {_cell(mine[1], full)})"))  # fmt: skip
+        print(f"  ratio {ratio:g}: {text}")
+        rows.append({
+            "figure": "kv_peers",
+            "what": f"headmech against the presses' best recall and best perplexity, {model}, "
+            f"{context} tokens, ratio {ratio:g} ({1 / (1 - ratio):.2f}x)",
+            "result": text, "target": "a headmech row with at least the presses' best recall "
+            "and at most their best perplexity", "met": bool(beat),
+            "values": {"model": model, "context": context, "ratio": ratio,
+                       "best_recall_press": recall[0], "best_perplexity_press": ppl[0],
+                       "beat": beat},
+        })  # fmt: skip
+    return rows
+
+
 def report(args: argparse.Namespace) -> list[dict]:
     store_path = Path(args.store or HERE / f"kv_peers_{args.model}.json")
     store = json.loads(store_path.read_text())
     model, out = store["model"], []
-    for context, ctx in sorted((k, v) for k, v in store.items() if k.isdigit()):
+    for context, ctx in sorted(((k, v) for k, v in store.items() if k.isdigit()),
+                               key=lambda kv: int(kv[0])):  # fmt: skip
         full = ctx["cells"].get("full/0")
         if not full or not done(full):
             continue
@@ -519,6 +646,7 @@ def report(args: argparse.Namespace) -> list[dict]:
                                                                  "logprob", "seconds")}
                                      for r, c in measured.items()}},
             })  # fmt: skip
+        out += head_to_head(model, int(context), methods, full)
         masked = ctx.get("masked", {})
         shown = {f"{p}/{r:g}" for p in PLANS for r in ratios}
         if masked:
@@ -538,6 +666,10 @@ def main() -> None:
     ap.add_argument("--presses", default=",".join(PRESSES))
     ap.add_argument("--no-headmech", dest="headmech", action="store_false",
                     help="no DuoAttention rows from headmech's plans")  # fmt: skip
+    ap.add_argument("--plans", default=",".join(PLANS), help="headmech's plans (DuoAttention rows)")
+    ap.add_argument("--combine", default=COMBINE,
+                    help="plan+press rows: the plan's full heads, the press inside the others' "
+                    "budget (issue 48, item 2)")  # fmt: skip
     ap.add_argument("--continuation", type=int, default=512, help="prose tokens scored")
     ap.add_argument("--seeds", default="0,1,2", help="held-out needle seeds (bench_kv_plans)")
     ap.add_argument("--depths", default="0.1,0.5,0.9")
@@ -563,14 +695,19 @@ def main() -> None:
                args.presses, "--data", args.data, "--max-seconds", str(args.max_seconds)]  # fmt: skip
         cmd += ["--threads", str(args.threads)] if args.threads else []
         cmd += ["--store", args.store] if args.store else []
-        cmd += [] if args.headmech else ["--no-headmech"]
+        cmd += (
+            ["--plans", args.plans, "--combine", args.combine]
+            if args.headmech
+            else ["--no-headmech"]
+        )
         subprocess.run(cmd, check=True)
     if args.step in ("all", "report"):
         from common import record
 
         rows = report(args)
         store = json.loads(Path(args.store or HERE / f"kv_peers_{args.model}.json").read_text())
-        record("bench_kv_peers", None, rows, store.get("machines", {}).get("kvpress"))
+        name = f"bench_kv_peers {store['model']}"
+        record(name, None, rows, store.get("machines", {}).get("kvpress"))
 
 
 if __name__ == "__main__":
