@@ -12,6 +12,16 @@ most (:meth:`KVImportance.ranking`, :meth:`~headmech.kv.plan.KVPlan.from_ranking
 
 Measure on calibration trials and prose, and judge the plans on other ones: the ranking
 is fitted to the data it is measured on.
+
+One head at a time cannot see heads that back each other up. On Qwen2.5-Coder-0.5B at
+2,048 tokens (benchmarks/bench_kv_peers.py, issue 48) windowing any one retrieval KV head
+barely moves the needle loss (the full cache's is 0.002 nats; the others cover for it)
+while the prose loss *falls* (L9 KV head 1: -0.018 nats), so :attr:`KVImportance.score`
+ranks four of the catalog's eight retrieval KV heads 38th-47th of 48, and a plan from this
+ranking recalls no needle at 8,192 tokens even with 35 of 48 KV heads full, where the
+catalog's retrieval ranking keeps every needle with 8. Read :attr:`KVImportance.needle`
+and :attr:`KVImportance.prose` apart before trusting the sum, and compare with the
+catalog's ranking (:func:`headmech.kv.kv_ranking`).
 """
 
 from __future__ import annotations
