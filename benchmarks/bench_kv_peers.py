@@ -9,6 +9,8 @@ Three steps (``--step``; ``all`` runs them in order):
    Hugging Face folder (the cached dequantised safetensors of a bundled model); headmech's
    ``importance`` / ``union`` / ``catalog`` plans at each compression ratio (budget
    ``1 - ratio`` of the cache, the importance ranking stored by ``bench_kv_plans.py``),
+   and where that store has them ``restored`` (``kv_importance(mode="restored")``) and the
+   per-task orders ``importance-task`` / ``restored-task`` (``ranking(by="task")``),
    written as DuoAttention pattern folders (:func:`headmech.kv.duo.write_pattern`);
    and the masked evaluations ``bench_kv_plans.py`` stored for those plans where its store
    has the budget (whole-sequence perplexity: shown beside, not ranked).
@@ -67,7 +69,8 @@ from common import add_arguments, machine, start
 HERE = Path(__file__).parent
 PEER_PY = HERE.parent / ".venv-kvpress" / "bin" / "python"
 RATIOS = "0.25,0.5,0.67,0.75"
-PLANS = ("importance", "union", "catalog")
+# restored and the per-task orders (-task): where bench_kv_plans has the measurement
+PLANS = ("importance", "union", "catalog", "restored", "importance-task", "restored-task")
 # query-agnostic presses tried on the CPU; the DuoAttention rows are headmech's patterns
 PRESSES = (
     "StreamingLLMPress", "SnapKVPress", "PyramidKVPress", "AdaKVPress(SnapKVPress)",
@@ -155,11 +158,11 @@ def prepare(args: argparse.Namespace) -> dict:
     ctx = stored.get(str(args.context), {})
     if "importance" in ctx:
         catalog = HeadCatalog.load(HERE.parent / "catalog" / args.model)
-        ranking = [tuple(p) for p in ctx["importance"]["ranking"]]
-        rankings = kvp.rankings_for(hf, catalog, ranking)
+        measured = kvp.measured_rankings(stored, ctx)
+        rankings = kvp.rankings_for(hf, catalog, measured["importance"]) | measured
         duo_root = Path(args.data).with_suffix("") / "duo"
         for ratio in _floats(args.ratios):
-            for kind in PLANS:
+            for kind in (k for k in PLANS if k in rankings):
                 plan = kvp.plan_of(hf, kind, 1 - ratio, args.context, rankings, 0, opts)
                 folder = write_pattern(plan, duo_root / f"{kind}-{ratio:g}")
                 data["plans"][f"{kind}/{ratio:g}"] = {

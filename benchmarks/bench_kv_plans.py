@@ -12,7 +12,11 @@ Per context length:
    ``importance`` (costliest heads full), ``catalog`` (the catalog's retrieval ranking),
    ``union`` (the catalog's labelled retrieval KV heads first, then importance order),
    ``random`` (as many full KV heads as the others, drawn uniformly among those a plan
-   may choose, ``--draws`` draws, median), ``windowed`` (no head full, every window as wide as the budget allows).
+   may choose, ``--draws`` draws, median), ``windowed`` (no head full, every window as wide as the budget allows),
+   and on request ``restored``: the ranking of ``kv_importance(mode="restored")`` (every
+   KV head windowed, each alone given its whole cache back; the share of the loss gap it
+   closes), measured on the same calibration data; ``importance-task`` / ``restored-task``:
+   the same measurements ranked per task in turn (``KVImportance.ranking(by="task")``).
 3. **Evaluation** on *held-out* data: needle seeds ``--seeds`` x depths (9 trials by
    default) with haystacks from the odd-numbered sentences, and ``--prose`` prose
    sequences of the same sentences. Where a half of the corpus is shorter than the
@@ -53,6 +57,8 @@ from common import add_arguments, machine, record, start
 
 HERE = Path(__file__).parent
 PLANS = ("importance", "union", "catalog", "random", "windowed")
+# measured on request (--plans ...,restored): every KV head windowed, each alone restored
+RANKED = ("importance", "restored")
 CRITERIA = "recall >= 95% of the full cache's and perplexity within 1%"
 # bundled models with sliding-window layers: a plan chooses among the few global KV heads
 # (Gemma 3: 3 of 18 layers), so the issue states their saving instead of DuoAttention's bar
@@ -172,6 +178,22 @@ def rankings_for(hf: Any, catalog: Any, importance: list) -> dict[str, list]:
     return {"importance": importance, "catalog": cat, "union": union}
 
 
+def measured_rankings(store: dict, ctx: dict) -> dict[str, list]:
+    """The measured rankings of a context (``importance``, ``restored`` where stored) and
+    their per-task orders (``<kind>-task``: :meth:`KVImportance.ranking` ``by="task"``),
+    read from the record at the length they were measured at."""
+    from headmech.kv import KVImportance
+
+    out: dict[str, list] = {}
+    for key in RANKED:
+        if key not in ctx:
+            continue
+        out[key] = [tuple(p) for p in ctx[key]["ranking"]]
+        src = store[str(ctx[key]["from_context"])][key] if "from_context" in ctx[key] else ctx[key]
+        out[f"{key}-task"] = KVImportance.from_json(src).ranking("task")
+    return out
+
+
 # --- the run ---------------------------------------------------------------------------
 def run(args: argparse.Namespace, store: dict, save: Any) -> None:
     from headmech.classification.results import HeadCatalog
@@ -188,18 +210,23 @@ def run(args: argparse.Namespace, store: dict, save: Any) -> None:
         same_data(ctx, context, data_hash(needle + prose))
         ctx.update(corpus_repeats=copies, needle_trials=sum(b.input_ids.shape[0] for b in needle),
                    prose_sequences=len(prose), sinks=args.sinks, window=args.window)  # fmt: skip
-        if "importance" not in ctx and args.ranking_from:  # another length's ranking
-            src = store[str(args.ranking_from)]["importance"]
-            ctx["importance"] = {"ranking": src["ranking"], "from_context": args.ranking_from}
-            print(f"{context}: importance ranking of {args.ranking_from} tokens: {src['ranking']}")
-        if "importance" not in ctx:
-            imp = kv_importance(hf, calib_needle, calib_prose, sinks=args.sinks,
-                                window=args.window, progress=args.progress)  # fmt: skip
-            ctx["importance"] = imp.to_json()
-            save()
-            print(f"{context}: importance in {imp.seconds:.0f}s, top {imp.ranking()[:6]}")
-        ranking = [tuple(p) for p in ctx["importance"]["ranking"]]
-        rankings = rankings_for(hf, catalog, ranking)
+        for key in RANKED:
+            if key != "importance" and key not in args.plans.split(","):
+                continue
+            if key not in ctx and args.ranking_from:  # another length's ranking
+                src = store[str(args.ranking_from)][key]
+                ctx[key] = {"ranking": src["ranking"], "from_context": args.ranking_from}
+                save()
+                print(f"{context}: {key} ranking of {args.ranking_from} tokens: {src['ranking']}")
+            if key not in ctx:
+                mode = "windowed" if key == "importance" else "restored"
+                imp = kv_importance(hf, calib_needle, calib_prose, sinks=args.sinks,
+                                    window=args.window, mode=mode, progress=args.progress)  # fmt: skip
+                ctx[key] = imp.to_json()
+                save()
+                print(f"{context}: {key} in {imp.seconds:.0f}s, top {imp.ranking()[:6]}")
+        measured = measured_rankings(store, ctx)
+        rankings = rankings_for(hf, catalog, measured["importance"]) | measured
         cells = [("full", 1.0, 0)] + [
             (k, b, d) for b in budgets for k in args.plans.split(",")
             for d in range(args.draws if k == "random" else 1)

@@ -10,6 +10,7 @@ import torch
 
 from headmech.core.errors import InputError
 from headmech.kv import (
+    KVImportance,
     KVPlan,
     evaluate,
     kv_importance,
@@ -131,6 +132,61 @@ def test_importance_is_the_loss_one_windowed_head_adds(llama):
     assert wide.prose.abs().max() == 0 and math.isnan(wide.base_needle)
 
 
+def test_restored_importance_is_the_loss_one_full_head_removes(llama):
+    needle = needle_batches(llama, 100, depths=(0.5,))
+    prose = prose_batches(llama, 60, n=1)
+    imp = kv_importance(llama, needle, prose, sinks=1, window=3, mode="restored")
+    base = evaluate(llama, None, needle, prose)
+    none = evaluate(llama, KVPlan.from_heads(llama, [], sinks=1, window=3), needle, prose)
+    assert imp.mode == "restored" and imp.base_prose == pytest.approx(base.nll_sum / base.n_tokens)
+    assert imp.windowed_prose == pytest.approx(none.nll_sum / none.n_tokens, abs=1e-6)
+    assert imp.windowed_needle == pytest.approx(none.trials[0]["nll"], abs=1e-6)
+    for layer, kv in [(0, 1), (1, 0)]:
+        heads = [(layer, h) for h in range(4) if h // 2 == kv]  # that KV head's query heads
+        ev = evaluate(llama, KVPlan.from_heads(llama, heads, sinks=1, window=3), needle, prose)
+        want_prose = none.nll_sum / none.n_tokens - ev.nll_sum / ev.n_tokens
+        want_needle = none.trials[0]["nll"] - ev.trials[0]["nll"]
+        assert float(imp.prose[layer, kv]) == pytest.approx(want_prose, abs=1e-5)
+        assert float(imp.needle[layer, kv]) == pytest.approx(want_needle, abs=1e-5)
+    # the score: per task, the share of the all-windowed gap the head alone closes
+    gap_n, gap_p = imp.windowed_needle - imp.base_needle, imp.windowed_prose - imp.base_prose
+    assert gap_p > 0
+    want = imp.prose / gap_p + (imp.needle / gap_n if gap_n > 0 else 0)
+    assert torch.allclose(imp.score, want)
+    scores = [float(imp.score[p]) for p in imp.ranking()]
+    assert scores == sorted(imp.score.flatten().tolist(), reverse=True)
+    data = imp.to_json()
+    assert data["mode"] == "restored" and data["windowed_prose"] == imp.windowed_prose
+    # a window as long as the context restricts nothing: no gap, every score 0
+    wide = kv_importance(llama, prose=prose, sinks=0, window=60, mode="restored")
+    assert wide.prose.abs().max() == 0 and wide.score.abs().max() == 0
+    with pytest.raises(InputError, match="unknown importance mode 'x'"):
+        kv_importance(llama, prose=prose, mode="x")
+
+
+def test_ranking_by_task_takes_each_tasks_order_in_turn():
+    nan = math.nan
+    imp = KVImportance(
+        needle=torch.tensor([[nan, nan], [0.5, 0.0], [0.2, 0.1]]),
+        prose=torch.tensor([[nan, nan], [0.0, 0.03], [0.01, 0.02]]),
+        base_needle=0.1, base_prose=3.0, sinks=4, window=8,
+    )  # fmt: skip
+    # the sum lets the needle's scale decide; by task: needle 1st, prose 1st, needle 2nd, ...
+    assert imp.ranking() == [(1, 0), (2, 0), (2, 1), (1, 1)]
+    assert imp.ranking("task") == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    prose_first = KVImportance(imp.needle, imp.prose * 100, 0.1, 3.0, 4, 8)
+    assert prose_first.ranking() == [(1, 1), (2, 1), (2, 0), (1, 0)]
+    assert prose_first.ranking("task") == imp.ranking("task")  # scale-free
+    only_prose = KVImportance(torch.full((3, 2), nan), imp.prose, nan, 3.0, 4, 8)
+    assert only_prose.ranking("task") == [(1, 1), (2, 1), (2, 0), (1, 0)]
+    back = KVImportance.from_json(imp.to_json())
+    assert back.ranking("task") == imp.ranking("task") and math.isnan(float(back.needle[0, 0]))
+    with pytest.raises(InputError, match="unknown ranking 'x'"):
+        imp.ranking("x")
+    with pytest.raises(InputError, match="not a KV importance record"):
+        KVImportance.from_json({"ranking": [[1, 0]], "from_context": 2048})
+
+
 def test_importance_leaves_the_models_windowed_layers_alone(gemma3):
     from types import SimpleNamespace
 
@@ -141,5 +197,8 @@ def test_importance_leaves_the_models_windowed_layers_alone(gemma3):
     imp = kv_importance(gemma3, prose=prose, sinks=1, window=3)
     assert torch.isnan(imp.prose[0]).all() and torch.isfinite(imp.prose[1]).all()
     assert {la for la, _ in imp.ranking()} == {1}
+    restored = kv_importance(gemma3, prose=prose, sinks=1, window=3, mode="restored")
+    assert torch.isnan(restored.prose[0]).all() and torch.isfinite(restored.prose[1]).all()
+    assert {la for la, _ in restored.ranking()} == {1}
     with pytest.raises(InputError, match="needs needle trials or prose"):
         kv_importance(gemma3)
