@@ -29,7 +29,11 @@ Three steps (``--step``; ``all`` runs them in order):
    window gives them, chosen by the press's scores (checked once per run: with a recency
    scorer it masks exactly what the plan's row masks). ``kept``:
    the measured share of the context's cache entries left (removed entries and, for the
-   presses that mask per head, masked ones subtracted).
+   presses that mask per head, masked ones subtracted). A model with sliding-window layers
+   of its own (Gemma 3: 15 of 18 layers keep 512 tokens) is run as kvpress runs Gemma 3:
+   presses compress only the global layers, so a ratio is the share of *their* cache
+   removed; headmech's plans get the same bytes (:func:`own_budget`) and ``kept`` is a
+   share of the model's own cache (the windows included).
 3. ``report`` (headmech's environment): per model and context a table (recall / perplexity
    change against the full cache, per method and ratio) and the largest ratio at which a
    method holds both criteria (recall >= 95% of the full cache's, perplexity within 1%),
@@ -52,6 +56,8 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import math
 import os
@@ -139,6 +145,7 @@ def prepare(args: argparse.Namespace) -> dict:
         "model": args.model, "context": args.context, "continuation": args.continuation,
         "folder": str(model_folder(args.model, hf, tok)), "data": kvp.data_hash(needle + prose),
         "corpus_repeats": copies, "needle": [], "prose": [], "plans": {},
+        "ratio_of": ratio_of(hf),
     }  # fmt: skip
     for b in needle:
         answer_pos, _, valid, _ = needle_spans(b)
@@ -162,8 +169,9 @@ def prepare(args: argparse.Namespace) -> dict:
         rankings = kvp.rankings_for(hf, catalog, measured["importance"]) | measured
         duo_root = Path(args.data).with_suffix("") / "duo"
         for ratio in _floats(args.ratios):
+            budget = own_budget(hf, ratio, args.context)
             for kind in (k for k in PLANS if k in rankings):
-                plan = kvp.plan_of(hf, kind, 1 - ratio, args.context, rankings, 0, opts)
+                plan = kvp.plan_of(hf, kind, budget, args.context, rankings, 0, opts)
                 folder = write_pattern(plan, duo_root / f"{kind}-{ratio:g}")
                 data["plans"][f"{kind}/{ratio:g}"] = {
                     "folder": str(folder), "n_full": plan.n_full, "window": plan.window,
@@ -178,6 +186,34 @@ def prepare(args: argparse.Namespace) -> dict:
     print(f"wrote {args.data}: {len(data['needle'])} needle trials, {len(data['prose'])} prose, "
           f"{len(data['plans'])} plans; model folder {data['folder']}")  # fmt: skip
     return data
+
+
+def ratio_of(hf: Any) -> str:
+    """What a compression ratio is a share of, on this model (recorded beside its table)."""
+    from headmech.kv.budget import model_windows
+
+    windows = model_windows(hf)
+    if not any(windows):
+        return "the whole cache"
+    return (f"the cache of the {sum(1 for w in windows if not w)} of {len(windows)} layers "
+            f"without a sliding window of their own (kvpress's convention for Gemma 3; the "
+            f"others keep their {max(windows)}-token windows; kept: a share of the model's "
+            f"own cache)")  # fmt: skip
+
+
+def own_budget(hf: Any, ratio: float, context: int) -> float:
+    """The plan's budget (a fraction of the model's own cache) at a press's compression
+    ``ratio``. kvpress compresses only the layers without a sliding window of their own
+    (its convention for Gemma 3; the peer does the same, :func:`compressible`), so ``ratio``
+    is the share of those layers' cache removed: the plan keeps ``1 - ratio`` of the global
+    layers' cache and the windowed layers their windows, the same bytes. Without such
+    layers: ``1 - ratio``."""
+    from headmech.kv.budget import model_windows
+
+    windows = model_windows(hf)
+    glob = sum(context for w in windows if not w)
+    fixed = sum(min(context, w) for w in windows if w)
+    return ((1 - ratio) * glob + fixed) / (glob + fixed)
 
 
 def masked_cells(ctx: dict, data: dict) -> dict:
@@ -225,11 +261,22 @@ def make_press(name: str, ratio: float, data: dict) -> Any:
     return getattr(kp, name)(compression_ratio=ratio)
 
 
+def global_rotary(model: Any) -> Any:
+    """The rotary embedding a press's scorer calls as ``rotary_emb(x, position_ids)``.
+    Gemma 3's takes the kind of layer as well (its global and local layers rotate with
+    different bases) and kvpress 0.5.5 passes none; presses here compress only the global
+    layers (:func:`compressible`), so theirs."""
+    rotary = model.model.rotary_emb
+    if "layer_type" not in inspect.signature(rotary.forward).parameters:
+        return rotary
+    return functools.partial(rotary, layer_type="full_attention")
+
+
 def pattern_duo_press() -> type:
     """kvpress's DuoAttentionPress reading its pattern from a folder instead of the web
     (its loader fetches DuoAttention's repository, keyed by model name): the same parsing
-    (``np.loadtxt`` of ``full_attention_heads.tsv``, clipped to [0, 1]; ``sink_size`` and
-    ``recent_size`` of ``config.json``)."""
+    (``np.loadtxt`` of ``full_attention_heads.tsv``, clipped to [0, 1], kept two-dimensional;
+    ``sink_size`` and ``recent_size`` of ``config.json``)."""
     import numpy as np
     from kvpress import DuoAttentionPress
 
@@ -241,7 +288,10 @@ def pattern_duo_press() -> type:
             folder = Path(self.pattern_dir)
             config = json.loads((folder / "config.json").read_text())
             text = (folder / "full_attention_heads.tsv").read_text()
-            scores = np.clip(np.loadtxt(StringIO(text), dtype=float, delimiter="\t"), 0, 1)
+            # ndmin=2: a model with one KV head per layer (Gemma 3 270M) has one column,
+            # which np.loadtxt would squeeze to a vector (and the layer's mask to a scalar)
+            scores = np.loadtxt(StringIO(text), dtype=float, delimiter="\t", ndmin=2)
+            scores = np.clip(scores, 0, 1)
             return config["sink_size"], config["recent_size"], scores
 
     return PatternDuoAttentionPress
@@ -271,7 +321,7 @@ def plan_scorer_press() -> type:
             if keys.shape[2] <= keep or not bool(streaming.any()):
                 return keys, values
             scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
-            scores = scores.float().clone()
+            scores = scores.to(torch.float, copy=True)
             scores[..., : self.plan.sink_size] = float("inf")
             chosen = scores.topk(keep, dim=-1).indices
             masked = torch.ones_like(scores, dtype=torch.bool).scatter_(-1, chosen, False)
@@ -303,7 +353,9 @@ def check_combined(model: Any, saved: dict[int, tuple], data: dict) -> None:
         press.post_init_from_model(model)
         per_layer = []
         for i, layer in enumerate(model.model.layers):
-            hidden, kwargs, keys, values = saved[i]
+            if not compressible(model, i):
+                continue
+            hidden, kwargs, keys, values = saved[i][:4]
             layer.self_attn.masked_key_indices = None
             press.compress(layer.self_attn, hidden, keys, values, None, kwargs)
             got = layer.self_attn.masked_key_indices
@@ -315,17 +367,34 @@ def check_combined(model: Any, saved: dict[int, tuple], data: dict) -> None:
     print(f"checked: {plan} + a recency scorer masks what {plan} alone masks")
 
 
+def compressible(model: Any, layer: int) -> bool:
+    """Whether a press compresses layer ``layer``: not a layer with its own sliding window
+    (Gemma 3's local layers keep their window; kvpress skips them for Gemma 3)."""
+    kinds = getattr(model.config, "layer_types", None)
+    return not kinds or kinds[layer] != "sliding_attention"
+
+
+def new_cache(model: Any) -> Any:
+    """An empty cache laid out as the model's own (its sliding-window layers keep only
+    their window: ``DynamicSlidingWindowLayer``)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
 def kept_fraction(model: Any, cache: Any, n_context: int) -> float:
-    """Cache entries left after the prefill over the context's: stored keys less those a
-    per-head press masks (``masked_key_indices``, kvpress's attention patch)."""
-    layers = model.model.layers
-    total = 0
-    for i, layer in enumerate(layers):
+    """Cache entries left after the prefill as a share of the model's own cache for the
+    context (a sliding-window layer's own: its window): stored keys less those a per-head
+    press masks (``masked_key_indices``, kvpress's attention patch)."""
+    window = getattr(model.config, "sliding_window", None) or n_context
+    total = own = 0
+    for i, layer in enumerate(model.model.layers):
         keys = cache.layers[i].keys
         n = keys.shape[1] * keys.shape[2]
         masked = getattr(layer.self_attn, "masked_key_indices", None)
         total += n - (len(masked[0]) if masked is not None else 0)
-    return total / (len(layers) * model.config.num_key_value_heads * n_context)
+        own += keys.shape[1] * (n_context if compressible(model, i) else min(n_context, window - 1))
+    return total / own
 
 
 # presses whose ``__call__`` runs more than the one prefill (KVzip reconstructs the context):
@@ -340,7 +409,6 @@ def capture(model: Any, ids: list[int], split: int) -> dict[int, tuple]:
     each layer's cache after the layer ran), so every press and ratio replays this one
     prefill: ``compress`` per layer, as ``BasePress.forward_hook`` calls it."""
     from kvpress.utils import extract_keys_and_values
-    from transformers import DynamicCache
 
     saved: dict[int, tuple] = {}
 
@@ -352,23 +420,32 @@ def capture(model: Any, ids: list[int], split: int) -> dict[int, tuple]:
     layers = model.model.layers
     hooks = [la.self_attn.register_forward_hook(hook, with_kwargs=True) for la in layers]
     try:
-        model.model(input_ids=torch.tensor([ids[:split]]), past_key_values=DynamicCache())
+        cache = new_cache(model)
+        model.model(input_ids=torch.tensor([ids[:split]]), past_key_values=cache)
     finally:
         for h in hooks:
             h.remove()
+    for i in saved:  # a sliding-window layer's own cache, replayed as it is
+        if not compressible(model, i):
+            saved[i] = (*saved[i], cache.layers[i])
     return saved
 
 
 def replay(model: Any, press: Any, saved: dict[int, tuple]) -> Any:
-    """The cache ``press`` leaves after the captured prefill (``None``: the whole cache)."""
-    from transformers import DynamicCache
+    """The cache ``press`` leaves after the captured prefill (``None``: the whole cache).
+    A layer with its own sliding window keeps its window uncompressed (a copy of the
+    captured layer: its count of tokens seen places the window)."""
+    import copy
 
     if press is not None:
         press.post_init_from_model(model)
-    cache = DynamicCache()
+    cache = new_cache(model)
     for i, layer in enumerate(model.model.layers):
-        hidden, kwargs, keys, values = saved[i]
+        hidden, kwargs, keys, values = saved[i][:4]
         layer.self_attn.masked_key_indices = None  # what the patched attention does at prefill
+        if not compressible(model, i):
+            cache.layers[i] = copy.copy(saved[i][4])
+            continue
         if press is not None:
             keys, values = press.compress(layer.self_attn, hidden, keys, values, None, kwargs)
         cache.update(keys, values, i)
@@ -381,7 +458,12 @@ def tail_logits(model: Any, cache: Any, ids: list[int], split: int) -> tuple[tor
     kept = kept_fraction(model, cache, split)
     tail = torch.tensor([ids[split:]])
     pos = torch.arange(split, split + tail.shape[1]).unsqueeze(0)
-    if len({layer.keys.shape[2] for layer in cache.layers}) == 1:
+    glob = {la.keys.shape[2] for i, la in enumerate(cache.layers) if compressible(model, i)}
+    # transformers builds one causal mask per kind of layer, from the first layer of that
+    # kind, indexing keys by where they are stored; with sliding-window layers the query
+    # positions count every token seen, so the global layers' stored length must be too
+    sliding = not all(compressible(model, i) for i in range(len(cache.layers)))
+    if len(glob) == 1 and (not sliding or glob == {split}):
         logits = model(input_ids=tail, past_key_values=cache, position_ids=pos).logits[0].float()
     else:  # layers of other lengths (PyramidKV): transformers builds one causal mask from
         # layer 0's length, so the tail goes a token at a time, as greedy decoding would
@@ -401,9 +483,8 @@ def tail_logits(model: Any, cache: Any, ids: list[int], split: int) -> tuple[tor
 
 def own_prefill(model: Any, press: Any, ids: list[int], split: int) -> Any:
     """kvpress's own path: ``with press(model): model.model(context, past_key_values=cache)``."""
-    from transformers import DynamicCache
 
-    cache = DynamicCache()
+    cache = new_cache(model)
     with press(model):
         model.model(input_ids=torch.tensor([ids[:split]]), past_key_values=cache)
     return cache
@@ -456,7 +537,7 @@ def peer(args: argparse.Namespace) -> None:
     ).eval()
     model.config.name_or_path = data["folder"]  # KVzip reads the tokenizer from here
     for layer in model.model.layers:  # what a press's __call__ sets (ExpectedAttention reads it)
-        layer.self_attn.rotary_emb = model.model.rotary_emb
+        layer.self_attn.rotary_emb = global_rotary(model)
     store_path = Path(args.store or HERE / f"kv_peers_{data['model']}.json")
     store = json.loads(store_path.read_text()) if store_path.exists() else {}
     store["model"] = data["model"]
@@ -467,10 +548,16 @@ def peer(args: argparse.Namespace) -> None:
         ctx["cells"] = {}
     ctx.update(data=data["data"], needle_trials=len(data["needle"]), prose=len(data["prose"]),
                continuation=data["continuation"], plans=data["plans"], masked=data["masked"],
-               corpus_repeats=data["corpus_repeats"])  # fmt: skip
+               corpus_repeats=data["corpus_repeats"],
+               ratio_of=data.get("ratio_of", "the whole cache"))  # fmt: skip
 
-    def save() -> None:
-        store_path.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
+    def save() -> None:  # this context only: runs at other contexts may share the file
+        now = json.loads(store_path.read_text()) if store_path.exists() else {}
+        now.update({k: v for k, v in store.items() if not k.isdigit()})
+        now[str(data["context"])] = ctx
+        tmp = store_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
+        tmp.replace(store_path)
 
     names = [s for s in args.presses.split(",") if s]
     if args.headmech:
@@ -618,6 +705,7 @@ def report(args: argparse.Namespace) -> list[dict]:
         print(f"\n{model}, {context} tokens ({ctx['needle_trials']} needle trials, {ctx['prose']} "
               f"prose continuations of {ctx['continuation']} tokens after the compressed rest); "
               f"full cache: recall {full['recall']:.2f}, perplexity {full['perplexity']:.3f}. "
+              f"Ratio: of {ctx.get('ratio_of', 'the whole cache')}. "
               "Cells: recall / perplexity change (the measured kept share in the JSON)")  # fmt: skip
         print(
             "| method | "
@@ -641,7 +729,9 @@ def report(args: argparse.Namespace) -> list[dict]:
                 "figure": "kv_peers",
                 "what": f"largest compression ratio with {CRITERIA}, {model}, {context} tokens, "
                 f"{name} (kvpress protocol: context compressed, question after it; full cache "
-                f"recall {full['recall']:.2f}, perplexity {full['perplexity']:.2f})",
+                f"recall {full['recall']:.2f}, perplexity {full['perplexity']:.2f}"
+                + (f"; ratio of {ctx['ratio_of']}" if "ratio_of" in ctx and ctx["ratio_of"]
+                   != "the whole cache" else "") + ")",
                 "result": result, "target": "", "met": None,
                 "values": {"model": model, "context": int(context), "method": name, "best": got,
                            "full": {k: full[k] for k in ("recall", "perplexity")},
