@@ -23,6 +23,8 @@ from headmech.models.families import INIT, N_CTX, VOCAB_SIZE, family_spec, unsup
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+    from headmech.models.families import Family
+
 __all__ = ["build_tiny", "save_tiny", "tiny_hf", "tiny_model", "tiny_tokenizer"]
 
 
@@ -97,6 +99,23 @@ def _size_fields(family: str, names: dict[str, str], sizes: dict[str, int | None
     return fields
 
 
+def _config_fields(fam: Family, tok: Any, vocab: int, fields: dict[str, Any]) -> dict[str, Any]:
+    """A tiny model's config fields: the vocabulary, architecture and the tokenizer's
+    special token ids, then the family's own fields, then ``fields`` (which win)."""
+    special = {
+        "pad_token_id": tok.pad_token_id,
+        "bos_token_id": tok.bos_token_id if fam.causal else None,
+        "eos_token_id": tok.eos_token_id if fam.causal else None,
+    }
+    return {
+        "vocab_size": vocab,
+        "architectures": [fam.architecture],
+        **special,
+        **fam.kwargs,
+        **fields,
+    }
+
+
 def tiny_hf(
     family: str = "llama",
     *,
@@ -142,23 +161,9 @@ def tiny_hf(
     tok = tiny_tokenizer(fam.causal) if tokenizer is None else tokenizer
     sizes = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads,
              "n_kv_heads": n_kv_heads, "d_mlp": d_mlp, "n_ctx": n_ctx}  # fmt: skip
-    fields = _size_fields(family, fam.sizes, sizes)
-    special = {
-        "pad_token_id": tok.pad_token_id,
-        "bos_token_id": tok.bos_token_id if fam.causal else None,
-        "eos_token_id": tok.eos_token_id if fam.causal else None,
-    }
-    hf_config = getattr(transformers, fam.config)(
-        **{
-            "vocab_size": VOCAB_SIZE if tokenizer is None else len(tok),
-            "architectures": [fam.architecture],
-            "initializer_range": init,
-            **special,
-            **fam.kwargs,
-            **fields,
-            **config,
-        }
-    )
+    fields = _size_fields(family, fam.sizes, sizes) | {"initializer_range": init} | config
+    vocab = VOCAB_SIZE if tokenizer is None else len(tok)
+    hf_config = getattr(transformers, fam.config)(**_config_fields(fam, tok, vocab, fields))
     auto = transformers.AutoModelForCausalLM if fam.causal else transformers.AutoModelForMaskedLM
     # HF initialises weights from the global generator
     with torch.random.fork_rng() if seed is not None else nullcontext():

@@ -151,10 +151,7 @@ def michel_prune(
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     check_catalog(catalog, model)
-    t = get_task(task, model)
-    if batches is None:
-        batches = t.batches(model, probe_options or ProbeOptions())
-    refs = [t.reference(model, b) for b in batches]
+    t, batches, refs = _task_batches(model, task, batches, probe_options)
     mask = HeadMask.for_model(model)
     n_total = mask.n_kept
 
@@ -182,6 +179,20 @@ def michel_prune(
     return pruning_result(
         "michel", t, model, history, catalog, n_total, batches, probe_options, settings
     )
+
+
+def _task_batches(
+    model: TransformerBridge,
+    task: str | Task,
+    batches: list[ProbeBatch] | None,
+    probe_options: ProbeOptions | None,
+) -> tuple[Task, list[ProbeBatch], list[Any]]:
+    """The task, its probe batches (the task's own probe under ``probe_options`` unless
+    given) and the unpruned model's reference on each."""
+    t = get_task(task, model)
+    if batches is None:
+        batches = t.batches(model, probe_options or ProbeOptions())
+    return t, batches, [t.reference(model, b) for b in batches]
 
 
 def pruning_result(

@@ -16,7 +16,7 @@ import html
 import json
 from collections.abc import Sequence
 
-__all__ = ["VIEW_CSS", "VIEW_JS", "top_attended", "view_html"]
+__all__ = ["INK_JS", "VIEW_CSS", "VIEW_JS", "top_attended", "view_html"]
 
 VIEW_CSS = """
 .hm-view { --hm-fg: #1a1a1a; --hm-border: #bbb; --hm-q: #c01f20; --hm-shade: 22, 94, 166;
@@ -45,7 +45,30 @@ VIEW_CSS = """
 """
 """The view's style sheet (the site links it, :func:`view_html` inlines it on request)."""
 
-VIEW_JS = r"""
+INK_JS = r"""
+// text that stays readable on its shade: the shade (weight w, colour "r, g, b") blended over
+// the page's background, then light or dark text by the blend's luminance (WCAG contrast of at
+// least 4.58 either way). Shared by the view (VIEW_JS) and the site's own script (site.js).
+function headmechInk(w, rgbText) {
+  if (!headmechInk.page) {
+    var m = /rgba?\(([^)]+)\)/.exec(getComputedStyle(document.body).backgroundColor || "");
+    var v = m ? m[1].split(",").map(parseFloat) : [];
+    headmechInk.page = v.length >= 3 && !(v.length > 3 && v[3] === 0) ? v.slice(0, 3) : [255, 255, 255];
+  }
+  var page = headmechInk.page, rgb = rgbText.split(",").map(parseFloat), a = Math.min(1, w);
+  var lum = [0, 1, 2].map(function (i) {
+    var c = (rgb[i] * a + page[i] * (1 - a)) / 255;
+    return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
+  });
+  var L = 0.2126 * lum[0] + 0.7152 * lum[1] + 0.0722 * lum[2];
+  return L < 0.179 ? "#fff" : "#000";
+}
+"""
+"""The readable-text rule of a shaded token, one copy for the view and the site's script."""
+
+VIEW_JS = (
+    INK_JS
+    + r"""
 (function () {
   function init(root) {
     if (root.dataset.ready) return;
@@ -53,20 +76,7 @@ VIEW_JS = r"""
     var shadeRgb = getComputedStyle(root).getPropertyValue("--hm-shade").trim() || "31, 119, 180";
     function shade(w) { return "rgba(" + shadeRgb + ", " + Math.min(1, w).toFixed(3) + ")"; }
 
-    // text that stays readable on its shade: the shade blended over the page's background,
-    // then light or dark text by the blend's luminance (WCAG contrast of at least 4.58 either way)
-    function rgbOf(css) { var m = /rgba?\(([^)]+)\)/.exec(css || ""); if (!m) return null;
-      var v = m[1].split(",").map(parseFloat); return v.length > 3 && v[3] === 0 ? null : v.slice(0, 3); }
-    var page = rgbOf(getComputedStyle(document.body).backgroundColor) || [255, 255, 255];
-    function ink(w, rgbText) {
-      var rgb = rgbText.split(",").map(parseFloat), a = Math.min(1, w);
-      var lum = [0, 1, 2].map(function (i) {
-        var c = (rgb[i] * a + page[i] * (1 - a)) / 255;
-        return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
-      });
-      var L = 0.2126 * lum[0] + 0.7152 * lum[1] + 0.0722 * lum[2];
-      return L < 0.179 ? "#fff" : "#000";
-    }
+    var ink = headmechInk;
     // weights travel as integer thousandths (a third smaller than "0.123")
     var data = JSON.parse(root.querySelector("script.hm-data").textContent);
     var ids = data.ids || null;
@@ -231,6 +241,7 @@ VIEW_JS = r"""
   document.querySelectorAll(".hm-view").forEach(init);
 })();
 """
+)
 """Script that makes every ``.hm-view`` on the page interactive (idempotent)."""
 
 

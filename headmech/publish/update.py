@@ -245,6 +245,29 @@ def _run_record(command: str, seconds: dict[str, Any], t0: float, c0: float) -> 
     }
 
 
+def _open_for_addition(
+    model: TransformerBridge, folder: Path, types: Sequence[str], replace: bool
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``folder``'s catalog, check and run records, checked before any work: the types are
+    new to it (or their entries are dropped, ``replace``) and it was computed on
+    ``model``'s weights."""
+    from headmech.runs.provenance import weights_hash
+
+    data, checked = _read(folder / "catalog.json"), _read(folder / "check.json")
+    run = json.loads((folder / "run.json").read_text())
+    have = [t for t in types if t in data["types"] or t in run["skipped"]]
+    if replace and types:
+        for d in (data, checked):
+            for t in types:
+                d["types"].pop(t, None)
+        have = []
+    if have or not types:
+        raise InputError(f"{folder} already has type(s) {', '.join(have)} (--update revalidates)")
+    if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
+        raise InputError(f"{folder} was computed on other weights: publish it again")
+    return data, checked, run
+
+
 def add_types(
     model: TransformerBridge,
     folder: Path,
@@ -274,20 +297,7 @@ def add_types(
         InputError: a type the catalog already holds (unless ``replace``), a missing
             catalog, other weights.
     """
-    from headmech.runs.provenance import weights_hash
-
-    data, checked = _read(folder / "catalog.json"), _read(folder / "check.json")
-    run = json.loads((folder / "run.json").read_text())
-    have = [t for t in types if t in data["types"] or t in run["skipped"]]
-    if replace and types:
-        for d in (data, checked):
-            for t in types:
-                d["types"].pop(t, None)
-        have = []
-    if have or not types:
-        raise InputError(f"{folder} already has type(s) {', '.join(have)} (--update revalidates)")
-    if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
-        raise InputError(f"{folder} was computed on other weights: publish it again")
+    data, checked, run = _open_for_addition(model, folder, types, replace)
     t0, c0 = time.perf_counter(), time.process_time()
     added = [t for t in types if t not in skipped]
     left = {t: skipped[t] for t in types if t in skipped}

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headmech.core.errors import HeadmechError
-from headmech.publish.attention_view import VIEW_CSS, VIEW_JS
+from headmech.publish.attention_view import INK_JS, VIEW_CSS, VIEW_JS
 from headmech.publish.site.pages import (
     Model,
     atlas_index,
@@ -123,7 +123,7 @@ def _write_assets(out: Path, models: list[Model]) -> None:
     css = (HERE / "static" / "site.css").read_text() + VIEW_CSS
     _write(out / "assets" / "site.css", css)
     _write(out / "assets" / "view.js", VIEW_JS)
-    _write(out / "assets" / "site.js", (HERE / "static" / "site.js").read_text())
+    _write(out / "assets" / "site.js", INK_JS + (HERE / "static" / "site.js").read_text())
     index = json.dumps(atlas_index(models), separators=(",", ":")).replace("</", "<\\/")
     _write(out / "assets" / "atlas.js", f"window.HEADMECH_ATLAS = {index};\n")
     texts = {

@@ -363,6 +363,32 @@ def head_page(m: Model, head: str) -> dict[str, Any]:
     its views, top tokens, ablation."""
     layer, index = (int(x) for x in head[1:].split("H"))
     h = (layer, index)
+    scores, effects = _head_scores(m, head, h)
+    own = own_types(m.catalog, h)
+    views, tops = _head_views(m, head, own)
+    n_layers, n_heads = m.shape
+    return {
+        "name": head,
+        "layer": layer,
+        "index": index,
+        "scores": scores,
+        "effects": effects,
+        "views": views,
+        "tops": tops,
+        "own": own,
+        "own_labelled": bool(own) and all(h in {_key(x) for x in m.types[n]["heads"]} for n in own),
+        "prev": f"L{layer}H{index - 1}" if index > 0 else None,
+        "next": f"L{layer}H{index + 1}" if index + 1 < n_heads else None,
+        "up": f"L{layer - 1}H{index}" if layer > 0 else None,
+        "down": f"L{layer + 1}H{index}" if layer + 1 < n_layers else None,
+    }
+
+
+def _head_scores(
+    m: Model, head: str, h: tuple[int, int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A head's row on every type (score, verdict, why rejected) and the validations of the
+    types that labelled or rejected it."""
     scores, effects = [], []
     for name, t in sorted(m.types.items()):
         row = head_row(t, h) | {"type": name, "threshold": t.get("threshold")}
@@ -375,18 +401,22 @@ def head_page(m: Model, head: str) -> dict[str, Any]:
         scores.append(row)
         if (row["labelled"] or row["rejected"]) and (v := validation(t, m.shape)):
             effects.append(v | {"type": name, "own": row, "labelled": row["labelled"]})
+    return scores, effects
+
+
+def _head_views(m: Model, head: str, own: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """A head's attention views and top attended tokens on the example texts: its own
+    types' probes first (an IOI prompt for a name mover, the needle for a retrieval head),
+    then the ordinary texts."""
     views, tops = [], []
     ex = m.examples or {}
     patterns = ex.get("heads", {}).get(head, [])  # none: examples.json predates the head
-    own = own_types(m.catalog, h)
     probes = {name: str(getattr(_head_type(name), "probe", "")) for name in own}
     shown = [
         (i, text, rows)
         for i, (text, rows) in enumerate(zip(ex.get("texts", []), patterns, strict=False))
         if rows is not None
     ]
-    # the head's own types' probes first: an IOI prompt for a name mover, the needle for
-    # a retrieval head; then the ordinary texts
     shown.sort(
         key=lambda x: (x[1]["probe"] not in probes.values(), x[1]["probe"] in ORDINARY, x[0])
     )
@@ -406,22 +436,7 @@ def head_page(m: Model, head: str) -> dict[str, Any]:
             )
         )
         tops.append({"probe": text["probe"], "top": top_attended(text["tokens"], rows)})
-    n_layers, n_heads = m.shape
-    return {
-        "name": head,
-        "layer": layer,
-        "index": index,
-        "scores": scores,
-        "effects": effects,
-        "views": views,
-        "tops": tops,
-        "own": own,
-        "own_labelled": bool(own) and all(h in {_key(x) for x in m.types[n]["heads"]} for n in own),
-        "prev": f"L{layer}H{index - 1}" if index > 0 else None,
-        "next": f"L{layer}H{index + 1}" if index + 1 < n_heads else None,
-        "up": f"L{layer - 1}H{index}" if layer > 0 else None,
-        "down": f"L{layer + 1}H{index}" if layer + 1 < n_layers else None,
-    }
+    return views, tops
 
 
 def atlas_index(models: list[Model]) -> dict[str, Any]:

@@ -236,20 +236,7 @@
     box.appendChild(status);
     var pinned = -1;
 
-    // text that stays readable on its shade: the shade blended over the page's background,
-    // then light or dark text by the blend's luminance (WCAG contrast of at least 4.58 either way)
-    function rgbOf(css) { var m = /rgba?\(([^)]+)\)/.exec(css || ""); if (!m) return null;
-      var v = m[1].split(",").map(parseFloat); return v.length > 3 && v[3] === 0 ? null : v.slice(0, 3); }
-    var page = rgbOf(getComputedStyle(document.body).backgroundColor) || [255, 255, 255];
-    function ink(w, rgbText) {
-      var rgb = rgbText.split(",").map(parseFloat), a = Math.min(1, w);
-      var lum = [0, 1, 2].map(function (i) {
-        var c = (rgb[i] * a + page[i] * (1 - a)) / 255;
-        return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
-      });
-      var L = 0.2126 * lum[0] + 0.7152 * lum[1] + 0.0722 * lum[2];
-      return L < 0.179 ? "#fff" : "#000";
-    }
+    var ink = headmechInk;  // assets/site.js begins with INK_JS (headmech/publish/attention_view.py)
     function select(q) {
       qs.forEach(function (s, k) { s.classList.toggle("hm-query", k === q); });
       var best = [];
