@@ -195,13 +195,15 @@ def _prose_nll(ev: KVEval) -> float:
     return ev.nll_sum / ev.n_tokens if ev.n_tokens else float("nan")
 
 
-def _measured_heads(model: Any) -> tuple[list[tuple[int, int]], int, int, str, int]:
+def _measured_heads(model: Any) -> tuple[list[tuple[int, int]], tuple[str, int, int, int]]:
     """Every KV head outside the model's own sliding-window layers, as ``(layer, kv_head)``,
-    with the model's shape."""
-    name, n_layers, n_heads, n_kv = model_shape(model)
+    and the model's shape as :func:`~headmech.kv.budget.model_shape` gives it (name, layers,
+    query heads, KV heads)."""
+    shape = model_shape(model)
+    n_layers, n_kv = shape[1], shape[3]
     windows = model_windows(model) or (0,) * n_layers
     heads = [(la, k) for la in range(n_layers) if not windows[la] for k in range(n_kv)]
-    return heads, n_layers, n_kv, name, n_heads
+    return heads, shape
 
 
 def one_windowed_plans(
@@ -209,7 +211,7 @@ def one_windowed_plans(
 ) -> tuple[list[tuple[int, int]], list[KVPlan]]:
     """``(heads, plans)``: every KV head outside the model's own sliding-window layers, as
     ``(layer, kv_head)``, and for each the plan that windows it alone."""
-    heads, n_layers, n_kv, name, n_heads = _measured_heads(model)
+    heads, (name, n_layers, n_heads, n_kv) = _measured_heads(model)
     plans = []
     for la, k in heads:
         full = torch.ones(n_layers, n_kv, dtype=torch.bool)
@@ -224,7 +226,7 @@ def one_restored_plans(
     """``(heads, plans)``: as :func:`one_windowed_plans`, the plans keeping the whole cache
     for that head alone, with every other measured head windowed; last, the plan with
     every measured head windowed (its head: ``(-1, -1)``)."""
-    heads, n_layers, n_kv, name, n_heads = _measured_heads(model)
+    heads, (name, n_layers, n_heads, n_kv) = _measured_heads(model)
     none = torch.ones(n_layers, n_kv, dtype=torch.bool)
     for la, k in heads:
         none[la, k] = False
