@@ -236,8 +236,8 @@ def _previous_token_mass_by_hand(model, batches, pattern_dtype=None, sum_dtype=t
 
 def test_blocks_with_bf16_accumulate_in_fp32(tiny_dirs):
     """A bf16 model's rebuilt rows are fp32, and its statistic is the fp32 computation on
-    its bf16 q and k (by hand) to 2e-6; the pattern rounded to bf16, or the sums
-    accumulated in bf16, land at least 5 and 100 times further away."""
+    its bf16 q and k (by hand) to 1e-5; the pattern rounded to bf16 lands at least 5 times
+    further away than the engine, the sums accumulated in bf16 50 times the bound."""
     from headmech.stream.engine import Reducer
 
     m16 = headmech.load_model(str(tiny_dirs["llama"]), dtype="bfloat16")
@@ -254,14 +254,15 @@ def test_blocks_with_bf16_accumulate_in_fp32(tiny_dirs):
     got = got.mean("previous_token.mass").double()
     assert dtypes == {torch.float32}
     want = _previous_token_mass_by_hand(m16, batches)
-    # measured: 6.5e-7 (fp32 sums in the engine), the mass itself up to 0.12
-    tolerance = 2e-6
-    assert float((got - want).abs().max()) < tolerance
-    # measured: 2.6e-5 with the pattern rounded to bf16, 8e-4 with sums in bf16
+    # measured (the mass itself up to 0.12): 6.5e-7 on a CPU with AVX-512, 3.0e-6 on an
+    # AVX2-only AMD EPYC (its bf16 kernels round the model's own q and k differently)
+    err = float((got - want).abs().max())
+    assert err < 1e-5
+    # measured: 2.6e-5 with the pattern rounded to bf16, 8e-4 with sums in bf16 (both CPUs)
     bf16_pattern = _previous_token_mass_by_hand(m16, batches, pattern_dtype=torch.bfloat16)
     bf16_sums = _previous_token_mass_by_hand(m16, batches, sum_dtype=torch.bfloat16)
-    assert float((bf16_pattern - want).abs().max()) > 5 * tolerance
-    assert float((bf16_sums - want).abs().max()) > 100 * tolerance
+    assert float((bf16_pattern - want).abs().max()) > 5 * err
+    assert float((bf16_sums - want).abs().max()) > 50 * 1e-5
 
 
 @pytest.mark.slow

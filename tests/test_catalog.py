@@ -312,8 +312,8 @@ def test_catalog_path_folders_are_discovered(tmp_path, monkeypatch):
 
     text = HEAD_TYPE_FILE.format(cls="FirstTokenPathHead", name="first_token_path")
     (tmp_path / "first_token_path.py").write_text(text)
-    monkeypatch.setenv(heads.CATALOG_PATH_ENV, str(tmp_path))
-    with HEAD_TYPES.isolated():
+    with HEAD_TYPES.isolated():  # the state kept to restore is loaded before the folder is set
+        monkeypatch.setenv(heads.CATALOG_PATH_ENV, str(tmp_path))
         HEAD_TYPES.reload()
         assert "first_token_path" in headmech.head_types()
         # loading again is idempotent: the same definition, registered again

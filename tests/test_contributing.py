@@ -79,12 +79,15 @@ def contribution(tmp_path_factory) -> dict:
 def registered(contribution, monkeypatch):
     """The type registered from its folder, as ``$HEADMECH_CATALOG_PATH`` registers it;
     the registry is restored afterwards."""
-    monkeypatch.setenv(heads.CATALOG_PATH_ENV, str(contribution["folder"]))
+    # isolated() first loads the registry and keeps that state to restore: the folder is
+    # set inside it, or an unloaded registry would load the type into the kept state (and
+    # every later test of the process would see it)
     with HEAD_TYPES.isolated():
+        monkeypatch.setenv(heads.CATALOG_PATH_ENV, str(contribution["folder"]))
         HEAD_TYPES.reload()
         yield contribution
+        monkeypatch.delenv(heads.CATALOG_PATH_ENV)
     sys.modules.pop(f"headmech_local_catalog.{contribution['stem']}", None)
-    HEAD_TYPES.reload()
 
 
 def _load_test_module(path: Path, name: str) -> ModuleType:

@@ -697,11 +697,11 @@ def plugin_folder(tmp_path, monkeypatch):
     """A fresh folder on ``$HEADMECH_CATALOG_PATH``; the registry restored afterwards."""
     folder = tmp_path / "plugins"
     folder.mkdir()
-    monkeypatch.setenv(CATALOG_PATH_ENV, str(folder))
-    with HEAD_TYPES.isolated():
+    with HEAD_TYPES.isolated():  # the state kept to restore is loaded before the folder is set
+        monkeypatch.setenv(CATALOG_PATH_ENV, str(folder))
         HEAD_TYPES.reload()
         yield folder
-    HEAD_TYPES.reload()
+        monkeypatch.delenv(CATALOG_PATH_ENV)
 
 
 def _plugin(folder: Path, stem: str, cls: str, name: str, targets: str, score: str) -> None:
