@@ -254,8 +254,8 @@ def test_blocks_with_bf16_accumulate_in_fp32(tiny_dirs):
     got = got.mean("previous_token.mass").double()
     assert dtypes == {torch.float32}
     want = _previous_token_mass_by_hand(m16, batches)
-    # measured (the mass itself up to 0.12): 6.5e-7 on a CPU with AVX-512, 3.0e-6 on an
-    # AVX2-only AMD EPYC (its bf16 kernels round the model's own q and k differently)
+    # measured (the mass itself up to 0.12): 6.5e-7 on the CPU that set the first bound,
+    # 3.0e-6 on an AVX2-only AMD EPYC (its bf16 kernels round differently)
     err = float((got - want).abs().max())
     assert err < 1e-5
     # measured: 2.6e-5 with the pattern rounded to bf16, 8e-4 with sums in bf16 (both CPUs)

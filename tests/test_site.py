@@ -210,11 +210,13 @@ def test_hovering_a_token_shows_the_weights_of_examples_json(site, page):
     n_views = page.locator(".hm-view").count()
     recorded = [v for v, rows in enumerate(examples["heads"][head]) if rows is not None]
     assert n_views == len(recorded) >= 2  # the ordinary texts, and its own type's probe
+    # nothing shown before a hover (checked on load: a hover keeps its row shown after the
+    # pointer leaves, and the scrolling of the steps below can pass the pointer over a view)
+    assert page.locator(".hm-w").count() == 0
     for v in recorded:
         text = examples["texts"][v]
         view = page.locator(f"#view-{v}")
         q = len(text["tokens"]) - 1  # the last query sees every token
-        assert view.locator(".hm-w").count() == 0  # nothing shown before a hover
         view.locator(".hm-tok").nth(q).hover()
         shown = [float(x) for x in view.locator(".hm-w").all_inner_texts()]
         want = examples["heads"][head][v][q]
