@@ -9,7 +9,8 @@ import contextlib
 import pytest
 import torch
 
-from headmech.classification.validation import _effects
+from headmech.classification.claim_types import Ablation, ClaimRecord
+from headmech.classification.montecarlo import ControlTest
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.inactive import InactiveHead
 from headmech.probes import ProbeOptions, build_probe
@@ -127,10 +128,19 @@ def test_a_head_made_quiet_by_hand_is_the_one_labelled(model, probe):
 
 
 def test_validation_expects_little_for_inactive_heads():
-    heads = [HeadIndex(1, 2)]
-    v = _effects(InactiveHead(), heads, [[HeadIndex(1, 0)]], torch.tensor([4.02, 4.5]), 4.0, None)
-    assert v["expected"] == "little" and v["tolerance"] == 0.01
-    assert v["relative_effect"] == pytest.approx(0.005)
+    """Zeroing inactive heads: the effect within 1% of the clean metric, and smaller (in
+    absolute value) than random sets' in a Monte Carlo test: validated; beyond 1%: not."""
+    from types import SimpleNamespace
+
+    assert InactiveHead().expected() == "little"
+    record = ClaimRecord("ablation", "", "loss", "zero", "little", 1, effect=0.02, clean=4.0)
+    Ablation().finish(SimpleNamespace(head_type=InactiveHead()), record)  # type: ignore[arg-type]
+    assert record.extra["tolerance"] == 0.01
+    assert record.extra["relative_effect"] == pytest.approx(0.005)
+    record.test = ControlTest(0.02, [0.5] * 99, 0, 0.01, 0.01, "n_max", 99, 5, 10**6, "u", "little")
+    assert record.decide(0.05) == "validated"
+    record.extra["relative_effect"] = 0.02  # beyond the tolerance
+    assert record.decide(0.05) == "not validated"
 
 
 def test_check_causal_fails_when_zeroing_costs_more_than_random(monkeypatch, model):

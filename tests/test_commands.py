@@ -32,15 +32,15 @@ pytestmark = pytest.mark.slow  # the bundled real models and the toy
 MODELS = ("toy-induction", "minilm-l6", "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 DECODERS = ("toy-induction", "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 
-# per model: classify's types (one whose control sets can be drawn, the sink whose cannot
-# on decoders) and sizes
+# per model: classify's types (one whose control sets can be drawn, the sink, tested by its
+# dose-response on decoders) and sizes
 CLASSIFY = {
     "toy-induction": ["--types", "induction,duplicate_token", "--n-sequences", "8"],
     "minilm-l6": ["--types", "positional,attention_sink", "--n-sentences", "16"],
     # the command of the "nothing lost" issue, which crashed printing the sink's evidence,
     # at 8 sentences (the issue's 32 cost 22 s more CPU on one thread: the sink's validation
     # ablates its ~220 labelled heads, and 24 alone, on every sentence; the sink labels 221
-    # of 270 heads at 8, 219 at 32, so no control is possible either way)
+    # of 270 heads at 8, 219 at 32: no equal-sized control either way, so its dose test)
     "smollm2-135m": ["--types", "induction,attention_sink", "--n-sequences", "8",
                      "--n-sentences", "8"],
     # 4 sentences: the sink still labels 63 of 72 heads (62 with 8), 16% less CPU
@@ -146,12 +146,17 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
         assert _numbers(shown) == pytest.approx(_numbers(line), abs=2e-4), (name, line)
     if model in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):  # sink: most heads
         sink = catalog["types"]["attention_sink"]["details"]["validation"]
-        assert sink["random_mean"] is None
-        assert "no control possible" in validation_line(sink)
+        # no equal-sized set of non-sinks: the dose-response over sink-score bins, two sets a
+        # bin at --n-random 2, its p by 999 permutations
+        assert sink["validation"] == "sink_dose" and len(sink["dose"]) == 10
+        assert "999 permutations" in validation_line(sink)
+    if model == "minilm-l6":  # BERT's bridge ignores pattern edits: the sink is untestable
+        sink = catalog["types"]["attention_sink"]["details"]["validation"]
+        assert sink["verdict"] == "untestable here" and "pattern edits" in sink["control_note"]
     if "--alone" in CLASSIFY[model]:  # at most 2 labelled heads ablated alone, said
-        sink = catalog["types"]["attention_sink"]
-        alone = [h for h, e in sink["per_head"].items() if "effect" in e and e["labelled"]]
-        assert len(alone) == 2 and sink["details"]["validation"]["per_head_note"].startswith("2 of")
+        t = catalog["types"]["induction"]
+        alone = [h for h, e in t["per_head"].items() if "effect" in e and e["labelled"]]
+        assert len(alone) == 2 and t["details"]["validation"]["per_head_note"].startswith("2 of")
         assert catalog["provenance"]["settings"]["alone"] == [2, 1]
     if model != "minilm-l6":  # induction labelled, with controls drawn
         v = catalog["types"]["induction"]["details"]["validation"]
@@ -161,6 +166,7 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
             heads, m["n_layers"], m["n_heads"], v["control"], v.get("excluded_from_controls", [])
         )
         assert heads and len(v["random_effects"]) == min(2, possible)  # distinct sets
+        assert v["verdict"] == "inconclusive" and "p >= 0.33 at best" in validation_line(v)
 
 
 IMPORTANCE = {

@@ -30,30 +30,35 @@ def _type(name: str, threshold: float = 0.0):
 
 def test_controls_are_matched_per_layer_and_recorded(tiny_models):
     model = tiny_models["llama"]
-    heads = [HeadIndex(0, 1), HeadIndex(1, 3)]  # 3 x 3 distinct same-layer sets
+    heads = [HeadIndex(0, 1), HeadIndex(1, 3)]  # 4 x 4 - 1 other same-layer sets
     v = validate_heads(model, _type("duplicate_token"), heads, SMALL, n_random=4)
-    assert v["control"] == "same_layers" and len(v["control_sets"]) == 4
-    assert len({frozenset(map(tuple, c)) for c in v["control_sets"]}) == 4  # none repeated
+    assert v["control"] == "same_layers" and len(v["control_sets"]) == v["test"]["n"]
+    assert len({frozenset(map(tuple, c)) for c in v["control_sets"]}) == len(v["control_sets"])
     for control in v["control_sets"]:
         assert sorted(layer for layer, _ in control) == [0, 1]  # per-layer counts kept
-        assert not {tuple(h) for h in control} & {tuple(h) for h in heads}
+        assert {tuple(h) for h in control} != {tuple(h) for h in heads}  # a relabelling
     effects = sorted(v["random_effects"])
-    assert v["random_median"] == pytest.approx(effects[1], abs=1e-9)  # the lower median
+    assert v["random_effects"] == v["test"]["controls"]
     assert v["random_range"] == pytest.approx([effects[0], effects[-1]])
     lo, hi = v["effect_interval"]
     assert lo <= v["effect"] <= hi and lo < hi
+    # the test: exceedances counted against the labelled effect, p = (1 + e) / (1 + n)
+    e = sum(c >= v["effect"] for c in v["test"]["controls"])
+    assert v["test"]["exceedances"] == e
+    assert v["test"]["p"] == pytest.approx((1 + e) / (1 + v["test"]["n"]))
 
 
-def test_a_saturated_layer_falls_back_and_too_many_labels_have_no_control(tiny_models):
+def test_a_full_layer_widens_and_every_head_labelled_has_no_control(tiny_models):
     model = tiny_models["llama"]  # 2 layers x 4 heads
-    saturated = [HeadIndex(0, h) for h in range(3)]  # layer 0 has one unlabelled head left
-    with pytest.warns(UserWarning, match="fewer eligible heads"):
-        v = validate_heads(model, _type("duplicate_token"), saturated, SMALL, n_random=3)
-    assert v["control"] == "any_layer" and len(v["control_sets"]) == 3
-    most = [HeadIndex(la, h) for la in range(2) for h in range(3)]  # 6 of 8 heads
-    v = validate_heads(model, _type("duplicate_token"), most, SMALL, n_random=3)
+    full = [HeadIndex(0, h) for h in range(4)]  # layer 0 whole: no other set there
+    v = validate_heads(model, _type("duplicate_token"), full, SMALL, n_random=3)
+    assert v["control"] == "layers_within_1" and len(v["control_sets"]) == 3
+    assert any(h[0] == 1 for s in v["control_sets"] for h in s)
+    every = [HeadIndex(la, h) for la in range(2) for h in range(4)]
+    v = validate_heads(model, _type("duplicate_token"), every, SMALL, n_random=3)
     assert v["control"] == "none" and v["control_sets"] == [] and v["random_median"] is None
     assert "no control possible" in v["control_note"] and v["effect"] != 0.0
+    assert v["verdict"] == "untestable here"
 
 
 @pytest.mark.slow

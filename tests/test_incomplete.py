@@ -18,6 +18,9 @@ from headmech.core.errors import IncompleteRunError
 classify_module = importlib.import_module(
     "headmech.classification.classify"
 )  # the module, not the function
+validation_module = importlib.import_module(
+    "headmech.classification.validation"
+)  # validate_types calls its type_validation
 
 TYPES = ["previous_token", "attention_sink", "positional"]
 SIZES = {"n_sentences": 8, "batch_size": 4}
@@ -25,7 +28,7 @@ SIZES = {"n_sentences": 8, "batch_size": 4}
 
 def _fail_on(name, error):
     """A ``type_validation`` that raises ``error`` for type ``name``, else validates."""
-    real = classify_module.type_validation
+    real = validation_module.type_validation
 
     def validation(model, t, heads, options, n_random, *rest, **kw):
         if t.name == name:
@@ -42,7 +45,7 @@ def llama(tiny_dirs):
 
 def test_an_error_in_a_later_step_keeps_the_finished_types(llama, monkeypatch):
     monkeypatch.setattr(
-        classify_module, "type_validation", _fail_on("positional", RuntimeError("boom"))
+        validation_module, "type_validation", _fail_on("positional", RuntimeError("boom"))
     )
     with pytest.raises(IncompleteRunError) as e:
         headmech.classify(llama, TYPES, validate=True, n_random=1, **SIZES)
@@ -63,7 +66,7 @@ def test_an_error_in_a_later_step_keeps_the_finished_types(llama, monkeypatch):
 
 def test_nothing_finished_is_the_plain_error(llama, monkeypatch):
     monkeypatch.setattr(
-        classify_module, "type_validation", _fail_on("previous_token", RuntimeError("early"))
+        validation_module, "type_validation", _fail_on("previous_token", RuntimeError("early"))
     )
     with pytest.raises(RuntimeError, match="early"):
         headmech.classify(llama, TYPES, validate=True, n_random=1, **SIZES)
@@ -95,7 +98,7 @@ def test_weights_hash_fails_before_any_forward(llama, monkeypatch):
 def test_command_writes_the_finished_part(
     capsys, tiny_dirs, tmp_path, monkeypatch, error, code, why
 ):
-    monkeypatch.setattr(classify_module, "type_validation", _fail_on("positional", error))
+    monkeypatch.setattr(validation_module, "type_validation", _fail_on("positional", error))
     out = tmp_path / "out"
     argv = ["classify", str(tiny_dirs["llama"]), "--types", ",".join(TYPES), "--validate"]
     argv += ["--n-random", "1", "--n-sentences", "8", "--batch-size", "4"]

@@ -36,10 +36,9 @@ def toy():
 @pytest.fixture(scope="module")
 def strict(toy):
     """Induction on the toy with a copying threshold between its heads' own effects."""
-    with pytest.warns(UserWarning, match="fewer eligible heads"):
-        return headmech.classify(
-            toy, [InductionHead(copying_threshold=0.1)], validate=True, n_random=3, **SIZE
-        )
+    return headmech.classify(
+        toy, [InductionHead(copying_threshold=0.1)], validate=True, n_random=3, **SIZE
+    )
 
 
 def test_every_head_above_the_threshold_is_labelled_or_listed_with_its_reason(strict):
@@ -69,14 +68,15 @@ def test_every_head_above_the_threshold_is_labelled_or_listed_with_its_reason(st
 
 def test_no_control_set_holds_a_head_of_the_type(strict):
     """The three rejected induction heads share the labelled head's layer: with them kept
-    out, layer 1 has no eligible head, and the controls come from layer 0 (saying so)."""
+    out, layer 1 holds no other set, and the controls come from within one layer (saying
+    so): the labelled head and layer 0's four, never the labelled set itself."""
     r = strict["induction"]
     v = r.details["validation"]
     assert sorted(map(tuple, v["excluded_from_controls"])) == [(1, 1), (1, 2), (1, 3)]
-    assert v["control"] == "any_layer" and "fewer eligible heads" in v["control_note"]
-    assert v["control_pool"] == 4  # layer 0's heads
+    assert v["control"] == "layers_within_1" and "only 0 distinct control set" in v["control_note"]
+    assert (v["control_pool"], v["n_possible_sets"]) == (5, 4)
     drawn = {tuple(h) for s in v["control_sets"] for h in s}
-    assert drawn and all(layer == 0 for layer, _ in drawn)
+    assert len(drawn) == 3 and all(layer == 0 for layer, _ in drawn)
 
 
 def test_each_head_alone_is_the_effect_of_ablating_it_alone(toy, strict):
@@ -196,28 +196,30 @@ def test_the_command_lines_table_and_report_name_the_heads_not_labelled(strict, 
 
 def test_controls_widen_to_nearby_layers_when_the_same_layers_hold_too_few_sets():
     """SmolLM2's name movers: three labelled heads in layer 23, where three more may be
-    name movers: three eligible heads make one distinct set. The controls come from the
-    eligible heads within one layer instead (none of them of the type), and say so."""
+    name movers: six heads of the layer make 19 other sets, fewer than the 99 asked for.
+    The controls come from the heads within one layer (none of them of the type, never the
+    labelled set itself), and say so."""
     import warnings
 
     from headmech.classification.claims import control_space
-    from headmech.classification.validation import draw_controls
+    from headmech.classification.control_sets import draw_controls
     from headmech.models import ModelInfo
 
     info = ModelInfo("m", 30, 9, 3, 0, 0, True)
     heads = [HeadIndex(23, 1), HeadIndex(23, 0), HeadIndex(23, 2)]
     excluded = [HeadIndex(23, h) for h in (4, 7, 8)] + [HeadIndex(22, 7), HeadIndex(24, 4)]
-    assert control_space(heads, 30, 9, "same_layers", excluded)[1] == 1
+    assert control_space(heads, 30, 9, "same_layers", excluded) == (6, 19)  # C(6, 3) - 1
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no fallback warning: no layer is short of heads
-        sets, kind, note = draw_controls(info, heads, 5, 0, excluded)
-    assert kind == "layers_within_1" and "only 1 distinct control set" in note
-    assert len({frozenset(s) for s in sets}) == 5
+        warnings.simplefilter("error")
+        sets, kind, note = draw_controls(info, heads, 99, 0, excluded)
+        assert draw_controls(info, heads, 19, 0, excluded)[1] == "same_layers"
+    assert kind == "layers_within_1" and "only 19 distinct control set" in note
+    assert len({frozenset(s) for s in sets}) == 99
     drawn = {h for s in sets for h in s}
     assert all(22 <= h.layer <= 24 for h in drawn)
-    assert not drawn & (set(heads) | set(excluded))
+    assert not drawn & set(excluded) and frozenset(heads) not in {frozenset(s) for s in sets}
     pool, possible = control_space(heads, 30, 9, kind, excluded)
-    assert pool == 27 - 3 - 5 and possible == 1 * 0 + 969  # C(19, 3)
+    assert pool == 27 - 5 and possible == 1539  # C(22, 3) - 1
 
 
 def test_redundancy_is_the_set_over_the_sum_and_none_across_signs():

@@ -20,29 +20,37 @@ NOT_APPLICABLE = "not validated: task 'induction' needs a causal (decoder) model
 
 # validation records as classify writes them (only the keys the writer reads matter)
 SAME_LAYERS = {
+    "validation": "ablation", "primary": "ablation",
     "metric": "next-token loss", "mode": "zero", "n_heads": 2, "effect": 1.5,
     "effect_interval": [1.25, 1.75], "expected": "raise", "control": "same_layers",
     "control_note": "", "random_effects": [0.1, 0.2, 0.3], "random_median": 0.2,
-    "random_range": [0.1, 0.3],
+    "random_range": [0.1, 0.3], "test": {"p": 0.25, "q": 0.25, "n": 3},
+    "verdict": "inconclusive",
 }  # fmt: skip
-ANY_LAYER = {
+WIDENED = {
+    "validation": "ablation", "primary": "ablation",
     "metric": "1 - cos", "mode": "zero", "n_heads": 1, "effect": 0.016726,
-    "effect_interval": [0.015472, 0.017958], "expected": "raise", "control": "any_layer",
-    "control_note": "layers [0] have fewer unlabelled than labelled heads",
+    "effect_interval": [0.015472, 0.017958], "expected": "raise", "control": "layers_within_1",
+    "control_note": "only 3 distinct control set(s) exist in the labelled heads' layers: "
+    "controls drawn from the eligible heads within 1 layer(s) of them",
     "random_effects": [0.004587, 0.005434, 0.004163, 0.00455, 0.004739],
     "random_median": 0.004587, "random_range": [0.004163, 0.005434],
+    "test": {"p": 1 / 6, "q": 1 / 6, "n": 5}, "verdict": "inconclusive",
 }  # fmt: skip
 LOWER_NO_CONTROL = {
+    "validation": "direct_path", "primary": "direct_path",
     "metric": "logit difference", "mode": "mean", "n_heads": 1, "effect": -0.5,
     "effect_interval": None, "expected": "lower", "control": "none", "control_note": "",
-    "random_effects": [], "random_median": None, "random_range": None,
+    "random_effects": [], "random_median": None, "random_range": None, "test": None,
+    "verdict": "untestable here",
 }  # fmt: skip
 NOTED_NO_CONTROL = {**LOWER_NO_CONTROL, "expected": "raise", "effect": 0.25,
                     "effect_interval": [0.125, 0.375],
                     "control_note": "5 of 8 heads are labelled"}  # fmt: skip
-NO_HEADS = {"metric": "next-token loss", "mode": "mean", "n_heads": 0, "effect": 0.0}
+NO_HEADS = {"metric": "next-token loss", "mode": "mean", "n_heads": 0, "effect": 0.0,
+            "verdict": "no heads"}  # fmt: skip
 NOT_RUN = {"metric": "next-token loss", "mode": "zero", "n_heads": 1, "effect": None,
-           "control_note": NOT_APPLICABLE}  # fmt: skip
+           "control_note": NOT_APPLICABLE, "verdict": "untestable here"}  # fmt: skip
 
 
 # fmt: off
@@ -53,8 +61,8 @@ CELLS = [
     ("no-heads", NO_HEADS, ("no labelled heads", "")),
     ("not-applicable", NOT_RUN, ("—", NOT_APPLICABLE)),
     ("same-layers", SAME_LAYERS, ("+1.5 [+1.25, +1.75]", "+0.2 (+0.1 … +0.3; 3 sets, same layers)")),
-    ("any-layer", ANY_LAYER,
-     ("+0.0167 [+0.0155, +0.018]", "+0.00459 (+0.00416 … +0.00543; 5 sets, any layer)")),
+    ("widened", WIDENED,
+     ("+0.0167 [+0.0155, +0.018]", "+0.00459 (+0.00416 … +0.00543; 5 sets, within 1 layer(s))")),
     ("lower-no-control", LOWER_NO_CONTROL, ("-0.5 (expected: lower)", "no control")),
     ("noted-no-control", NOTED_NO_CONTROL, ("+0.25 [+0.125, +0.375]", "5 of 8 heads are labelled")),
 ]
@@ -141,7 +149,7 @@ def root(tmp_path) -> Path:
         "minilm-l6",
         (2, 2),
         {
-            "positional": _type(0.9, [[0.2, 0.95], [0.1, 0.3]], [[0, 1]], ANY_LAYER),
+            "positional": _type(0.9, [[0.2, 0.95], [0.1, 0.3]], [[0, 1]], WIDENED),
             "duplicate_token": _type(0.5, [[0.0, 0.0], [0.7, 0.0]], [[1, 0]], NOT_RUN),
         },
         {
@@ -159,76 +167,39 @@ def root(tmp_path) -> Path:
         "induction": _type(0.4, [[0.0] * 4, [0.0, 0.0, 0.8, 0.0]], [[1, 2]],
                            {**SAME_LAYERS, "n_heads": 1, "effect": 2.0, "effect_interval": None,
                             "random_effects": [0.01, 0.05, 0.1], "random_median": 0.05,
-                            "random_range": [0.01, 0.1]}),
+                            "random_range": [0.01, 0.1], "verdict": "not validated"}),
     }, {"command": "headmech classify toy-induction --validate", "cpu_seconds": 60.0,
         "seconds": {"load": 1.0, "classify": 20.0, "check": 2.0}, "skipped": {}})  # fmt: skip
     return tmp_path
 
 
-TABLE_HEAD = (
-    "| type | threshold | heads | labelled heads (score), best first | ablation effect [95% CI] | "
-    "random heads not of the type: median (range) | verdict | metric (ablation) |"
-)
-ALL_LABELLED = ["", "Every head at or above a threshold is labelled."]
-PER_HEAD_INTRO = (
-    "Each labelled head alone: its own effect on the type's task [95% CI], and the share "
-    "of its attention on ordinary text (five domains, 64 / 256 tokens) that the type's "
-    "pattern takes (**narrow**: under half at both lengths; – : the type has no pattern "
-    "outside its probe). Redundancy: the set's effect over the sum of its heads' own "
-    "(> 1: they back each other up)."
-)
-
-VERDICT_INTRO = (
-    "Validation verdicts ({model}): *validated* — the labelled effect lies beyond every "
-    "control set's in the expected direction and its 95% interval excludes 0; *degenerate "
-    "controls* — fewer distinct control sets exist than were asked for, so the labels are not "
-    "judged against them."
-)
-VERDICT_HEAD = "| type | validated on | effect [95% CI] | controls: median (range) | verdict |"
-
 SMOLLM2_SECTION = [
     "## smollm2-135m (2 layers x 2 heads)",
     "",
-    "`headmech classify smollm2-135m --validate` (headmech 0.1.0, weights SHA-256 "
-    "`abababababababab…`): load 10 s, classify and validate 3000 s, check size 50 s of wall "
-    "time; 5000 CPU seconds on 2 threads. [catalog.json](smollm2-135m/catalog.json), "
-    "[heatmaps](smollm2-135m/heatmaps/).",
+    "`headmech classify smollm2-135m --validate` (headmech 0.1.0, weights SHA-256 `abababababababab…`): load 10 s, classify and validate 3000 s, check size 50 s of wall time; 5000 CPU seconds on 2 threads. [catalog.json](smollm2-135m/catalog.json), [heatmaps](smollm2-135m/heatmaps/).",
     "",
-    TABLE_HEAD,
-    "|---|---|---|---|---|---|---|---|",
-    "| [`induction`](smollm2-135m/heatmaps/induction.png) | 0.4 | 2 | L1H0 0.90, L1H1 0.50 | "
-    "+1.5 [+1.25, +1.75] | +0.2 (+0.1 … +0.3; 3 sets, same layers) | degenerate controls | "
-    "next-token loss (zero) |",
-    "| [`negative_name_mover`](smollm2-135m/heatmaps/negative_name_mover.png) | 0.25 | 1 | "
-    "L0H1 -0.33 | -0.5 (expected: lower) | no control | no control | logit difference (mean) |",
-    "| [`attention_sink`](smollm2-135m/heatmaps/attention_sink.png) | 0.5 | 0 | "
-    "none (best L0H1 0.45) | no labelled heads |  |  | next-token loss (mean) |",
-    "| [`retrieval`](smollm2-135m/heatmaps/retrieval.png) | 0.1 | 0 | none | not validated |  |  "
-    "|  |",
+    "| type | threshold | heads | labelled heads (score), best first | primary claim: effect [95% CI] | controls: median (range) | test | verdict | metric |",
+    "|---|---|---|---|---|---|---|---|---|",
+    "| [`induction`](smollm2-135m/heatmaps/induction.png) | 0.4 | 2 | L1H0 0.90, L1H1 0.50 | +1.5 [+1.25, +1.75] | +0.2 (+0.1 … +0.3; 3 sets, same layers) | p 0.25, q 0.25, n 3 | inconclusive | next-token loss (zero) |",
+    "| [`negative_name_mover`](smollm2-135m/heatmaps/negative_name_mover.png) | 0.25 | 1 | L0H1 -0.33 | -0.5 (expected: lower) | no control |  | untestable here | logit difference (mean) |",
+    "| [`attention_sink`](smollm2-135m/heatmaps/attention_sink.png) | 0.5 | 0 | none (best L0H1 0.45) | no labelled heads |  |  |  | next-token loss (mean) |",
+    "| [`retrieval`](smollm2-135m/heatmaps/retrieval.png) | 0.1 | 0 | none | not validated |  |  |  |  |",
     "",
-    VERDICT_INTRO.format(model="smollm2-135m"),
+    "Validation verdicts (smollm2-135m): each claim is a Monte Carlo test of the labelled set against up to 99 random control sets (random relabellings of the labelled heads' layers, never a head of the type or its circuit), stopped after 5 controls at least as extreme; p = (1 + exceedances) / (1 + n), q by Benjamini-Hochberg across every claim of the catalog. *validated*: q <= 0.05 and the effect's 95% interval excludes 0; *inconclusive*: fewer control sets were drawn than p <= 0.05 needs; *untestable here*: the model holds too few distinct control sets. The primary claim (the paper's own) comes first.",
     "",
-    VERDICT_HEAD,
-    "|---|---|---|---|---|",
-    # layer 1 of 2 heads fully labelled: no same-layer control set exists, 3 were drawn
-    "| `induction` | next-token loss (zero ablation) | +1.5 [+1.25, +1.75] | "
-    "+0.2 (+0.1 … +0.3; 3 sets, same layers) | **degenerate controls** |",
-    "| `negative_name_mover` | logit difference (mean ablation) | -0.5 (expected: lower) | "
-    "no control | **no control** |",
-    "| `attention_sink` | next-token loss (mean ablation) | no labelled heads |  | **no heads** |",
-    "| `retrieval` |  | not validated |  | **not run** |",
+    "| type | claim | validated on | effect [95% CI] | controls: median (range) | test | verdict |",
+    "|---|---|---|---|---|---|---|",
+    "| `induction` | ablation | next-token loss (zero ablation) | +1.5 [+1.25, +1.75] | +0.2 (+0.1 … +0.3; 3 sets, same layers) | p 0.25, q 0.25, n 3 | **inconclusive** |",
+    "| `negative_name_mover` | direct_path | logit difference | -0.5 (expected: lower) | no control | – | **untestable here** |",
+    "| `attention_sink` | ablation | next-token loss (mean ablation) | no labelled heads |  | – | **no heads** |",
     "",
-    "- `induction`: controls degenerate: only 0 distinct control set(s) exist (0 unlabelled "
-    "heads to draw from), 3 asked for, 3 drawn; not judged against them.",
-    "",
-    "Heads at or above a threshold that are not labelled (the type's further criterion "
-    "rejected them), with their own effect on the type's task (ablated alone):",
+    "Heads at or above a threshold that are not labelled (the type's further criterion rejected them), with their own effect on the type's task (ablated alone):",
     "",
     "| type | head | score | why not labelled | own effect [95% CI] |",
     "|---|---|---|---|---|",
     "| `induction` | L0H1 | 0.450 | copying score -0.20 < 0 | +0.05 [-0.1, +0.2] |",
     "",
-    PER_HEAD_INTRO,
+    "Each labelled head alone: its own effect on the type's task [95% CI], and the share of its attention on ordinary text (five domains, 64 / 256 tokens) that the type's pattern takes (**narrow**: under half at both lengths; – : the type has no pattern outside its probe). Redundancy: the set's effect over the sum of its heads' own (> 1: they back each other up).",
     "",
     "| type | head: own effect, share on ordinary text | redundancy |",
     "|---|---|---|",
@@ -238,31 +209,23 @@ SMOLLM2_SECTION = [
 MINILM_SECTION = [
     "## minilm-l6 (2 layers x 2 heads)",
     "",
-    "`headmech classify minilm-l6 --validate` (headmech 0.1.0, weights SHA-256 "
-    "`abababababababab…`): load 6 s, classify and validate 330 s, check size 21 s of wall "
-    "time; 231 CPU seconds on 2 threads. [catalog.json](minilm-l6/catalog.json), "
-    "[heatmaps](minilm-l6/heatmaps/).",
+    "`headmech classify minilm-l6 --validate` (headmech 0.1.0, weights SHA-256 `abababababababab…`): load 6 s, classify and validate 330 s, check size 21 s of wall time; 231 CPU seconds on 2 threads. [catalog.json](minilm-l6/catalog.json), [heatmaps](minilm-l6/heatmaps/).",
     "",
-    TABLE_HEAD,
-    "|---|---|---|---|---|---|---|---|",
-    "| [`positional`](minilm-l6/heatmaps/positional.png) | 0.9 | 1 | L0H1 0.95 | "
-    "+0.0167 [+0.0155, +0.018] | +0.00459 (+0.00416 … +0.00543; 5 sets, any layer) | "
-    "degenerate controls | 1 - cos (zero) |",
-    "| [`duplicate_token`](minilm-l6/heatmaps/duplicate_token.png) | 0.5 | 1 | L1H0 0.70 | — | "
-    f"{NOT_APPLICABLE} | not run | next-token loss (zero) |",
+    "| type | threshold | heads | labelled heads (score), best first | primary claim: effect [95% CI] | controls: median (range) | test | verdict | metric |",
+    "|---|---|---|---|---|---|---|---|---|",
+    "| [`positional`](minilm-l6/heatmaps/positional.png) | 0.9 | 1 | L0H1 0.95 | +0.0167 [+0.0155, +0.018] | +0.00459 (+0.00416 … +0.00543; 5 sets, within 1 layer(s)) | p 0.17, q 0.17, n 5 | inconclusive | 1 - cos (zero) |",
+    "| [`duplicate_token`](minilm-l6/heatmaps/duplicate_token.png) | 0.5 | 1 | L1H0 0.70 | — | not validated: task 'induction' needs a causal (decoder) model |  | untestable here | next-token loss (zero) |",
     "",
-    VERDICT_INTRO.format(model="minilm-l6"),
+    "Validation verdicts (minilm-l6): each claim is a Monte Carlo test of the labelled set against up to 99 random control sets (random relabellings of the labelled heads' layers, never a head of the type or its circuit), stopped after 5 controls at least as extreme; p = (1 + exceedances) / (1 + n), q by Benjamini-Hochberg across every claim of the catalog. *validated*: q <= 0.05 and the effect's 95% interval excludes 0; *inconclusive*: fewer control sets were drawn than p <= 0.05 needs; *untestable here*: the model holds too few distinct control sets. The primary claim (the paper's own) comes first.",
     "",
-    VERDICT_HEAD,
-    "|---|---|---|---|---|",
-    # 1 labelled of 4 heads, any layer: 3 possible sets of one head, 5 drawn
-    "| `positional` | 1 - cos (zero ablation) | +0.0167 [+0.0155, +0.018] | "
-    "+0.00459 (+0.00416 … +0.00543; 5 sets, any layer) | **degenerate controls** |",
-    f"| `duplicate_token` | next-token loss (zero ablation) | — | {NOT_APPLICABLE} | **not run** |",
+    "| type | claim | validated on | effect [95% CI] | controls: median (range) | test | verdict |",
+    "|---|---|---|---|---|---|---|",
+    "| `positional` | ablation | 1 - cos (zero ablation) | +0.0167 [+0.0155, +0.018] | +0.00459 (+0.00416 … +0.00543; 5 sets, within 1 layer(s)) | p 0.17, q 0.17, n 5 | **inconclusive** |",
+    "| `duplicate_token` | ablation | next-token loss (zero ablation) | — | not validated: task 'induction' needs a causal (decoder) model | – | **untestable here** |",
     "",
-    "- `positional`: controls degenerate: only 3 distinct control set(s) exist (3 unlabelled "
-    "heads to draw from), 5 asked for, 5 drawn; not judged against them.",
-    *ALL_LABELLED,
+    "- `positional`: inconclusive: only 3 distinct control set(s) exist in the labelled heads' layers: controls drawn from the eligible heads within 1 layer(s) of them.",
+    "",
+    "Every head at or above a threshold is labelled.",
     "",
     "Not applicable:",
     "",
@@ -273,24 +236,19 @@ MINILM_SECTION = [
 TOY_SECTION = [
     "## toy-induction (2 layers x 4 heads)",
     "",
-    "`headmech classify toy-induction --validate` (headmech 0.1.0, weights SHA-256 "
-    "`abababababababab…`): load 1 s, classify and validate 20 s, check size 2 s of wall "
-    "time; 60 CPU seconds on 2 threads. [catalog.json](toy-induction/catalog.json), "
-    "[heatmaps](toy-induction/heatmaps/).",
+    "`headmech classify toy-induction --validate` (headmech 0.1.0, weights SHA-256 `abababababababab…`): load 1 s, classify and validate 20 s, check size 2 s of wall time; 60 CPU seconds on 2 threads. [catalog.json](toy-induction/catalog.json), [heatmaps](toy-induction/heatmaps/).",
     "",
-    TABLE_HEAD,
-    "|---|---|---|---|---|---|---|---|",
-    "| [`induction`](toy-induction/heatmaps/induction.png) | 0.4 | 1 | L1H2 0.80 | +2 | "
-    "+0.05 (+0.01 … +0.1; 3 sets, same layers) | not validated | next-token loss (zero) |",
+    "| type | threshold | heads | labelled heads (score), best first | primary claim: effect [95% CI] | controls: median (range) | test | verdict | metric |",
+    "|---|---|---|---|---|---|---|---|---|",
+    "| [`induction`](toy-induction/heatmaps/induction.png) | 0.4 | 1 | L1H2 0.80 | +2 | +0.05 (+0.01 … +0.1; 3 sets, same layers) | p 0.25, q 0.25, n 3 | not validated | next-token loss (zero) |",
     "",
-    VERDICT_INTRO.format(model="toy-induction"),
+    "Validation verdicts (toy-induction): each claim is a Monte Carlo test of the labelled set against up to 99 random control sets (random relabellings of the labelled heads' layers, never a head of the type or its circuit), stopped after 5 controls at least as extreme; p = (1 + exceedances) / (1 + n), q by Benjamini-Hochberg across every claim of the catalog. *validated*: q <= 0.05 and the effect's 95% interval excludes 0; *inconclusive*: fewer control sets were drawn than p <= 0.05 needs; *untestable here*: the model holds too few distinct control sets. The primary claim (the paper's own) comes first.",
     "",
-    VERDICT_HEAD,
-    "|---|---|---|---|---|",
-    # 3 possible single-head sets in layer 1, 3 drawn; no interval: nothing excludes 0
-    "| `induction` | next-token loss (zero ablation) | +2 | +0.05 (+0.01 … +0.1; 3 sets, same "
-    "layers) | **not validated** |",
-    *ALL_LABELLED,
+    "| type | claim | validated on | effect [95% CI] | controls: median (range) | test | verdict |",
+    "|---|---|---|---|---|---|---|",
+    "| `induction` | ablation | next-token loss (zero ablation) | +2 | +0.05 (+0.01 … +0.1; 3 sets, same layers) | p 0.25, q 0.25, n 3 | **not validated** |",
+    "",
+    "Every head at or above a threshold is labelled.",
     "",
 ]
 
@@ -324,16 +282,16 @@ def test_readme_cross_model_section(root):
     assert "| type | `smollm2-135m` | `minilm-l6` | literature |" in lines
     lit = LITERATURE
     rows = {
-        "induction": f"| `induction` | 2 (50.0%), depth 1.00; +1.5 vs +0.2: **degenerate "
-        f"controls**; 1 above the threshold not labelled | n/a (encoder) | {lit['induction']} |",
+        "induction": f"| `induction` | 2 (50.0%), depth 1.00; +1.5 vs +0.2 (p 0.25, q 0.25, n 3): "
+        f"**inconclusive**; 1 above the threshold not labelled | n/a (encoder) | {lit['induction']} |",
         "negative_name_mover": "| `negative_name_mover` | 1 (25.0%), depth 0.00; -0.5 vs no "
-        f"control: **no control** | n/a (not published) | {lit['negative_name_mover']} |",
+        f"control: **untestable here** | n/a (not published) | {lit['negative_name_mover']} |",
         "attention_sink": f"| `attention_sink` | none | n/a (not published) | "
         f"{lit['attention_sink']} |",
         "positional": f"| `positional` | n/a (not published) | 1 (25.0%), depth 0.00; +0.0167 vs "
-        f"+0.00459: **degenerate controls** | {lit['positional']} |",
+        f"+0.00459 (p 0.17, q 0.17, n 5): **inconclusive** | {lit['positional']} |",
         "duplicate_token": f"| `duplicate_token` | n/a (not published) | 1 (25.0%), depth 1.00: "
-        f"**not run** | {lit['duplicate_token']} |",
+        f"**untestable here** | {lit['duplicate_token']} |",
         "successor": f"| `successor` | n/a (not published) | n/a (its probe 'ordinal' does not fit "
         f"the model) | {lit['successor']} |",
     }

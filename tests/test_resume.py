@@ -25,7 +25,7 @@ from headmech.cli import main
 from headmech.runs import resume
 from headmech.runs.resume import STAGING, Units
 
-classify_module = importlib.import_module("headmech.classification.classify")
+validation_module = importlib.import_module("headmech.classification.validation")
 runner_module = importlib.import_module("headmech.interventions.runner")
 michel_module = importlib.import_module("headmech.pruning.michel")
 
@@ -43,7 +43,7 @@ ARGS = {
 }  # fmt: skip
 # the function of one unit, and how many times an uninterrupted run calls it
 UNIT_FUNCTIONS = {
-    "classify": (classify_module, "type_validation", 3),
+    "classify": (validation_module, "type_validation", 3),
     "importance": (runner_module, "_run_batch", 4),
     "prune": (michel_module, "_step", 8),
 }

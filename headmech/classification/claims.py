@@ -69,27 +69,29 @@ def control_space(
     kind: str,
     excluded: Sequence[Sequence[int]] = (),
 ) -> tuple[int, int]:
-    """``(pool, n_possible)``: the eligible heads control sets of ``kind`` draw from
-    (neither labelled nor ``excluded``, i.e. not of the type; ``same_layers``: those of
-    the labelled heads' layers; ``any_layer``: all), and how many distinct sets of
-    ``len(heads)`` heads there are (per layer as many as labelled there, for
-    ``same_layers``; ``layers_within_d``: any eligible heads of the layers within ``d`` of
-    a labelled head's, where the same layers hold too few distinct sets)."""
+    """``(pool, n_possible)``: the heads control sets of ``kind`` draw from (every head
+    but those ``excluded``: the other heads that may be of the type, and its circuit's;
+    the labelled heads are in the pool, as a random relabelling may keep some of them;
+    ``same_layers``: those of the labelled heads' layers; ``any_layer``: all), and how
+    many distinct control sets of ``len(heads)`` heads there are, the labelled set itself
+    not counted (per layer as many as labelled there, for ``same_layers``;
+    ``layers_within_d``: any eligible heads of the layers within ``d`` of a labelled
+    head's)."""
     labelled = {(int(a), int(b)) for a, b in heads}
-    banned = labelled | {(int(a), int(b)) for a, b in excluded}
+    banned = {(int(a), int(b)) for a, b in excluded} - labelled
     per_layer: dict[int, int] = {}
     for la, _ in labelled:
         per_layer[la] = per_layer.get(la, 0) + 1
     if kind == "same_layers":
         free = {la: sum((la, h) not in banned for h in range(n_heads)) for la in per_layer}
-        return sum(free.values()), prod(comb(free[la], k) for la, k in per_layer.items())
+        return sum(free.values()), prod(comb(free[la], k) for la, k in per_layer.items()) - 1
     if kind == "any_layer":
         pool = n_layers * n_heads - len(banned)
-        return pool, comb(pool, len(labelled))
+        return pool, comb(pool, len(labelled)) - 1
     if kind.startswith("layers_within_"):  # the labelled heads' layers and their neighbours
         near = near_layers(per_layer, n_layers, int(kind.rsplit("_", 1)[1]))
         pool = sum((la, h) not in banned for la in near for h in range(n_heads))
-        return pool, comb(pool, len(labelled))
+        return pool, comb(pool, len(labelled)) - 1
     return 0, 0
 
 

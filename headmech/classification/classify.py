@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from headmech.classification.results import HeadCatalog, TypeResult
-from headmech.classification.validation import type_validation, validate_heads
+from headmech.classification.validation import catalog_fdr, validate_heads, validate_types
 from headmech.core.errors import ArgumentError, HeadmechError, IncompleteRunError, InputError
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import HeadType, checked_score, collect_statistics, resolve_types
@@ -28,6 +27,7 @@ from headmech.probes.corpus import CorpusError
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+    from headmech.classification.montecarlo import TestOptions
     from headmech.runs.resume import Units
 
 __all__ = ["HeadCatalog", "TypeResult", "classify", "validate_heads"]
@@ -60,12 +60,13 @@ def runnable_types(
 
 
 def _check_arguments(
-    types: Any, validate: bool, n_random: Any, n_boot: Any, alone: Any, options: dict
-) -> None:
+    types: Any, validate: bool, n_random: Any, n_boot: Any, alone: Any, options: dict,
+    control_tokens: Any = 0,
+) -> None:  # fmt: skip
     """:func:`classify`'s own arguments, as the command line checks its flags: no
     ``threshold=`` (one per type: ``thresholds=``), ``n_random`` a positive integer (at most
-    :data:`headmech.core.checks.MAX_N_RANDOM`) when validating, ``n_boot`` an integer of
-    at least 0, ``alone`` two integers of at least 0."""
+    :data:`headmech.core.checks.MAX_N_RANDOM`) when validating, ``n_boot`` and
+    ``control_tokens`` integers of at least 0, ``alone`` two integers of at least 0."""
     from headmech.core.checks import MAX_N_RANDOM
 
     def integer(value: Any) -> bool:
@@ -86,6 +87,10 @@ def _check_arguments(
     if not integer(n_boot) or n_boot < 0:
         raise ArgumentError(
             f"n_boot must be an integer of at least 0 (0: no interval), got {n_boot!r}"
+        )
+    if not integer(control_tokens) or control_tokens < 0:
+        raise ArgumentError(
+            f"control_tokens must be an integer of at least 0 (0: every batch), got {control_tokens!r}"
         )
     if validate and (not integer(n_random) or n_random < 1):
         raise ArgumentError(
@@ -216,7 +221,8 @@ def classify(
     types: Sequence[str | HeadType | type[HeadType]] | str | None = None,
     *,
     validate: bool = False,
-    n_random: int = 5,
+    n_random: int = 99,
+    control_tokens: int = 0,
     n_boot: int = 200,
     thresholds: Mapping[str, float] | None = None,
     progress: bool = True,
@@ -232,26 +238,24 @@ def classify(
             on this model; types needing a decoder are skipped on encoders, and types
             whose probe the tokenizer cannot spell, e.g. IOI prompts without single-token
             names, are skipped with the probe's reason in ``meta["skipped"]``).
-        validate: also ablate each type's labelled heads and ``n_random`` layer-matched
-            control sets of heads not of the type, recording ``details["validation"]``
-            (:func:`validate_heads`); each labelled head, and each head rejected above
-            the threshold, ablated alone (``per_head``); and their attention on ordinary
-            text (``per_head[h]["broad_share"]``, :mod:`headmech.classification.broad`).
-        n_random: control draws for validation.
-        alone: validation ablates at most this many labelled heads and heads rejected
-            above the threshold alone, the highest scores first (default
-            ``(MAX_PER_HEAD, MAX_REJECTED)`` of :mod:`headmech.classification.validation`: 24, 8;
-            each is a pass of the task per head).
+        validate: also test each type's claims against random control sets
+            (``details["validation"]``: :mod:`headmech.classification.validation`), ablate
+            each labelled and rejected head alone (``per_head``) and read them on ordinary
+            text (:mod:`headmech.classification.broad`).
+        n_random: control sets per claim at most (99: p can reach 0.01; fewer: quick work,
+            ``inconclusive`` where p cannot reach 0.05).
+        control_tokens: the test measured on every k-th probe batch that still holds this
+            many tokens (0: every batch; ``TestOptions.test_batches``).
+        alone: at most this many labelled and rejected heads ablated alone, the highest
+            scores first (default 24, 8; a pass of the task each).
         n_boot: bootstrap resamples of the probe's examples for each score's interval
             (0: no interval).
         thresholds: a threshold per head type, ``{"previous_token": 0.3}`` (the command
-            line's ``--threshold previous_token=0.3``); each name a type classified here,
-            each value within the type's score range; the others keep their defaults.
-            Recorded in the catalog's ``provenance["settings"]["thresholds"]``.
+            line's ``--threshold previous_token=0.3``), each within the type's score range;
+            recorded in the catalog's ``provenance["settings"]["thresholds"]``.
         progress: show progress bars on stderr (default; ``False``: silent).
-        units: a :class:`headmech.runs.resume.Units` store: the types scored on each probe
-            and each type's validation are read from it where stored, else stored as
-            they finish (a stopped run continues; :mod:`headmech.runs.resume`).
+        units: a :class:`headmech.runs.resume.Units` store: each probe's scores and each
+            type's validation read from it where stored, else stored as they finish.
         **probe_options: fields of :class:`headmech.probes.ProbeOptions` (``corpus``,
             ``n_sentences``, ``n_sequences``, ``half_len``, ``batch_size``, ``seed``).
 
@@ -260,16 +264,17 @@ def classify(
 
     Examples:
         >>> headmech.classify(model, ["previous_token"], n_sentences=32)  # doctest: +SKIP
-        >>> headmech.classify(model, ["previous_token"], thresholds={"previous_token": 0.3})  # doctest: +SKIP
     """
+    from headmech.classification.montecarlo import TestOptions
     from headmech.core.progress import reporting
     from headmech.runs.resume import recording
 
-    _check_arguments(types, validate, n_random, n_boot, alone, probe_options)
+    _check_arguments(types, validate, n_random, n_boot, alone, probe_options, control_tokens)
     resolve_types(types, thresholds)  # names, classes, thresholds: checked before the model
+    test = TestOptions(n_max=n_random, control_tokens=control_tokens)
     with reporting(progress), recording(units):
         return _classify(
-            model, types, validate, n_random, n_boot, progress, probe_options, alone, thresholds
+            model, types, validate, test, n_boot, progress, probe_options, alone, thresholds
         )
 
 
@@ -277,7 +282,7 @@ def _classify(
     model: TransformerBridge,
     types: Sequence[str | HeadType | type[HeadType]] | str | None,
     validate: bool,
-    n_random: int,
+    test: TestOptions,
     n_boot: int,
     progress: bool,
     probe_options: dict[str, Any],
@@ -302,7 +307,7 @@ def _classify(
     used: dict[str, Any] = {}
 
     def catalog(done: list[HeadType]) -> HeadCatalog:
-        settings = _settings(done, skipped, validate, n_random, n_boot, alone, thresholds)
+        settings = _settings(done, skipped, validate, test, n_boot, alone, thresholds)
         prov = provenance(model, probes=used, options=options, settings=settings)
         return HeadCatalog(info, {t.name: results[t.name] for t in done}, meta, prov)
 
@@ -319,7 +324,7 @@ def _classify(
             results.update(found)
         runnable = [t for t in runnable if t.name in results]
         if validate and runnable:
-            _validate_all(model, runnable, results, options, n_random, alone, unit)
+            validate_types(model, runnable, results, options, test, alone, unit, meta)
             _beyond_the_probe(model, runnable, results, unit)
     except (Exception, KeyboardInterrupt) as e:
         # keep what is finished: the types scored (and validated, with validation)
@@ -327,56 +332,43 @@ def _classify(
         done = [t for t in done if not validate or "validation" in results[t.name].details]
         if not done:
             raise
-        why = "interrupted" if isinstance(e, KeyboardInterrupt) else _first_line(e)
-        finished = catalog(done)
-        finished.meta["incomplete"] = why
-        msg = f"stopped after {len(done)} of {len(runnable)} type(s) ({why})"
-        raise IncompleteRunError(msg, finished) from e
+        raise _incomplete(e, catalog, done, results, len(runnable)) from e
     return catalog(runnable)
+
+
+def _incomplete(
+    e: BaseException, catalog: Any, done: list[HeadType], results: dict[str, TypeResult], of: int
+) -> IncompleteRunError:
+    """The error of a stopped run, carrying the catalog of the types it finished (their
+    verdicts decided again on Benjamini-Hochberg's q among themselves)."""
+    catalog_fdr({t.name: results[t.name] for t in done})
+    why = "interrupted" if isinstance(e, KeyboardInterrupt) else _first_line(e)
+    finished = catalog(done)
+    finished.meta["incomplete"] = why
+    return IncompleteRunError(f"stopped after {len(done)} of {of} type(s) ({why})", finished)
 
 
 def _settings(
     done: list[HeadType],
     skipped: dict[str, str],
     validate: bool,
-    n_random: int,
+    test: TestOptions,
     n_boot: int,
     alone: tuple[int, int] | None,
     thresholds: Mapping[str, float] | None,
 ) -> dict[str, Any]:
     """The provenance's settings: the types as configured, those skipped, the validation's
-    sizes; ``alone`` and ``thresholds`` only where given (a default leaves no trace)."""
+    sizes; ``alone``, ``thresholds`` and ``control_tokens`` only where given (a default
+    leaves no trace)."""
     settings: dict[str, Any] = {"types": {t.name: repr(t) for t in done}, "skipped": skipped}
-    settings.update(validate=validate, n_random=n_random, n_boot=n_boot)
+    settings.update(validate=validate, n_random=test.n_max, n_boot=n_boot)
+    if test.control_tokens:
+        settings["control_tokens"] = test.control_tokens
     if alone is not None:
         settings["alone"] = list(alone)
     if thresholds is not None:
         settings["thresholds"] = {n: float(v) for n, v in thresholds.items()}
     return settings
-
-
-def _validate_all(
-    model: TransformerBridge,
-    types: list[HeadType],
-    results: dict[str, TypeResult],
-    options: ProbeOptions,
-    n_random: int,
-    alone: tuple[int, int] | None,
-    unit: Any,
-) -> None:
-    """Each type's validation (:func:`headmech.classification.validation.type_validation`),
-    one resumable unit per type, into ``details["validation"]`` and ``per_head``."""
-    labelled = {n: r.heads for n, r in results.items()}  # induction heads: K-composition
-    for t in types:
-        r = results[t.name]
-        rejected = [HeadIndex.parse(e["head"]) for e in r.not_labelled]
-        run = partial(
-            type_validation, model, t, r.heads, options, n_random, labelled,
-            sorted(r.not_controls()), rejected, alone=alone,
-        )  # fmt: skip
-        v = unit(f"validate-{t.name}", run)
-        r.per_head = v.pop("per_head", {})
-        r.details["validation"] = v
 
 
 def _beyond_the_probe(

@@ -1,25 +1,92 @@
 """Control head sets for causal validation: random sets of heads *not of the type*.
 
-A type's labelled heads are judged against random sets of as many heads that are not of
-the type: neither labelled, nor at or above the threshold (rejected by a further
-criterion), nor with an interval reaching it (:meth:`headmech.classification.results.TypeResult.not_controls`).
+A type's labelled heads are judged against random relabellings of their layers: sets of
+as many heads, drawn from every head but the other heads that may be of the type (at or
+above the threshold but rejected by a further criterion, or with an interval reaching
+it: :meth:`headmech.classification.results.TypeResult.not_controls`) and the heads of the
+types of its circuit (``HeadType.circuit``), the labelled set itself never drawn.
 :func:`draw_controls` draws them per layer as the labelled heads lie (``same_layers``); where
 those layers hold too few distinct sets, from the nearest layers that do
-(``layers_within_d``); where a layer has fewer eligible heads than labelled ones, from
-every layer (``any_layer``, with a warning); where the model has too few at all, none.
-:func:`headmech.classification.claims.control_space` counts the pool and the distinct sets possible.
+(``layers_within_d``), or from every layer where none does; where the model holds no other
+set, none. :func:`headmech.classification.claims.control_space` counts the pool and the
+distinct sets possible.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from headmech.core.head_index import HeadIndex
 from headmech.models import ModelInfo
 
-__all__: list[str] = []
+__all__ = ["Controls", "controls_for"]
+
+
+@dataclass
+class Controls:
+    """A type's control sets, in draw order, and their accounting.
+
+    Attributes:
+        sets: up to the number asked for, no two alike.
+        kind: ``same_layers``, ``layers_within_d``, ``any_layer`` or ``none``.
+        note: why the sets were drawn as they were (widened, fallen back, none).
+        pool: eligible heads (not of the type, not of its circuit) the sets draw from.
+        n_possible: distinct sets the pool holds.
+        excluded: heads kept out beyond the labelled ones, each with its reason.
+    """
+
+    sets: list[list[HeadIndex]]
+    kind: str
+    note: str
+    pool: int = 0
+    n_possible: int = 0
+    excluded: dict[HeadIndex, str] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """The validation record's control accounting."""
+        out: dict[str, Any] = {
+            "control": self.kind,
+            "control_note": self.note,
+            "control_pool": self.pool,
+            "n_possible_sets": min(self.n_possible, 10**12),
+        }
+        if self.excluded:
+            out["excluded_from_controls"] = [[h.layer, h.head] for h in sorted(self.excluded)]
+            circuit: dict[str, list[list[int]]] = {}
+            for h, why in sorted(self.excluded.items()):
+                if why != "of the type":
+                    circuit.setdefault(why, []).append([h.layer, h.head])
+            if circuit:
+                out["circuit_excluded"] = circuit
+        return out
+
+
+def controls_for(
+    info: ModelInfo,
+    heads: Sequence[HeadIndex],
+    n_max: int,
+    seed: int,
+    excluded: dict[HeadIndex, str] | Collection[HeadIndex] = (),
+) -> Controls:
+    """:func:`draw_controls` with its accounting: up to ``n_max`` distinct sets (the
+    layers widened until the space holds ``n_max``, where it can), the pool and the
+    distinct sets possible (:func:`headmech.classification.claims.control_space`), and the
+    heads excluded with their reasons (``excluded``: a head → why, e.g. ``"of the type"``
+    or ``"name_mover (its circuit)"``)."""
+    from headmech.classification.claims import control_space
+
+    reasons = (
+        dict(excluded) if isinstance(excluded, dict)
+        else dict.fromkeys(excluded, "of the type")
+    )  # fmt: skip
+    reasons = {h: why for h, why in reasons.items() if h not in set(heads)}
+    sets, kind, note = draw_controls(info, heads, n_max, seed, sorted(reasons))
+    pool, possible = control_space(heads, info.n_layers, info.n_heads, kind, sorted(reasons))
+    return Controls(sets, kind, note, pool if sets else 0, possible if sets else 0, reasons)
 
 
 def draw_controls(
@@ -29,46 +96,36 @@ def draw_controls(
     seed: int,
     excluded: Collection[HeadIndex] = (),
 ) -> tuple[list[list[HeadIndex]], str, str]:
-    """Control head sets: as many heads per layer as ``heads`` has there, drawn only from
-    the heads that are not of the type (neither labelled nor in ``excluded``: at or above
-    the threshold, or with an interval reaching it; :meth:`TypeResult.not_controls`).
-    Where a layer has too few such heads, the sets fall back to any layer (with a
-    warning); where the model has too few at all, there is no control. Returns
-    ``(sets, kind, note)``."""
-    import warnings
+    """Control head sets: random relabellings of the labelled heads' layers, as many
+    heads per layer as ``heads`` has there, drawn from every head there but those in
+    ``excluded`` (the other heads that may be of the type, and its circuit's), the
+    labelled set itself never drawn. Where those layers hold fewer than ``n_random``
+    distinct sets, the nearest layers that do (:func:`_widened`); where the model holds
+    no other set at all, none. Returns ``(sets, kind, note)``.
 
-    banned = set(heads) | set(excluded)
+    The labelled heads stay in the pool because that makes the Monte Carlo p exact under
+    the null that the labels are random heads of their layers (a permutation test):
+    drawn from the unlabelled heads only, a random labelled set was validated in 8-9% of
+    planted seeds at 9-14 heads a layer, not 5% (the other heads of a layer are not the
+    population the labelled ones came from; tests/test_verdicts.py)."""
+    banned = set(excluded) - set(heads)
     total = info.n_layers * info.n_heads
-    free = total - len(banned)
     if not heads or n_random < 1:
         return [], "none", "no labelled heads" if not heads else "n_random is 0"
-    if free < len(heads):
-        more = len(banned) - len(set(heads))
+    from headmech.classification.claims import control_space
+
+    args = (heads, info.n_layers, info.n_heads)
+    if control_space(*args, "any_layer", sorted(banned))[1] < 1:
+        more = len(banned)
         note = (
             f"no control possible: {len(set(heads))} of {total} heads are labelled"
-            + (f" and {more} more may be of the type" if more else "")
-            + f", and a random set of as many heads not of the type does not exist ({free} "
-            "eligible)"
+            + (f" and {more} more may be of the type or its circuit" if more else "")
+            + ": no other set of as many heads exists"
         )
         return [], "none", note
-    per_layer: dict[int, int] = {}
-    for h in heads:
-        per_layer[h.layer] = per_layer.get(h.layer, 0) + 1
-    eligible = {la: sum((la, h) not in banned for h in range(info.n_heads)) for la in per_layer}
-    short = [la for la, n in per_layer.items() if eligible[la] < n]
     g = torch.Generator().manual_seed(seed)
-    like = None if short else list(heads)
-    kind, note = "same_layers", ""
-    if not short:  # enough eligible heads per layer, but perhaps too few distinct sets
-        kind, note, banned = _widened(info, heads, n_random, banned)
-        like = list(heads) if kind == "same_layers" else None
-    if short:
-        kind = "any_layer"
-        note = (
-            f"layers {sorted(short)} have fewer eligible heads (not of the type) than labelled "
-            "ones: controls drawn from every layer"
-        )
-        warnings.warn(note, stacklevel=3)
+    kind, note, banned = _widened(info, heads, n_random, banned)
+    like = list(heads) if kind == "same_layers" else None
     sets = _distinct_sets(info, heads, sorted(banned), n_random, g, like, kind)
     return sets, kind, note
 
@@ -98,11 +155,20 @@ def _widened(
                 for h in range(info.n_heads)
             }
             note = (
-                f"only {same} distinct control set(s) of heads not of the type exist in the "
-                f"labelled heads' layers: controls drawn from the eligible heads within {d} "
-                f"layer(s) of them"
+                f"only {same} distinct control set(s) exist in the labelled heads' layers: "
+                f"controls drawn from the eligible heads within {d} layer(s) of them"
             )
             return kind, note, banned | outside
+    if info.n_layers > 1:  # no distance holds them all: the widest, where it holds more
+        kind = f"layers_within_{info.n_layers - 1}"
+        _, every = control_space(*args, kind, sorted(banned))
+        if every > same:
+            note = (
+                f"only {same} distinct control set(s) exist in the labelled heads' layers, "
+                f"{every} in the whole model: controls drawn from every layer ({n_random} "
+                "asked for)"
+            )
+            return kind, note, banned
     return "same_layers", "", banned
 
 
@@ -116,21 +182,85 @@ def _distinct_sets(
     kind: str,
 ) -> list[list[HeadIndex]]:
     """``n_random`` control sets of as many heads as ``heads``, outside ``banned``, no two
-    the same set of heads; as many as exist where fewer do
-    (:func:`headmech.classification.claims.control_space`)."""
-    from headmech.classification.claims import control_space
-    from headmech.interventions.ablation import random_heads
+    the same set of heads; where the space holds no more than :data:`ENUMERATE` sets and
+    fewer than twice ``n_random``, every one of them in a random order (drawing would
+    need many redraws to find the last ones), so a test can use them all
+    (:func:`headmech.classification.claims.control_space` counts them)."""
+    from headmech.classification.claims import control_space, near_layers
 
     _, possible = control_space(heads, info.n_layers, info.n_heads, kind, banned)
+    if possible <= min(ENUMERATE, 2 * n_random):
+        every = [
+            s for s in _every_set(info, heads, set(banned), like, kind) if set(s) != set(heads)
+        ]
+        order = torch.randperm(len(every), generator=generator).tolist()
+        return [every[i] for i in order][:n_random]
+    out = set(banned)
+
+    def free(layers: Collection[int]) -> list[HeadIndex]:
+        return [
+            HeadIndex(la, h) for la in sorted(layers) for h in range(info.n_heads)
+            if HeadIndex(la, h) not in out
+        ]  # fmt: skip
+
+    if like is not None:  # per layer as many as the labelled heads there
+        per: dict[int, int] = {}
+        for h in like:
+            per[h.layer] = per.get(h.layer, 0) + 1
+        pools = [(free([la]), k) for la, k in sorted(per.items())]
+    else:
+        layers: Collection[int] = range(info.n_layers)
+        if kind.startswith("layers_within_"):
+            layers = near_layers(
+                {h.layer for h in heads}, info.n_layers, int(kind.rsplit("_", 1)[1])
+            )
+        pools = [(free(layers), len(heads))]
     sets: list[list[HeadIndex]] = []
-    seen: set[frozenset[HeadIndex]] = set()
+    seen: set[frozenset[HeadIndex]] = {frozenset(heads)}  # never the labelled set itself
     for _ in range(100 * n_random):  # redraws: only a small pool ever repeats a set
         if len(sets) == min(n_random, possible):
             break
-        s = random_heads(
-            info.n_layers, info.n_heads, len(heads), exclude=banned, generator=generator, like=like
-        )
+        s = [
+            pool[i] for pool, k in pools
+            for i in torch.randperm(len(pool), generator=generator)[:k].tolist()
+        ]  # fmt: skip
         if frozenset(s) not in seen:
             seen.add(frozenset(s))
             sets.append(s)
     return sets
+
+
+ENUMERATE = 5000
+"""Control spaces up to this many sets are listed whole (see :func:`_distinct_sets`)."""
+
+
+def _every_set(
+    info: ModelInfo,
+    heads: Sequence[HeadIndex],
+    banned: set[HeadIndex],
+    like: list[HeadIndex] | None,
+    kind: str,
+) -> list[list[HeadIndex]]:
+    """Every distinct control set, in a fixed order: per layer as many as ``like`` has
+    there (``same_layers``), else any ``len(heads)`` eligible heads of the pool."""
+    from itertools import combinations, product
+
+    from headmech.classification.claims import near_layers
+
+    def free(layers: Collection[int]) -> list[HeadIndex]:
+        return [
+            HeadIndex(la, h) for la in sorted(layers) for h in range(info.n_heads)
+            if HeadIndex(la, h) not in banned
+        ]  # fmt: skip
+
+    if like is not None and kind == "same_layers":
+        per: dict[int, int] = {}
+        for h in like:
+            per[h.layer] = per.get(h.layer, 0) + 1
+        choices = [list(combinations(free([la]), k)) for la, k in sorted(per.items())]
+        return [[h for part in combo for h in part] for combo in product(*choices)]
+    layers: Collection[int] = range(info.n_layers)
+    if kind.startswith("layers_within_"):
+        d = int(kind.rsplit("_", 1)[1])
+        layers = near_layers({h.layer for h in heads}, info.n_layers, d)
+    return [list(c) for c in combinations(free(layers), len(heads))]

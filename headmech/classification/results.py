@@ -104,6 +104,10 @@ class TypeResult:
             criterion it failed, with its value (:meth:`HeadType.rejected`).
         per_head: with validation, each labelled head's own effect (ablated alone) and
             each not-labelled head's: ``{"L18H6": {"effect", "interval", "labelled"}}``.
+        backups: with validation, heads at or above the threshold, not labelled, whose
+            own effect is within noise but which alone restore the type's metric when
+            every other candidate is ablated, beyond random heads (the role *backup*:
+            :mod:`headmech.classification.backups`).
     """
 
     name: str
@@ -117,6 +121,7 @@ class TypeResult:
     borderline: list[HeadIndex] = field(default_factory=list)
     not_labelled: list[dict[str, Any]] = field(default_factory=list)
     per_head: dict[str, dict[str, Any]] = field(default_factory=dict)
+    backups: list[HeadIndex] = field(default_factory=list)
 
     def not_controls(self) -> set[HeadIndex]:
         """Heads that may be of this type, which no control set may hold: the labelled,
@@ -140,6 +145,8 @@ class TypeResult:
             "per_head": self.per_head,
             "details": self.details,
         }
+        if self.backups:  # heads found to back the type up (validation's sufficiency test)
+            out["backups"] = [[h.layer, h.head] for h in self.backups]
         if self.low is not None and self.high is not None:
             out["interval"] = {"low": _grid(self.low), "high": _grid(self.high)}
         return out
@@ -167,6 +174,7 @@ class TypeResult:
             _heads(t.get("borderline", []), shape, f"type '{name}' borderline"),
             _not_labelled(t.get("not_labelled", []), shape, name),
             _per_head_record(t.get("per_head", {}), shape, name),
+            _heads(t.get("backups", []), shape, f"type '{name}' backups"),
         )
 
 

@@ -1,21 +1,37 @@
-"""Causal validation of head labels: do the labelled heads matter for their type's task?
+"""Causal validation of head labels: do the labelled heads do what their type claims?
 
-:func:`validate_heads` ablates a type's labelled heads, and random control sets of as many
-unlabelled heads drawn from the same layers, and measures the type's task metric (higher
-is worse) each time; :func:`headmech.classify` runs it for every type with
-``validate=True`` (``details["validation"]`` of ``catalog.json``). Not to be confused with
+:func:`type_validation` tests each of a type's claims (``HeadType.claims``, the paper's
+own first: :mod:`headmech.classification.claim_types`) with the labelled heads against up to
+``n_max`` random control sets of as many heads not of the type nor of its circuit, drawn
+as the labelled heads lie (:mod:`headmech.classification.control_sets`), in a sequential
+Monte Carlo test (:mod:`headmech.classification.montecarlo`); it measures each labelled
+head, and each head rejected above the threshold, alone (``per_head``); and it tests the
+rejected heads whose own effect is within noise for sufficiency (backups:
+:mod:`headmech.classification.backups`). :func:`apply_fdr` then corrects the p-values of every
+claim of a catalog (Benjamini-Hochberg) and decides the verdicts. :func:`validate_heads`
+is the ablation claim alone, for any head set. Not to be confused with
 :mod:`headmech.core.checks`, the checks of user input.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Collection, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.classification.control_sets import draw_controls
+from headmech.classification.claim_types import (
+    Ablation,
+    Claim,
+    ClaimRecord,
+    ValidationContext,
+)
+from headmech.classification.control_sets import controls_for
+from headmech.classification.montecarlo import TestOptions, benjamini_hochberg
+from headmech.classification.results import TypeResult
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import HeadType
 from headmech.models import model_info
@@ -24,11 +40,35 @@ from headmech.probes import ProbeOptions
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["validate_heads"]
+__all__ = [
+    "apply_fdr",
+    "catalog_fdr",
+    "controls_excluded",
+    "type_validation",
+    "validate_heads",
+    "validate_types",
+]
 
 
 MAX_PER_HEAD = 24  # labelled heads ablated one at a time (the highest scores first)
 MAX_REJECTED = 8  # heads at or above the threshold but not labelled, ablated one at a time
+
+
+def _context(
+    model: TransformerBridge,
+    head_type: HeadType,
+    heads: Sequence[HeadIndex],
+    options: ProbeOptions,
+    test: TestOptions,
+    excluded: Mapping[HeadIndex, str] | Collection[HeadIndex],
+    **more: Any,
+) -> ValidationContext:
+    """The context every claim of a type is tested in: its control sets drawn once (the
+    repeated halves of the induction task fitted to the model's context)."""
+    fit = (int(model.cfg.n_ctx) - 2) // 2  # a BOS before, a separator after
+    options = dataclasses.replace(options, half_len=max(2, min(options.half_len, fit)))
+    controls = controls_for(model_info(model), list(heads), test.n_max, options.seed, excluded)
+    return ValidationContext(model, head_type, list(heads), options, test, controls, **more)
 
 
 def validate_heads(
@@ -37,73 +77,218 @@ def validate_heads(
     heads: Sequence[HeadIndex],
     options: ProbeOptions,
     *,
-    n_random: int = 5,
+    n_random: int = 99,
     mode: str | None = None,
     task: str | None = None,
     excluded: Collection[HeadIndex] = (),
     one_by_one: Sequence[HeadIndex] | None = None,
+    test: TestOptions | None = None,
 ) -> dict[str, Any]:
-    """Ablate the labelled heads, and ``n_random`` control sets of as many heads not of
-    the type (neither labelled nor in ``excluded``) from the same layers (per-layer counts
-    matched), and measure the type's task metric (higher is worse) each time (``task``:
-    another task than the type's). Each head of ``one_by_one`` (default: the labelled
-    heads, at most :data:`MAX_PER_HEAD`) is also ablated alone: its own effect, with a
-    bootstrap interval (``per_head``), and the set's effect against the sum of its heads'
-    own (``redundancy``).
-
-    All sets ride in the same batched forward passes
-    (:func:`headmech.interventions.run_variants`). The effect of the labelled heads is
-    reported against the median and the range of the control effects, with the drawn
-    control sets; a bootstrap interval over probe examples accompanies the labelled
-    effect.
+    """The ablation claim for any head set: ablate ``heads``, and up to ``n_random``
+    control sets of as many heads not of the type (neither labelled nor in ``excluded``)
+    from the same layers (per-layer counts matched), and measure the type's task metric
+    (higher is worse; ``task``, ``mode``: another task or ablation than the type's), in the
+    sequential Monte Carlo test; each head of ``one_by_one`` (default: the labelled heads,
+    at most :data:`MAX_PER_HEAD`) is also ablated alone (``per_head``, ``redundancy``).
 
     Returns:
-        ``{"metric", "mode", "control", "control_note", "clean", "ablated", "effect",
-        "effect_interval", "control_sets", "random_effects", "random_mean",
-        "random_median", "random_range", "n_heads", "expected"}``; ``effect`` is ablated
-        minus clean; ``expected``: ``raise`` (the type serves the task), ``lower``, or ``little``
-        (inactive heads; then also ``relative_effect``, effect / clean, and ``tolerance``);
-        ``control`` is ``same_layers``, ``any_layer`` (fallback) or ``none``;
-        ``per_head``: ``{"L18H6": {"effect", "interval", "labelled"}}``; ``redundancy``.
+        The record of :class:`headmech.classification.claim_types.ClaimRecord` (``effect``
+        is ablated minus clean; ``test``: n, exceedances, p; ``verdict`` on p alone) with
+        the controls' accounting (``control``, ``control_note``, ``control_pool``, ...).
     """
     from headmech.core.head_index import check_heads
-    from headmech.core.progress import active
-    from headmech.interventions import run_variants
-    from headmech.interventions.ablation import ablation_variants
-    from headmech.stream.uncertainty import UnitValues
-    from headmech.tasks import get_task
 
     heads = check_heads(heads, None, None, "heads")  # pairs or "L18H6"
     excluded = check_heads(excluded, None, None, "excluded")
     if one_by_one is not None:
         one_by_one = check_heads(one_by_one, None, None, "one_by_one")
-    mode = mode or head_type.ablation
-    info = model_info(model)
-    t = get_task(task or head_type.task, model)
-    batches = t.batches(model, options)
-    controls, kind, note = draw_controls(info, heads, n_random, options.seed, excluded)
-    alone = _one_by_one(heads, one_by_one)
-    base = [list(heads), *controls] if heads else []
-    sets = [*base, *[[h] for h in alone]]
-    variants = ablation_variants(model, batches, sets, mode)
-    desc = f"validate {head_type.name} (labelled + {len(controls)} control sets"
-    desc += f" + {len(alone)} heads alone)" if alone else ")"
-    values, clean, sums, counts = run_variants(
-        model, t, batches, variants, per_unit=True, progress=desc if active() else False
-    )
+    test = test or TestOptions(n_max=n_random)
+    ctx = _context(model, head_type, heads, options, test, excluded)
+    ctx.alone = _one_by_one(heads, one_by_one)
+    record, own = Ablation(task, mode).validate(ctx)
+    record.decide(test.alpha)
+    out = {**record.to_json(), **ctx.controls.record()}
+    if record.effect is None and record.note:  # the claim cannot run here: why
+        out["control_note"] = record.note
+    return {**out, **_per_head(heads, own, record.effect)}
 
-    def interval(i: int) -> list[float] | None:  # of variant i (0: the labelled set)
-        paired = UnitValues(sums[1 + i] - sums[0], counts[0]).interval(seed=options.seed)
-        out = None if paired is None else [float(paired[0]), float(paired[1])]
-        return None if out is None or out[0] != out[0] else out  # NaN: no unit scored
 
-    record: dict[str, Any] = {"metric": t.description, "mode": mode, "control": kind}
-    record["control_note"] = note
-    record |= _asked(controls, n_random) | _excluded(excluded, heads)
-    n = len(base)
-    out = _effects(head_type, heads, controls, values[:n], clean, interval(0) if heads else None)
-    own = [(h, float(values[n + i]) - clean, interval(n + i)) for i, h in enumerate(alone)]
-    return {**record, **out, **_per_head(heads, own, out["effect"])}
+def claims_of(head_type: HeadType) -> list[Claim]:
+    """The type's claims as objects (``HeadType.claim_kinds``, from the claim registry)."""
+    from headmech.core.registry import CLAIMS
+
+    return [CLAIMS.get(kind)() for kind in head_type.claim_kinds()]
+
+
+def type_validation(
+    model: TransformerBridge,
+    head_type: HeadType,
+    heads: Sequence[HeadIndex],
+    options: ProbeOptions,
+    n_random: int,
+    labelled: dict[str, list[HeadIndex]] | None = None,
+    excluded: Mapping[HeadIndex, str] | Collection[HeadIndex] = (),
+    rejected: Sequence[HeadIndex] = (),
+    *,
+    alone: tuple[int, int] | None = None,
+    test: TestOptions | None = None,
+    score: torch.Tensor | None = None,
+    own: Mapping[HeadIndex, tuple[float, list[float] | None]] | None = None,
+) -> dict[str, Any]:
+    """Every claim of the type (:func:`claims_of`), the first that can run on the model
+    its *primary* claim (the paper's own, where it can), each tested against the same
+    control sets (``test``: the test's options; default ``n_max = n_random``); the
+    labelled heads (at most :data:`MAX_PER_HEAD`) and the heads ``rejected`` above the
+    threshold by a further criterion (at most :data:`MAX_REJECTED`; other caps: ``alone``)
+    each measured alone; and the rejected heads whose own effect is within noise
+    (``own``, else measured alone) tested for sufficiency (``backups``).
+
+    Controls are drawn from heads neither of the type nor of its circuit (``excluded``:
+    a head, or a head → why: :meth:`headmech.classification.results.TypeResult.not_controls`
+    and the circuit's types' heads). The verdicts are decided on p alone; a catalog's
+    :func:`apply_fdr` decides them again on Benjamini-Hochberg's q."""
+    test = test or TestOptions(n_max=max(1, n_random))
+    n_labelled, n_rejected = alone or (MAX_PER_HEAD, MAX_REJECTED)
+    extra = [h for h in rejected if h not in heads][:n_rejected]
+    ctx = _context(
+        model, head_type, heads, options, test, excluded, labelled=dict(labelled or {}),
+        score=score,
+    )  # fmt: skip
+    pending = [*heads[:n_labelled], *extra]
+    records: list[ClaimRecord] = []
+    measured: list[tuple[HeadIndex, float, Any]] = []
+    set_effect = None  # the set's effect under the claim that measured the heads alone
+    for claim in claims_of(head_type):
+        ctx.alone = pending if claim.measures_alone and not measured else []
+        record, own_effects = claim.validate(ctx)
+        if own_effects and not measured:
+            measured, set_effect = own_effects, record.effect
+        record.decide(test.alpha)
+        records.append(record)
+    out = _record(ctx, records)
+    out.update(_per_head(heads, measured, set_effect))
+    out.update(_backups(ctx, records, [h for h in rejected if h not in heads], measured, own))
+    return out
+
+
+def _record(ctx: ValidationContext, records: list[ClaimRecord]) -> dict[str, Any]:
+    """The type's validation record: its primary claim (the first that ran) at the top
+    level with the controls' accounting, the claims that could not run before it
+    (``primary_unavailable``, with why), the others under ``secondary``."""
+    primary = next((r for r in records if r.effect is not None), records[0])
+    out: dict[str, Any] = {
+        **primary.to_json(),
+        **ctx.controls.record(),
+        "primary": primary.kind,
+        "claims": [r.kind for r in records],
+    }
+    if primary.effect is None and primary.note:  # the claim cannot run here: why
+        out["control_note"] = primary.note
+    skipped = {r.kind: r.note for r in records[: records.index(primary)]}
+    if skipped:
+        out["primary_unavailable"] = skipped
+    others = [r for r in records if r is not primary]
+    if others:
+        out["secondary"] = {r.kind: r.to_json() for r in others}
+    return out
+
+
+def validate_types(
+    model: TransformerBridge,
+    types: list[HeadType],
+    results: dict[str, TypeResult],
+    options: ProbeOptions,
+    test: TestOptions,
+    alone: tuple[int, int] | None,
+    unit: Any,
+    meta: dict[str, Any],
+) -> None:
+    """Each type's validation (:func:`type_validation`), one resumable unit per type, into
+    ``details["validation"]``, ``per_head`` and ``backups``, its seconds into
+    ``meta["validation_seconds"]``; then Benjamini-Hochberg across every claim
+    (:func:`catalog_fdr`)."""
+    labelled = {n: r.heads for n, r in results.items()}  # induction heads: K-composition
+    seconds = meta.setdefault("validation_seconds", {})
+    for t in types:
+        r = results[t.name]
+        rejected = [HeadIndex.parse(e["head"]) for e in r.not_labelled]
+        run = partial(
+            type_validation, model, t, r.heads, options, test.n_max, labelled,
+            controls_excluded(t, results), rejected, alone=alone, test=test, score=r.score,
+            own=t.own_effects(r.details),
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        v = unit(f"validate-{t.name}", run)
+        seconds[t.name] = round(time.perf_counter() - t0, 1)
+        missing = [c for c in t.circuit if c not in results]
+        if missing:  # their heads could not be kept out of the controls
+            v["circuit_not_classified"] = missing
+        r.per_head = v.pop("per_head", {})
+        r.details["validation"] = v
+        r.backups = [HeadIndex(a, b) for a, b in (v.get("backups") or {}).get("heads", [])]
+    catalog_fdr(results)
+
+
+def catalog_fdr(results: Mapping[str, TypeResult]) -> None:
+    """Benjamini-Hochberg across the validated types' claims (:func:`apply_fdr`)."""
+    apply_fdr({n: r.details["validation"] for n, r in results.items() if "validation" in r.details})
+
+
+def controls_excluded(t: HeadType, results: Mapping[str, TypeResult]) -> dict[HeadIndex, str]:
+    """The heads no control set of ``t`` may hold, each with why: those that may be of
+    the type (:meth:`TypeResult.not_controls`), then those of the types of its circuit
+    (``HeadType.circuit``) classified here."""
+    out = dict.fromkeys(sorted(results[t.name].not_controls()), "of the type")
+    for other in t.circuit:
+        if other in results:
+            for h in sorted(results[other].not_controls()):
+                out.setdefault(h, f"{other} (its circuit)")
+    return out
+
+
+def _backups(
+    ctx: ValidationContext,
+    records: Sequence[ClaimRecord],
+    rejected: Sequence[HeadIndex],
+    measured: Sequence[tuple[HeadIndex, float, Any]],
+    own: Mapping[HeadIndex, tuple[float, list[float] | None]] | None,
+) -> dict[str, Any]:
+    """``{"backups": ...}``: the heads the type rejected for their own effect (``own``,
+    the type's evidence: :meth:`HeadType.own_effects`, e.g. induction's measured copying)
+    where it is within noise (measured alone here, else as the type measured it), tested
+    for sufficiency under the ablation claim where the type has one that expects a raise;
+    else nothing. A head rejected for another reason (a syntactic head no better than the
+    positional baseline) is not a candidate backup."""
+    from headmech.classification.backups import backup_candidates, sufficiency
+
+    ablation = next((r for r in records if r.kind == "ablation" and r.effect is not None), None)
+    alone = {h: (e, iv) for h, e, iv in measured}
+    known = {h: alone.get(h, v) for h, v in (own or {}).items()}
+    tested = backup_candidates(known, rejected)
+    if ablation is None or ablation.expected != "raise" or not tested or not ctx.heads:
+        return {}
+    claim = next(c for c in claims_of(ctx.head_type) if isinstance(c, Ablation))
+    return {"backups": sufficiency(ctx, claim, rejected, tested, known)}
+
+
+def apply_fdr(validations: Mapping[str, dict[str, Any]], alpha: float = 0.05) -> int:
+    """Benjamini-Hochberg across every claim of a catalog with a Monte Carlo test (each
+    type's primary and secondary claims): each test's ``q`` and ``family`` set, each
+    claim's verdict decided again on q (:meth:`ClaimRecord.decide`), in place. Returns the
+    family's size."""
+    found: list[tuple[dict[str, Any], ClaimRecord]] = []
+    for v in validations.values():
+        if not v:
+            continue
+        parts = [v, *(v.get("secondary") or {}).values()]
+        found += [(part, ClaimRecord.from_json(part)) for part in parts if part.get("test")]
+    qs = benjamini_hochberg([r.test.p for _, r in found if r.test is not None])
+    for (part, r), q in zip(found, qs, strict=True):
+        assert r.test is not None
+        r.test.q, r.test.family = q, len(found)
+        part["test"] = r.test.to_json()
+        part["verdict"] = r.decide(alpha)
+    return len(found)
 
 
 def _one_by_one(
@@ -112,12 +297,6 @@ def _one_by_one(
     """The heads ablated alone: ``one_by_one`` as given, else the labelled heads (at most
     :data:`MAX_PER_HEAD`, the first, i.e. highest-scoring, ones)."""
     return list(dict.fromkeys(one_by_one if one_by_one is not None else heads[:MAX_PER_HEAD]))
-
-
-def _excluded(excluded: Collection[HeadIndex], heads: Sequence[HeadIndex]) -> dict[str, Any]:
-    """The record of the heads kept out of the controls beyond the labelled ones."""
-    extra = sorted(set(excluded) - set(heads))
-    return {"excluded_from_controls": [[h.layer, h.head] for h in extra]} if extra else {}
 
 
 def _per_head(
@@ -149,250 +328,3 @@ def _per_head(
             "ratio": set_effect / total if same_sign else None,  # opposite signs: no ratio
         }
     return out
-
-
-def _asked(controls: Sequence[Any], n_random: int) -> dict[str, int]:
-    """``n_controls_asked`` where fewer distinct control sets exist than were asked for."""
-    return {"n_controls_asked": n_random} if controls and len(controls) < n_random else {}
-
-
-def _effects(
-    head_type: HeadType,
-    heads: Sequence[HeadIndex],
-    controls: list[list[HeadIndex]],
-    values: torch.Tensor,
-    clean: float,
-    interval: list[float] | None,
-) -> dict[str, Any]:
-    """:func:`validate_heads`' effects: the labelled set's (``values[0]``, where there are
-    labelled heads) and the control sets' (the rest), each minus the clean metric."""
-    ablated = float(values[0]) if heads else clean
-    rand = sorted(float(v) - clean for v in values[1:])
-    little = {}
-    if head_type.expected() == "little":  # a pruning claim: the effect relative to clean
-        little["relative_effect"] = (ablated - clean) / abs(clean) if clean else None
-        little["tolerance"] = head_type.effect_tolerance
-    return {
-        "clean": clean,
-        "ablated": ablated,
-        "effect": ablated - clean,
-        "effect_interval": interval,
-        "control_sets": [[[h.layer, h.head] for h in c] for c in controls],
-        "random_effects": [float(v) - clean for v in values[1:]],
-        "random_mean": sum(rand) / len(rand) if rand else None,
-        "random_median": float(torch.tensor(rand).median()) if rand else None,
-        "random_range": [rand[0], rand[-1]] if rand else None,
-        "n_heads": len(heads),
-        "expected": head_type.expected(),
-        **little,
-    }
-
-
-def _task_validation(
-    model: TransformerBridge,
-    head_type: HeadType,
-    heads: Sequence[HeadIndex],
-    options: ProbeOptions,
-    n_random: int,
-    excluded: Collection[HeadIndex] = (),
-    one_by_one: Sequence[HeadIndex] | None = None,
-) -> dict[str, Any]:
-    """:func:`validate_heads`, or, where the type's task cannot run on the model (the
-    induction task's next-token loss for ``duplicate_token`` on an encoder), a record that
-    says so: ``effect`` None and the reason in ``control_note``."""
-    from headmech.core.registry import TASKS
-    from headmech.tasks import is_causal
-
-    task = TASKS.get(str(head_type.task))(model)
-    if not (task.causal_only and not is_causal(model)):
-        return validate_heads(
-            model, head_type, heads, options, n_random=n_random, excluded=excluded,
-            one_by_one=one_by_one,
-        )  # fmt: skip
-    none = dict.fromkeys(("clean", "ablated", "effect", "effect_interval", "random_mean"))
-    none.update(dict.fromkeys(("random_median", "random_range")))
-    return {
-        **none,
-        "metric": task.description,
-        "mode": head_type.ablation,
-        "control": "none",
-        "control_note": f"not validated: task '{task.name}' needs a causal (decoder) model",
-        "control_sets": [],
-        "random_effects": [],
-        "n_heads": len(heads),
-        "expected": head_type.expected(),
-    }
-
-
-def type_validation(
-    model: TransformerBridge,
-    head_type: HeadType,
-    heads: Sequence[HeadIndex],
-    options: ProbeOptions,
-    n_random: int,
-    labelled: dict[str, list[HeadIndex]] | None = None,
-    excluded: Collection[HeadIndex] = (),
-    rejected: Sequence[HeadIndex] = (),
-    *,
-    alone: tuple[int, int] | None = None,
-) -> dict[str, Any]:
-    """The type's validation (``head_type.validation``, :mod:`headmech.classification.claims`): the
-    ablation on its task, or the direct path to the logits (with the backup heads), or
-    the ablation plus K-composition into the induction heads (``labelled["induction"]``,
-    the catalog's); then the record's claim, the control sets' accounting and the verdict.
-
-    Controls are drawn from heads not of the type (``excluded``: those that may be,
-    :meth:`headmech.classification.results.TypeResult.not_controls`). The labelled heads (at most
-    :data:`MAX_PER_HEAD`) and the heads ``rejected`` above the threshold by a further
-    criterion (at most :data:`MAX_REJECTED`; other caps: ``alone``) are each ablated
-    alone too: their own effects decide whether the criterion was right (``per_head``)."""
-    from headmech.tasks import is_causal
-
-    n_labelled, n_rejected = alone or (MAX_PER_HEAD, MAX_REJECTED)
-    extra = [h for h in rejected if h not in heads][:n_rejected]
-    alone_heads = [*heads[:n_labelled], *extra]
-    method = getattr(head_type, "validation", "ablation")
-    if method == "k_composition":  # the induction task: repeated halves that fit the context
-        fit = (int(model.cfg.n_ctx) - 2) // 2  # a BOS before, a separator after
-        options = dataclasses.replace(options, half_len=max(2, min(options.half_len, fit)))
-    if method == "direct_path" and is_causal(model):
-        record = _direct_path(model, head_type, heads, options, n_random, excluded, alone_heads)
-    elif method == "k_composition" and not is_causal(model):  # no induction task: the lm
-        record = validate_heads(
-            model, head_type, heads, options, n_random=n_random, task="lm", excluded=excluded,
-            one_by_one=alone_heads,
-        )  # fmt: skip
-    else:
-        record = _task_validation(model, head_type, heads, options, n_random, excluded, alone_heads)
-    if method == "k_composition" and is_causal(model) and record.get("effect") is not None:
-        receivers = list((labelled or {}).get("induction", []))
-        record["k_composition"] = _k_record(model, heads, record, receivers, options)
-    return _accounted(model, head_type, heads, record, method)
-
-
-def _direct_path(
-    model: TransformerBridge,
-    head_type: HeadType,
-    heads: Sequence[HeadIndex],
-    options: ProbeOptions,
-    n_random: int,
-    excluded: Collection[HeadIndex] = (),
-    alone: Sequence[HeadIndex] = (),
-) -> dict[str, Any]:
-    """Path patching to the logits: the labelled set and the control sets, each patched
-    from the corrupted prompts (:func:`headmech.classification.claims.direct_path_values`), and each
-    head of ``alone`` patched alone (its own direct effect)."""
-    from headmech.classification.claims import backup_heads, direct_path_values
-    from headmech.stream.uncertainty import UnitValues
-    from headmech.tasks import get_task
-
-    task: Any = get_task(head_type.task, model)
-    batches = task.batches(model, options)
-    controls, kind, note = draw_controls(model_info(model), heads, n_random, options.seed, excluded)
-    base = [list(heads), *controls] if heads else []
-    sets = [*base, *[[h] for h in alone]]
-    clean = 0.0
-    values, per = torch.zeros(0), torch.zeros(0, 0)
-    if sets:
-        values, clean, per = direct_path_values(model, task, batches, sets, options.seed)
-
-    def interval(i: int) -> list[float] | None:
-        paired = UnitValues(per[i], torch.ones(per.shape[1])).interval(seed=options.seed)
-        return None if paired is None else [float(paired[0]), float(paired[1])]
-
-    record = (
-        {
-            "metric": f"direct effect on the logits (path patching from the corrupted prompts): "
-            f"{task.description}",
-            "mode": "path patching to the logits",
-            "control": kind,
-            "control_note": note,
-        }
-        | _asked(controls, n_random)
-        | _excluded(excluded, heads)
-    )
-    n = len(base)
-    first = interval(0) if heads else None
-    out = {**record, **_effects(head_type, heads, controls, values[:n], clean, first)}
-    own = [(h, float(values[n + i]) - clean, interval(n + i)) for i, h in enumerate(alone)]
-    out |= _per_head(heads, own, out["effect"])
-    if heads and head_type.expected() == "raise":
-        out["backup"] = backup_heads(model, task, batches, list(heads), options.seed)
-    return out
-
-
-def _k_record(
-    model: TransformerBridge,
-    heads: Sequence[HeadIndex],
-    record: dict[str, Any],
-    receivers: list[HeadIndex],
-    options: ProbeOptions,
-) -> dict[str, Any]:
-    """The labelled heads' and the control sets' writes patched into the induction heads'
-    keys (:func:`headmech.classification.claims.k_composition`), as a record."""
-    from headmech.classification.claims import control_space, k_composition, verdict
-    from headmech.tasks import get_task
-
-    controls = [[HeadIndex(la, h) for la, h in s] for s in record.get("control_sets", [])]
-    senders = [list(heads), *controls]
-    usable = [r for r in receivers if any(h.layer < r.layer for h in heads)]
-    if not heads or not usable:
-        why = "no labelled heads" if not heads else "no induction head after a labelled head"
-        return {"receivers": [[r.layer, r.head] for r in receivers], "note": why}
-    task = get_task("induction", model)
-    batches = task.batches(model, options)
-    effects, interval = k_composition(model, senders, usable, batches, task, options.seed)
-    rand = sorted(effects[1:])
-    out = {
-        "receivers": [[r.layer, r.head] for r in usable],
-        "metric": f"{task.description}, with the senders' corrupted writes patched into the "
-        "receivers' keys only (first halves replaced)",
-        "effect": effects[0],
-        "effect_interval": interval,
-        "random_effects": effects[1:],
-        "random_median": float(torch.tensor(rand).median()) if rand else None,
-        "random_range": [rand[0], rand[-1]] if rand else None,
-        "n_heads": len(heads),
-        "expected": "raise",
-    }
-    info = model_info(model)
-    banned = record.get("excluded_from_controls", [])
-    _, possible = control_space(heads, info.n_layers, info.n_heads, record["control"], banned)
-    return {**out, "verdict": verdict(out, possible)}
-
-
-def _accounted(
-    model: TransformerBridge,
-    head_type: HeadType,
-    heads: Sequence[HeadIndex],
-    record: dict[str, Any],
-    method: str,
-) -> dict[str, Any]:
-    """The record with its claim, the control sets' pool, the distinct sets drawn and
-    possible, and the verdict (:func:`headmech.classification.claims.verdict`); degenerate controls are
-    said in ``control_note``."""
-    from headmech.classification.claims import control_space, n_distinct, verdict
-
-    info = model_info(model)
-    banned = record.get("excluded_from_controls", [])
-    pool, possible = control_space(heads, info.n_layers, info.n_heads, record["control"], banned)
-    drawn = len(record.get("random_effects") or [])
-    asked = int(record.get("n_controls_asked", drawn))
-    record.update(
-        validation=method,
-        claim=head_type.claim
-        or f"ablating the labelled heads changes the '{head_type.task}' "
-        f"task's metric ({record['metric']}) more than ablating as many random heads",
-        control_pool=pool,
-        n_possible_sets=possible,
-        n_distinct_controls=n_distinct(record.get("control_sets") or []),
-    )
-    if drawn and possible < asked:
-        degenerate = (
-            f"controls degenerate: {possible} distinct set(s) of {len(heads)} exist in a pool "
-            f"of {pool} eligible heads (not of the type), {asked} asked for, {drawn} drawn: not judged "
-            "against them"
-        )
-        record["control_note"] = "; ".join(x for x in (record["control_note"], degenerate) if x)
-    record["verdict"] = verdict(record)
-    return record

@@ -149,18 +149,16 @@ def _add_classify(sub: Any) -> None:
     )
     _add_run_options(p, half_len=False)
     p.add_argument("--types", help="comma-separated head types (default: all that fit the model)")
-    p.add_argument(
-        "--corpus",
-        help="a UTF-8 text file of prose to probe with (default: the CPython docs' prose)",
-    )
-    p.add_argument(
-        "--validate",
-        action="store_true",
-        help="ablate each type's labelled heads and as many random heads; record the effects",
-    )
-    p.add_argument(
-        "--n-random", type=int, default=None, help="random head sets for --validate (default 5)"
-    )
+    corpus = "a UTF-8 text file of prose to probe with (default: the CPython docs' prose)"
+    p.add_argument("--corpus", help=corpus)
+    validate = "test each type's claims against random control sets (p, q, verdict); record them"
+    p.add_argument("--validate", action="store_true", help=validate)
+    n_random = "control sets per claim for --validate, at most (default 99: p can reach 0.01; the "
+    n_random += "test stops once 5 are at least as extreme; fewer: quick work, p >= 1/(n+1))"
+    p.add_argument("--n-random", type=int, default=None, help=n_random)
+    tokens = "--validate measures the control sets on every k-th probe batch, k the largest "
+    tokens += "whose batches hold N tokens (default 0: every batch)"
+    p.add_argument("--control-tokens", type=int, default=None, metavar="N", help=tokens)
     alone = "--validate ablates at most L labelled and R rejected heads alone (default 24,8)"
     p.add_argument("--alone", default=None, metavar="L,R", help=alone)
     p.add_argument(

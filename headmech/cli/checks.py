@@ -111,6 +111,8 @@ def check_classify(args: argparse.Namespace, command: str) -> ClassifyInput:
             )
         if not args.validate:
             V.warn("--n-random is ignored without --validate")
+    if getattr(args, "control_tokens", None) is not None:
+        V.count(args.control_tokens, "--control-tokens", minimum=0)
     thresholds = alone = None
     if getattr(args, "threshold", None) is not None:
         thresholds = _thresholds(args.threshold, names)

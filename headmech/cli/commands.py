@@ -85,7 +85,8 @@ def cmd_classify(args: argparse.Namespace) -> int:
     t1 = time.perf_counter()
     types, skipped = fit_types(model.tokenizer, names, sentences, model_info(model).causal)
     options = dict(vars(probe_options(args)), corpus=args.corpus)
-    n_random = 5 if args.n_random is None else args.n_random
+    n_random = 99 if args.n_random is None else args.n_random
+    stride = getattr(args, "control_tokens", None) or 0
     thresholds = given.thresholds
     if thresholds is not None and types is not None:  # not the types skipped for their prose
         run = {t if isinstance(t, str) else t.name for t in types}
@@ -94,6 +95,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
         try:
             catalog = classify(
                 model, types, validate=args.validate, n_random=n_random, progress=True,
+                control_tokens=stride,
                 units=units, alone=given.alone, thresholds=thresholds,
                 **options,
             )  # fmt: skip

@@ -43,15 +43,20 @@ def validation_line(v: dict[str, Any] | None) -> str | None:
     if not v:
         return None
     note = v.get("control_note") or ""
-    if v.get("effect") is None:  # the task cannot run on this model
-        return f"validation: {note or 'not validated'}"
-    head = f"validation ({v.get('mode', '?')} ablation, {v.get('metric', '?')}): "
+    if v.get("effect") is None and (v.get("n_heads") or note.startswith("not validated")):
+        return f"validation: {note or 'not validated'}"  # the task cannot run on this model
+    kind = v.get("primary") or v.get("validation") or "ablation"
+    how = (
+        f"{v.get('mode', '?')} ablation" if kind == "ablation" else f"{kind}, {v.get('mode', '?')}"
+    )
+    head = f"validation ({how}, {v.get('metric', '?')}): "
     if not v.get("n_heads"):
         return head + "no labelled heads, nothing to ablate"
     k = len(v.get("random_effects") or [])
     if v.get("random_mean") is None or not k:  # every head labelled, or no draw asked for
         why = note if note.startswith("no control possible") else f"no control possible ({note})"
-        return f"{head}{_effect(v)}; {why}"
+        said = f"; verdict: {v['verdict']}" if v.get("verdict") else ""
+        return f"{head}{_effect(v)}; {why}{said}"
     where = control_words(str(v.get("control")))
     text = (
         f"{head}{_effect(v)}; {k} random set{'s' if k != 1 else ''} of {v['n_heads']} "
@@ -64,8 +69,14 @@ def validation_line(v: dict[str, Any] | None) -> str | None:
         text += f"; {note}"
     elif "controls degenerate" in note:  # fewer distinct control sets than drawn
         text += "; " + note[note.index("controls degenerate") :]
+    if v.get("test"):
+        from headmech.classification.montecarlo import describe_test
+
+        text += f"; {describe_test(v['test'])}"
     if v.get("verdict"):
         text += f"; verdict: {v['verdict']}"
+    for other, c in (v.get("secondary") or {}).items():
+        text += f"; also {other}: {c.get('verdict', 'not run')}"
     return text
 
 

@@ -40,6 +40,7 @@ from headmech.core.errors import (
 )
 
 __all__ = [
+    "CLAIMS",
     "HEAD_TYPES",
     "METHODS",
     "MODELS",
@@ -382,6 +383,11 @@ METHODS: Registry[Any] = Registry(
     "methods", builtins=("headmech.attribution",), error=UnknownMethodError
 )
 MODELS: Registry[Any] = Registry("models", builtins=("headmech.models",), error=UnknownModelError)
+CLAIMS: Registry[Any] = Registry(
+    "claims",
+    builtins=("headmech.classification.claim_types", "headmech.classification.sinks"),
+    error=InputError,
+)
 PRUNING_METHODS: Registry[Any] = Registry(
     "pruning_methods", builtins=("headmech.pruning",), error=UnknownMethodError
 )

@@ -64,16 +64,21 @@ class ProbeBatch:
 
     def head(self, n: int) -> ProbeBatch:
         """The batch's first ``n`` sequences (tensors and per-sequence lists in extras)."""
-        rows = self.input_ids.shape[0]
+        return self.rows(0, n)
+
+    def rows(self, start: int, stop: int) -> ProbeBatch:
+        """Sequences ``start .. stop`` of the batch (tensors and per-sequence lists in
+        extras cut alike; the padded width kept)."""
+        n = self.input_ids.shape[0]
 
         def cut(v: Any) -> Any:
-            per_row = isinstance(v, Tensor | list) and len(v) == rows
-            return v[:n] if per_row else v
+            per_row = isinstance(v, Tensor | list) and len(v) == n
+            return v[start:stop] if per_row else v
 
         return ProbeBatch(
-            self.input_ids[:n],
-            self.attention_mask[:n],
-            self.special[:n],
+            self.input_ids[start:stop],
+            self.attention_mask[start:stop],
+            self.special[start:stop],
             {k: cut(v) for k, v in self.extras.items()},
             self.tokenizer,
         )

@@ -30,9 +30,15 @@ class AttentionSinkHead(HeadType):
     the default state of an attention head; the evidence that sets heads apart is the
     sink share itself (``details["sink_ratio"]``, the fraction of heads at or above ε, and
     the per-head scores). A stricter bar would not match either paper (0.5, this type's
-    earlier choice, labelled 150 heads and had no source). Validation draws random
-    control heads from the unlabelled ones; where they are too few (here: always in an
-    LM), the validation records that no control is possible instead of a comparison.
+    earlier choice, labelled 150 heads and had no source).
+
+    Validation: no random set of as many heads that are not sinks exists in an LM, so the
+    claim tested is Xiao et al.'s: the model relies on the attention its heads park on the
+    first token, the more so the higher their sink score. Head sets drawn within
+    quantile bins of the score have the first position removed from their attention
+    (renormalised), and the rank correlation of a set's score with the loss this costs
+    is tested by permutation (:mod:`headmech.classification.sinks`); a bridge that
+    ignores attention-pattern edits (BERT's) makes it untestable there.
 
     References:
         Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks",
@@ -51,6 +57,8 @@ class AttentionSinkHead(HeadType):
     default_threshold = 0.3  # Gu et al.'s ε (see the docstring)
     threshold_note = "mean attention on the first token ≥ 0.3: Gu et al.'s ε; the null is uniform attention, 1/(position+1), under 0.1 past the tenth token"
     min_query_pos = 1  # every query but the first token (Gu et al.: all queries that see key 0)
+    # no equal-sized set of non-sinks exists: a dose-response over sink-score bins
+    claims = ("sink_dose",)
 
     broad_on_first = True
 

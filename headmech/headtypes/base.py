@@ -93,10 +93,16 @@ class HeadType:
         ablation: how validation removes the heads (``zero``, ``mean``, ``uniform``).
         helps_task: True: ablating the heads should raise the task's metric (they serve
             the task); False: lower it (they work against it, as negative name movers do).
-        validation: how validation tests the label (:mod:`headmech.classification.validation`):
-            ``ablation`` (ablate the heads, measure ``task``), ``direct_path`` (path
-            patching to the logits, with the backup heads), ``k_composition`` (ablation on
-            ``task``, and path patching into the induction heads' keys).
+        claims: the claims validation tests, by their names in the claim registry
+            (:mod:`headmech.classification.claim_types`), the paper's own first: the
+            *primary* claim, whose verdict the tables show (the first that can run on the
+            model). Default: from ``validation``.
+        validation: the older way to name them: ``ablation`` (ablate the heads, measure
+            ``task``), ``direct_path`` (path patching to the logits, with the backup
+            heads), ``k_composition`` (the heads' writes patched into the induction heads'
+            keys, then the ablation on ``task``).
+        circuit: the types its paper treats as one mechanism with it (the IOI roles); the
+            heads of those types at or above their thresholds leave its control sets too.
         claim: one line: what the validation tests and why that metric (the paper's).
         expected_effect: what validation expects of ablating the heads, when it is not
             what ``helps_task`` says: ``"little"`` (inactive heads: zeroing them changes the
@@ -127,6 +133,8 @@ class HeadType:
     expected_effect: ClassVar[str | None] = None
     effect_tolerance: ClassVar[float] = 0.01  # "little": within 1% of the clean metric
     validation: ClassVar[str] = "ablation"
+    claims: ClassVar[tuple[str, ...]] = ()
+    circuit: ClassVar[tuple[str, ...]] = ()
     claim: ClassVar[str] = ""
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     threshold_range: ClassVar[tuple[float, float] | None] = None
@@ -257,6 +265,21 @@ class HeadType:
         """What ablating the heads should do to the task's metric: ``raise``, ``lower``
         or ``little``."""
         return self.expected_effect or ("raise" if self.helps_task else "lower")
+
+    def claim_kinds(self) -> tuple[str, ...]:
+        """The names of the claims validation tests, the primary first (``claims``, else
+        from ``validation``)."""
+        if self.claims:
+            return tuple(self.claims)
+        legacy = {"direct_path": ("direct_path",), "k_composition": ("k_composition", "ablation")}
+        return legacy.get(self.validation, (self.validation,))
+
+    def own_effects(self, details: dict[str, Any]) -> dict[HeadIndex, tuple[float, list[float]]]:
+        """Each head's own effect, ablated alone, with its 95% interval, where the type's
+        own evidence holds it (``details``; induction measures it for every head above
+        the threshold): the backups test reads it for the heads validation did not
+        ablate alone. Default: none."""
+        return {}
 
     def check_model(self, info: ModelInfo) -> str | None:
         """Why this type cannot run on the model, or None."""

@@ -55,6 +55,7 @@ class InductionHead(HeadType):
     threshold_note = "prefix-matching mass ≥ 0.4 on the token after the earlier copy (no cut published; the TransformerLens detector's examples use similar bars), and it copies: ablated alone it raises the repeated half's loss (the 95% interval of its own effect above 0 nats); null: uniform attention over the prefix, under 0.03 at 32 random tokens"
     causal_only = True
     task = "induction"  # loss on the repeated half of random-token sequences
+    circuit = ("previous_token",)  # Olsson et al.'s induction circuit: the two roles together
 
     def __init__(
         self,
@@ -123,6 +124,14 @@ class InductionHead(HeadType):
                     "Olsson et al.: an induction head copies the token it attends to)"
                 )
         return out
+
+    def own_effects(self, details: dict[str, Any]) -> dict[HeadIndex, tuple[float, list[float]]]:
+        """Every head above the threshold ablated alone (``copying_effect``)."""
+        return {
+            HeadIndex.parse(h): (v[0], [v[1], v[2]])
+            for h, v in details.get("copying_effect", {}).items()
+            if v[1] == v[1]  # an interval was drawn (not NaN)
+        }
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
         hit = stats.mean(f"{self.name}.hit")

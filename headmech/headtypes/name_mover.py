@@ -15,6 +15,17 @@ from headmech.stream.engine import HeadStats, ProbeBatch, Reducer, target_reduce
 
 TOP_K = 5  # Wang et al.'s copy score: the name among the 5 highest logits
 
+IOI_CIRCUIT = (
+    "name_mover",
+    "negative_name_mover",
+    "s_inhibition",
+    "duplicate_token",
+    "induction",
+    "previous_token",
+)
+"""Wang et al.'s IOI circuit (their Fig. 2): the roles its three end-of-prompt types share
+one mechanism with; heads of each leave the others' control sets."""
+
 
 def name_copying(model: Any) -> tuple[Tensor, Tensor]:
     """Wang et al.'s copy score and its negative, per head ``[n_layers, n_heads]``: the
@@ -73,6 +84,7 @@ class NameMoverHead(HeadType):
     causal_only = True
     task = "ioi"
     validation = "direct_path"
+    circuit = tuple(t for t in IOI_CIRCUIT if t != "name_mover")
     claim = (
         "Wang et al.: the heads' direct effect on the IOI logit difference (path patching "
         "to the logits from ABC prompts) exceeds random heads'; backups compensate"

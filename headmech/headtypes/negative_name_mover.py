@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from headmech.headtypes.name_mover import NameMoverHead
+from headmech.headtypes.name_mover import IOI_CIRCUIT, NameMoverHead
 
 
 class NegativeNameMoverHead(NameMoverHead):
@@ -31,6 +31,7 @@ class NegativeNameMoverHead(NameMoverHead):
     """
 
     name = "negative_name_mover"
+    circuit = tuple(t for t in IOI_CIRCUIT if t != "negative_name_mover")
     reference = "Wang et al. 2022"
     citation = (
         "Wang, Variengien, Conmy, Shlegeris, Steinhardt 2022, Interpretability in the Wild: "

@@ -45,10 +45,12 @@ class PreviousTokenHead(HeadType):
     default_threshold = 0.5
     threshold_note = "mass ≥ 0.5 on the previous token (no cut published; a majority of the head's attention); null: uniform attention over a sentence's prefix, about 0.05 at 20 tokens"
     task = "induction"
-    validation = "k_composition"
+    # primary: their role in the paper that defines them, feeding induction heads' keys
+    claims = ("k_composition", "ablation")
+    circuit = ("induction",)  # Olsson et al.'s induction circuit: the two roles together
     claim = (
         "Olsson et al.: ablating the heads hurts induction (repeated-half loss) more than "
-        "random heads, and their writes reach the induction heads' keys (K-composition)"
+        "ablating as many random heads"
     )
 
     def broad_targets(self, batch: ProbeBatch) -> Tensor:

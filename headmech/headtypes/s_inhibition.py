@@ -9,6 +9,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
+from headmech.headtypes.name_mover import IOI_CIRCUIT
 from headmech.headtypes.registry import HeadType
 from headmech.probes.ioi import end_targets
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer, target_reducer
@@ -61,6 +62,7 @@ class SInhibitionHead(HeadType):
     threshold_note = "attention ≥ 0.3 from the last token to the second subject mention, above its attention to the IO, below the first name mover's layer; null: uniform attention over a 16-token prompt, about 0.06"
     causal_only = True
     task = "ioi"
+    circuit = tuple(t for t in IOI_CIRCUIT if t != "s_inhibition")
 
     # --- what the engine computes -------------------------------------------------
     def targets(self, batch: ProbeBatch) -> Tensor:

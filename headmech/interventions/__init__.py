@@ -42,6 +42,7 @@ functions) and :mod:`~headmech.interventions.runner` (variants, evaluation, grad
 
 from headmech.interventions.effects import (
     SITES,
+    DropFirst,
     Effect,
     Gate,
     Mean,
@@ -69,6 +70,7 @@ from headmech.interventions.runner import Cost, evaluate, gradients, run_variant
 __all__ = [
     "SITES",
     "Cost",
+    "DropFirst",
     "Effect",
     "Gate",
     "Intervention",

@@ -22,6 +22,7 @@ from headmech.core.errors import HeadmechError
 __all__ = [
     "SITES",
     "Context",
+    "DropFirst",
     "Effect",
     "Gate",
     "Mean",
@@ -144,6 +145,22 @@ class Uniform(Effect):
             allowed = (x > 0).any(1, keepdim=True)
         u = allowed.to(x.dtype)
         return (u / u.sum(-1, keepdim=True).clamp(min=1)).expand_as(x)
+
+
+@dataclass(frozen=True)
+class DropFirst(Effect):
+    """The first key's weight removed and the rest renormalised: the head's attention
+    sink taken away (Xiao et al. 2024 evict the first tokens from the cache). A query
+    that sees no other key keeps its pattern."""
+
+    sites = ("pattern",)
+
+    def apply(self, x, layer, idx, ctx):
+        """See :meth:`Effect.apply`."""
+        kept = x.clone()
+        kept[..., 0] = 0
+        total = kept.sum(-1, keepdim=True)
+        return torch.where(total > 0, kept / total.clamp(min=torch.finfo(x.dtype).tiny), x)
 
 
 @dataclass(frozen=True)

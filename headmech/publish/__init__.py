@@ -123,6 +123,7 @@ def publish_model(
             "classify": round(t2 - t1, 1),
             "check": round(t3 - t2, 1),
         },
+        "validation_seconds": catalog.meta.get("validation_seconds", {}),
         "cpu_seconds": round(c3 - c0, 1),  # all threads: above the wall time when idle
         "threads": torch.get_num_threads(),
     }

@@ -40,7 +40,8 @@ class Size:
     n_sequences: int = 32  # repeated random sequences
     context: tuple[int, ...] = (300, 700, 1100, 1500)  # needle haystack lengths
     validate: bool = True
-    n_random: int = 5  # control sets per type
+    n_random: int = 99  # control sets per claim, at most (the sequential test stops earlier)
+    control_tokens: int = 0  # the control sets measured on batches of at least this many tokens
     n_boot: int = 200  # bootstrap resamples for score intervals (not a CLI flag)
     extra: dict[str, Any] = field(default_factory=dict)  # more ProbeOptions fields
     type_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per type: its arguments
@@ -67,21 +68,25 @@ class Size:
         flags += f"--context {','.join(map(str, self.context))}"
         if self.validate:
             flags += f" --validate --n-random {self.n_random}"
+            if self.control_tokens:
+                flags += f" --control-tokens {self.control_tokens}"
             if self.alone is not None:
                 flags += f" --alone {self.alone[0]},{self.alone[1]}"
         return f"headmech classify {model} {flags}"
 
 
 FULL: dict[str, Size] = {
-    "smollm2-135m": Size(n_sentences=128, n_sequences=16),
+    # control sets measured on pieces of the probe holding at least 512 tokens (a fifth of
+    # the prose, half the repeated sequences, half a needle batch): 99 of them per claim
+    "smollm2-135m": Size(n_sentences=128, n_sequences=16, control_tokens=512),
     # half SmolLM2's prose: Gemma 3's forward, with its 262k-token unembedding and four norms
     # a block, costs 2-3x SmolLM2's per token on this CPU, and validation is most of the time
-    "gemma3-270m": Size(n_sentences=64, n_sequences=16),
+    "gemma3-270m": Size(n_sentences=64, n_sequences=16, control_tokens=512),
     # Qwen2.5-Coder-0.5B: 336 heads (24 x 14), a 151k-token unembedding and 4.9k-wide MLPs,
-    # about 4x SmolLM2's forward: smaller probes and 3 control sets keep it under an hour
-    # (each head ablated alone is a pass of the task: 8 labelled and 4 rejected at most)
+    # about 4x SmolLM2's forward: smaller probes, control sets measured on pieces of at least
+    # 256 tokens (each head ablated alone is a pass of the task: 8 labelled and 4 rejected)
     "qwen2.5-coder-0.5b": Size(
-        n_sentences=48, n_sequences=12, context=(300, 700, 1100), n_random=3, alone=(8, 4)
+        n_sentences=48, n_sequences=12, context=(300, 700, 1100), alone=(8, 4), control_tokens=256
     ),
     "minilm-l6": Size(),
     "toy-induction": Size(),
@@ -187,6 +192,7 @@ def build_catalog(
         types,
         validate=size.validate,
         n_random=size.n_random,
+        control_tokens=size.control_tokens,
         n_boot=size.n_boot,
         progress=progress,
         alone=size.alone,

@@ -78,23 +78,30 @@ class Cell:
     effect: float | None  # validation: ablated minus clean
     control: float | None  # the controls' median effect
     note: str  # "n/a: <reason>" when the type does not apply
-    verdict: str = ""  # headmech.classification.claims.verdict of the validation
+    verdict: str = ""  # the primary claim's verdict (headmech.classification.montecarlo)
     rejected: int = 0  # heads at or above the threshold not labelled
+    test: str = ""  # the primary claim's test: p, q, n
+    others: str = ""  # the other claims' verdicts: "ablation validated"
+    backups: int = 0  # heads above the threshold found to be backups
 
     def text(self) -> str:
-        """``3 (4.2%), depth 0.71; +6.95 vs +0.20: validated`` or the reason it does not
-        apply (a type without heads shows no effect)."""
+        """``3 (4.2%), depth 0.71; +6.95 vs +0.20 (p 0.01, q 0.012, n 99): validated`` or
+        the reason it does not apply (a type without heads shows no effect)."""
         if self.note:
             return self.note
         more = f"; {self.rejected} above the threshold not labelled" if self.rejected else ""
+        more += f"; {self.backups} backup{'s' if self.backups != 1 else ''}" if self.backups else ""
         if not self.n_heads:
             return "none" + more
         out = f"{self.n_heads} ({100 * self.share:.1f}%), depth {self.depth:.2f}"
         if self.effect is not None:
             vs = f"{self.control:+.3g}" if self.control is not None else "no control"
             out += f"; {self.effect:+.3g} vs {vs}"
+            out += f" ({self.test})" if self.test else ""
         if self.verdict:
             out += f": **{self.verdict}**"
+        if self.others:
+            out += f" (also {self.others})"
         return out + more
 
 
@@ -104,19 +111,16 @@ def _cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
         reason = run.get("skipped", {}).get(name, "not published")
         short = "encoder" if "decoder" in reason or "causal" in reason else reason.split(":")[0]
         return Cell(0, 0.0, None, None, None, f"n/a ({short})")
-    from headmech.classification.claims import control_space, verdict
+    from headmech.classification.montecarlo import describe_test
 
     t = data["types"][name]
     heads = t["heads"]
     depths = [la / max(m["n_layers"] - 1, 1) for la, _ in heads]
     v = t["details"].get("validation") or {}
-    said = ""
-    if heads and v:
-        banned = v.get("excluded_from_controls", [])
-        _, possible = control_space(
-            heads, m["n_layers"], m["n_heads"], v.get("control", ""), banned
-        )
-        said = v.get("verdict") or verdict(v, possible)
+    said = str(v.get("verdict", "not run")) if heads and v else ""
+    others = ", ".join(
+        f"{k}: {c.get('verdict', 'not run')}" for k, c in (v.get("secondary") or {}).items()
+    )
     return Cell(
         len(heads),
         len(heads) / (m["n_layers"] * m["n_heads"]),
@@ -126,6 +130,9 @@ def _cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
         "",
         said,
         len(t.get("not_labelled") or []),
+        describe_test(v.get("test")) if heads else "",
+        others if heads else "",
+        len(t.get("backups") or []),
     )
 
 

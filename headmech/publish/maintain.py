@@ -39,6 +39,7 @@ def update(names: list[str], types: list[str], out: Path) -> int:
         size = publish.FULL[name]
         record = update_validations(
             name, out, types, probe_options=size.probe_options(), n_random=size.n_random,
+            control_tokens=size.control_tokens,
             type_options=size.type_options, alone=size.alone, command=_command(name, types, "--update"),
         )  # fmt: skip
         return f"updated {', '.join(types)} {record['seconds']}"

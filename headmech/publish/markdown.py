@@ -52,93 +52,95 @@ def _validation_cell(v: dict[str, Any] | None) -> tuple[str, str]:
     if v.get("random_median") is None:
         return effect, v.get("control_note") or "no control"
     lo, hi = v["random_range"]
-    where = {"same_layers": "same layers", "any_layer": "any layer"}.get(v["control"], "")
-    if str(v["control"]).startswith("layers_within_"):
+    where = {"same_layers": "same layers", "any_layer": "any layer"}.get(v.get("control", ""), "")
+    if str(v.get("control", "")).startswith("layers_within_"):
         where = f"within {v['control'].rsplit('_', 1)[1]} layer(s)"
     n = len(v["random_effects"])
+    what = "set" if v.get("validation") != "sink_dose" else "lowest-bin set"
     return (
         effect,
-        f"{v['random_median']:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} set{'s' if n != 1 else ''}, {where})",
+        f"{v['random_median']:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} {what}{'s' if n != 1 else ''}"
+        + (f", {where}" if where else "")
+        + ")",
     )
 
 
-def type_verdict(t: dict[str, Any], n_layers: int, n_heads: int) -> str:
-    """A catalog entry's verdict (:func:`headmech.classification.claims.verdict`); for records written
-    before verdicts were, the distinct control sets possible are counted from the
-    labelled heads and the model's shape."""
-    from headmech.classification.claims import control_space, verdict
-
+def type_verdict(t: dict[str, Any], n_layers: int = 0, n_heads: int = 0) -> str:
+    """A catalog entry's verdict: its primary claim's, as validation recorded it (a
+    Monte Carlo test decided on Benjamini-Hochberg's q:
+    :mod:`headmech.classification.montecarlo`); ``not run`` without validation."""
     v = t["details"].get("validation")
-    if not v:
-        return "not run"
-    _, possible = control_space(
-        t["heads"], n_layers, n_heads, v.get("control", "none"), v.get("excluded_from_controls", [])
-    )
-    return verdict(v, possible)
+    return str(v.get("verdict", "not run")) if v else "not run"
+
+
+def _claims(v: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A validation's claims, the primary first: ``(kind, record)``."""
+    kind = str(v.get("primary") or v.get("validation") or "ablation")
+    return [(kind, v), *((v.get("secondary") or {}).items())]
 
 
 def quote(root: Path, model: str, name: str, part: str = "") -> str:
     """How the project's README quotes a type's published validation:
-    ``catalog <model>/<type>: <effect [CI]> vs controls <median (range)>: <verdict>``
-    (``part="k_composition"``: ``catalog <model>/<type> k_composition: ...``, the
-    previous-token heads' K-composition record); tests/test_claims.py checks every such
-    quote against ``root/<model>/catalog.json``."""
+    ``catalog <model>/<type>: <effect [CI]> vs controls <median (range)>; <p, q, n>:
+    <verdict>`` (``part``: another claim of the type than its primary, e.g.
+    ``ablation`` for previous-token heads, quoted as ``catalog <model>/<type> <part>:
+    ...``); tests/test_claims.py checks every such quote against
+    ``root/<model>/catalog.json``."""
+    from headmech.classification.montecarlo import describe_test
+
     data = json.loads((root / model / "catalog.json").read_text())
-    t, m = data["types"][name], data["model"]
-    v = t["details"].get("validation")
-    verdict = type_verdict(t, m["n_layers"], m["n_heads"])
+    t = data["types"][name]
+    v = t["details"].get("validation") or {}
     if part:
-        v = {**v[part], "control": v["control"]}
-        verdict = v["verdict"]
+        v = {**dict(_claims(v))[part], "control": v["control"]}
     effect, control = _validation_cell(v)
     text = f"{effect} vs controls {control}" if control else effect
-    return f"catalog {model}/{name}{' ' + part if part else ''}: {text}: {verdict}"
+    test = describe_test(v.get("test"))
+    text += f"; {test}" if test else ""
+    return (
+        f"catalog {model}/{name}{' ' + part if part else ''}: {text}: {v.get('verdict', 'not run')}"
+    )
 
 
 def _verdict_rows(data: dict[str, Any]) -> list[str]:
-    """Per type: which metric validated it, the effect [interval] against the controls'
-    median (range), and the verdict; then one line per type with degenerate controls."""
+    """Per type and claim (the primary first): which metric, the effect [interval]
+    against the controls' median (range), the test (p, q, n) and the verdict; then one
+    line per type whose claim could not be tested."""
+    from headmech.classification.montecarlo import describe_test
+
     m = data["model"]
     lines = [
         "",
-        f"Validation verdicts ({m['name']}): *validated* — the labelled effect lies beyond "
-        "every control set's in the expected direction and its 95% interval excludes 0; "
-        "*degenerate controls* — fewer distinct control sets exist than were asked for, so the "
-        "labels are not judged against them.",
+        f"Validation verdicts ({m['name']}): each claim is a Monte Carlo test of the labelled "
+        "set against up to 99 random control sets (random relabellings of the labelled heads' "
+        "layers, never a head of the type or its circuit), stopped after 5 controls at least "
+        "as extreme; p = (1 + exceedances) / (1 + n), q by Benjamini-Hochberg across every "
+        "claim of the catalog. *validated*: q <= 0.05 and the effect's 95% interval excludes "
+        "0; *inconclusive*: fewer control sets were drawn than p <= 0.05 needs; *untestable "
+        "here*: the model holds too few distinct control sets. The primary claim (the "
+        "paper's own) comes first.",
         "",
-        "| type | validated on | effect [95% CI] | controls: median (range) | verdict |",
-        "|---|---|---|---|---|",
+        "| type | claim | validated on | effect [95% CI] | controls: median (range) | test | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
-    from headmech.classification.claims import control_space
-
     notes = []
     for name, t in data["types"].items():
         v = t["details"].get("validation") or {}
-        effect, control = _validation_cell(v or None)
-        how = v.get("metric", "")
-        if v.get("validation") != "direct_path" and v.get("mode"):
-            how += f" ({v['mode']} ablation)"
-        verdict = type_verdict(t, m["n_layers"], m["n_heads"])
-        lines.append(f"| `{name}` | {how} | {effect} | {control} | **{verdict}** |")
-        k = v.get("k_composition") or {}
-        if k.get("verdict"):  # previous-token heads: their writes into the induction keys
-            k_effect, k_control = _validation_cell({**k, "control": v["control"]})
-            receivers = ", ".join(f"L{a}H{b}" for a, b in k["receivers"])
+        for i, (kind, c) in enumerate(_claims(v) if v else []):
+            effect, control = _validation_cell({**c, "control": v.get("control", "")})
+            how = c.get("metric", "")
+            if kind == "ablation" and c.get("mode"):
+                how += f" ({c['mode']} ablation)"
+            label = f"`{name}`" if i == 0 else f"`{name}` (also)"
             lines.append(
-                f"| `{name}` (K-composition) | path patching into the keys of {receivers} "
-                f"| {k_effect} | {k_control} | **{k['verdict']}** |"
+                f"| {label} | {kind} | {how} | {effect} | {control} | "
+                f"{describe_test(c.get('test')) or '–'} | **{c.get('verdict', 'not run')}** |"
             )
-        if verdict == "degenerate controls":
-            pool, n = control_space(
-                t["heads"], m["n_layers"], m["n_heads"], v["control"],
-                v.get("excluded_from_controls", []),
-            )  # fmt: skip
-            notes.append(
-                f"- `{name}`: controls degenerate: only {n} distinct control set(s) exist "
-                f"({pool} unlabelled heads to draw from), "
-                f"{v.get('n_controls_asked', len(v['random_effects']))} asked for, "
-                f"{len(v['random_effects'])} drawn; not judged against them."
-            )
+        for kind, why in (v.get("primary_unavailable") or {}).items():
+            notes.append(f"- `{name}`: its primary claim ({kind}) could not be tested here: {why}.")
+        untested = v.get("verdict") in ("untestable here", "inconclusive")
+        if untested and v.get("effect") is not None and v.get("control_note"):
+            notes.append(f"- `{name}`: {v['verdict']}: {v['control_note']}.")
     return [*lines, *([""] + notes if notes else [])]
 
 
@@ -222,18 +224,22 @@ def _model_section(folder: Path) -> list[str]:
         f"{run['cpu_seconds']:.0f} CPU seconds on {run['threads']} threads. "
         f"[catalog.json]({m['name']}/catalog.json), [heatmaps]({m['name']}/heatmaps/).",
         "",
-        "| type | threshold | heads | labelled heads (score), best first | ablation effect [95% CI] | "
-        "random heads not of the type: median (range) | verdict | metric (ablation) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| type | threshold | heads | labelled heads (score), best first | primary claim: effect "
+        "[95% CI] | controls: median (range) | test | verdict | metric |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    from headmech.classification.montecarlo import describe_test
+
     for name, t in data["types"].items():
         v = t["details"].get("validation")
         effect, control = _validation_cell(v)
         metric = f"{v['metric']} ({v['mode']})" if v else ""
-        said = type_verdict(t, m["n_layers"], m["n_heads"]) if t["heads"] else ""
+        said = type_verdict(t) if t["heads"] else ""
+        test = describe_test(v.get("test")) if v and t["heads"] else ""
         lines.append(
             f"| [`{name}`]({m['name']}/heatmaps/{name}.png) | {t['threshold']:g} | "
-            f"{len(t['heads'])} | {_heads_cell(t)} | {effect} | {control} | {said} | {metric} |"
+            f"{len(t['heads'])} | {_heads_cell(t)} | {effect} | {control} | {test} | {said} | "
+            f"{metric} |"
         )
     lines += _verdict_rows(data)
     lines += _not_labelled_rows(data)
@@ -259,26 +265,27 @@ type-specific evidence, provenance: versions, weights and probe-data SHA-256);
 score diverging from 0), the threshold marked on the colour bar, labelled heads outlined
 solid, borderline heads (95% interval containing the threshold) dashed.
 
-**Validation** (`details.validation` in catalog.json): the labelled heads are ablated
-together (each type's ablation: zero, mean or uniform attention) and the type's task
-metric (a loss: higher is worse) is measured; the effect is ablated minus clean, with a
-95% bootstrap interval over probe examples. The same is done for random sets of as many
-heads *not of the type* from the same layers (neither labelled, nor at or above the
-threshold, nor with an interval reaching it: `validation.excluded_from_controls`); their
-median and range are the control. An effect well above the controls' range supports the
-label. Each labelled head, and each head above the threshold that the type's further
-criterion rejected (`not_labelled`, with the reason), is also ablated alone (`per_head`:
-its own effect with its interval), and each is read on ordinary text of five domains
-(`per_head[h].broad_share`: the share of its attention the type's pattern takes; HeadVis,
-Anthropic 2026). Some types are validated on their
-paper's own claim instead (`validation.validation` and `validation.claim` say which and
-why): copy suppression on the log-probability of the in-context token the model predicts
-(McDougall et al.), name movers and negative name movers by path patching to the logits,
-with the backup heads that compensate (Wang et al.; `validation.backup`), previous-token
-heads on the induction task and by path patching into the induction heads' keys (Olsson et
-al.; `validation.k_composition`). Each model's verdict table says which labels their
-validation supports; where fewer distinct control sets exist than were asked for, the controls
-are degenerate and the labels are not judged against them.
+**Validation** (`details.validation` in catalog.json): each type names its claims, the
+paper's own first (its *primary* claim, whose verdict the tables show; the others are in
+`validation.secondary`). Most are ablations: the labelled heads are ablated together (zero,
+mean or uniform attention) and the type's task metric (a loss: higher is worse) is
+measured, the effect being ablated minus clean with a 95% bootstrap interval over probe
+examples. Name movers and negative name movers are tested by path patching to the logits
+(Wang et al.), previous-token heads by their writes patched into the induction heads' keys
+(Olsson et al.'s K-composition; the ablation is their second claim), attention sinks by a
+dose-response over sink-score bins (the first position removed from the heads' attention;
+no equal-sized set of non-sinks exists). The same measurement is made on up to 99 random
+control sets: relabellings of the labelled heads' layers, never holding a head of the
+type, nor of its circuit (the IOI roles together; `validation.circuit_excluded`), nor the
+labelled set itself. The test stops once 5 controls are at least as extreme (Besag &
+Clifford 1991); p = (1 + exceedances) / (1 + n) (North et al. 2002), and q corrects it by
+Benjamini-Hochberg across every claim of the catalog. *validated* means q <= 0.05 and the
+effect's interval excludes 0. Each labelled head, and each head above the threshold that
+the type's further criterion rejected (`not_labelled`, with the reason), is also ablated
+alone (`per_head`); a rejected head whose own effect is within noise is tested for
+sufficiency (it alone kept, every other candidate ablated, against one more random head:
+`validation.backups`; a backup when its q <= 0.05), and each head is read on ordinary text
+of five domains (`per_head[h].broad_share`; HeadVis, Anthropic 2026).
 
 `<model>/check.json` is the same classification at a small size (no validation); the
 test suite (`tests/test_published_catalog.py`) regenerates it and compares it (labels

@@ -61,6 +61,7 @@ def update_validations(
     type_options: dict[str, dict[str, Any]] | None = None,
     command: str = "",
     alone: tuple[int, int] | None = None,
+    control_tokens: int = 0,
 ) -> dict[str, Any]:
     """Recompute the validation of ``types`` in ``root/<name>/catalog.json`` (labelled
     heads, probe sizes and control draws as published) and record the update in the
@@ -70,7 +71,7 @@ def update_validations(
         InputError: a type the catalog does not hold, a missing catalog, other weights.
     """
 
-    from headmech.classification.validation import type_validation
+    from headmech.classification.validation import apply_fdr
     from headmech.headtypes.registry import get_head_type
     from headmech.models import load_model
     from headmech.probes import ProbeOptions
@@ -87,19 +88,13 @@ def update_validations(
     if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
         raise InputError(f"catalog/{name} was computed on other weights: publish it again")
     options = ProbeOptions(**probe_options)
-    labelled = {
-        n: [HeadIndex(int(a), int(b)) for a, b in t["heads"]] for n, t in data["types"].items()
-    }
     seconds: dict[str, float] = {}
     for t in types:
         head_type = get_head_type(t)(**(type_options or {}).get(t, {}))
         t1 = time.perf_counter()
-        v = type_validation(
-            model, head_type, labelled[t], options, n_random, labelled, *_of(data, t),
-            alone=alone,
-        )  # fmt: skip
-        _store_validation(data["types"][t], v)
+        _validate_one(model, data, head_type, options, n_random, alone, control_tokens)
         seconds[t] = round(time.perf_counter() - t1, 1)
+    apply_fdr({n: e["details"].get("validation") or {} for n, e in data["types"].items()})
     record = {"types": list(types), **_run_record(command, seconds, t0, c0)}
     data["provenance"].setdefault("validation_updates", []).append(record)
     (folder / "catalog.json").write_text(dumps(data))
@@ -110,21 +105,48 @@ def update_validations(
     return record
 
 
-def _of(data: dict[str, Any], name: str) -> tuple[list[HeadIndex], list[HeadIndex]]:
-    """A published type's heads kept out of the controls (they may be of the type:
-    :meth:`headmech.classification.results.TypeResult.not_controls`) and its heads at or above the
-    threshold but not labelled (each ablated alone too), from ``catalog.json``."""
+def _validate_one(
+    model: TransformerBridge,
+    data: dict[str, Any],
+    head_type: Any,
+    options: Any,
+    n_random: int,
+    alone: tuple[int, int] | None,
+    control_tokens: int = 0,
+) -> None:
+    """One type's validation as a full run computes it, from the published catalog: its
+    labelled heads, the other types' labels (K-composition's receivers), the heads no
+    control may hold (the type's and its circuit's:
+    :func:`headmech.classification.validation.controls_excluded`), its heads rejected above
+    the threshold, its score and its own-effect evidence; stored in ``data``."""
+    from headmech.classification.montecarlo import TestOptions
     from headmech.classification.results import TypeResult
+    from headmech.classification.validation import controls_excluded, type_validation
 
     m = data["model"]
-    r = TypeResult.from_json(name, data["types"][name], (int(m["n_layers"]), int(m["n_heads"])))
-    return sorted(r.not_controls()), [HeadIndex.parse(e["head"]) for e in r.not_labelled]
+    shape = (int(m["n_layers"]), int(m["n_heads"]))
+    results = {n: TypeResult.from_json(n, e, shape) for n, e in data["types"].items()}
+    r = results[head_type.name]
+    v = type_validation(
+        model, head_type, r.heads, options, n_random, {n: x.heads for n, x in results.items()},
+        controls_excluded(head_type, results), [HeadIndex.parse(e["head"]) for e in r.not_labelled],
+        alone=alone, test=TestOptions(n_max=n_random, control_tokens=control_tokens),
+        score=r.score, own=head_type.own_effects(r.details),
+    )  # fmt: skip
+    missing = [c for c in head_type.circuit if c not in results]
+    if missing:
+        v["circuit_not_classified"] = missing
+    _store_validation(data["types"][head_type.name], v)
 
 
 def _store_validation(entry: dict[str, Any], v: dict[str, Any]) -> None:
     """A validation record into a type's entry: ``per_head`` beside ``details``."""
     v = json.loads(dumps(v))
     entry["per_head"] = v.pop("per_head", {})
+    backups = (v.get("backups") or {}).get("heads", [])
+    entry.pop("backups", None)
+    if backups:
+        entry["backups"] = backups
     entry["details"]["validation"] = v
 
 
@@ -201,26 +223,22 @@ def _validate(
 ) -> dict[str, float]:
     """Each added type's validation, as a full run computes it (the labelled heads of
     every type in the catalog beside), into ``data``. Returns the seconds per type."""
-    from headmech.classification.validation import type_validation
+    from headmech.classification.validation import apply_fdr
     from headmech.headtypes.registry import get_head_type
     from headmech.probes import ProbeOptions
 
     options = ProbeOptions(**size.probe_options())
-    labelled = {
-        n: [HeadIndex(int(a), int(b)) for a, b in t["heads"]] for n, t in data["types"].items()
-    }
     seconds: dict[str, float] = {}
     instances = []
     for t in types:
         t1 = time.perf_counter()
         head_type = get_head_type(t)(**size.type_options.get(t, {}))
         instances.append(head_type)
-        v = type_validation(
-            model, head_type, labelled[t], options, size.n_random, labelled, *_of(data, t),
-            alone=size.alone,
-        )  # fmt: skip
-        _store_validation(data["types"][t], v)
+        _validate_one(
+            model, data, head_type, options, size.n_random, size.alone, size.control_tokens
+        )
         seconds[t] = round(time.perf_counter() - t1, 1)
+    apply_fdr({n: e["details"].get("validation") or {} for n, e in data["types"].items()})
     _read_broadly(model, data, instances)
     return seconds
 

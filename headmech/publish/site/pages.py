@@ -165,29 +165,39 @@ def head_row(t: dict[str, Any], head: list[int] | tuple[int, int]) -> dict[str, 
 
 
 def validation(t: dict[str, Any], shape: tuple[int, int] | None = None) -> dict[str, Any] | None:
-    """The labelled set's ablation effect, its controls and the verdict
-    (:func:`headmech.classification.claims.verdict`; for a record written before verdicts were, the
-    distinct control sets possible are counted from the model's ``shape``), or None if not
-    validated."""
-    from headmech.classification.claims import control_space, verdict
+    """The primary claim's effect, its controls, its test and verdict, the other claims'
+    verdicts, the backups, and the test drawn as a strip
+    (:func:`headmech.publish.site.strips.strip_svg`), or None if not validated."""
+    from headmech.classification.montecarlo import describe_test
+    from headmech.publish.site.strips import strip_svg
 
     v = t.get("details", {}).get("validation")
     if not v:
         return None
-    said = v.get("verdict")
-    if said is None:
-        possible = None
-        if shape is not None:
-            _, possible = control_space(
-                t["heads"], *shape, v.get("control", "none"), v.get("excluded_from_controls", [])
-            )
-        said = verdict(v, possible)
-    k = v.get("k_composition") or {}
+    test = v.get("test") or {}
+    dose = v.get("validation") == "sink_dose"
+    strip = strip_svg(
+        v.get("random_effects") if dose else test.get("controls") or [],
+        v.get("effect") if dose else test.get("statistic"),
+        "lowest sink-score bin sets" if dose else "control sets",
+    )
     return {
-        "verdict": said,
-        "k_verdict": k.get("verdict"),
-        "k_effect": k.get("effect"),
-        "k_receivers": [_name(r) for r in k.get("receivers", [])] if k.get("verdict") else [],
+        "verdict": v.get("verdict", "not run"),
+        "kind": v.get("primary") or v.get("validation", "ablation"),
+        "test": describe_test(test or None),
+        "units": test.get("units", ""),
+        "strip": strip,
+        "others": [
+            {
+                "kind": k,
+                "verdict": c.get("verdict"),
+                "effect": c.get("effect"),
+                "test": describe_test(c.get("test")),
+            }
+            for k, c in (v.get("secondary") or {}).items()
+        ],  # fmt: skip
+        "unavailable": v.get("primary_unavailable") or {},
+        "backups": [_name(h) for h in (v.get("backups") or {}).get("heads", [])],
         "effect": v.get("effect"),
         "interval": v.get("effect_interval"),
         "median": v.get("random_median"),
@@ -314,6 +324,7 @@ def type_info(name: str) -> dict[str, Any]:
         "threshold_note": rst_html(getattr(cls, "threshold_note", "") or ""),
         "probe": cls.probe,
         "task": cls.task,
+        "claims": ", ".join(cls().claim_kinds()),
         "why": _threshold_why(cls),
     }
 
@@ -339,6 +350,11 @@ def verdict(t: dict[str, Any], head: tuple[int, int]) -> tuple[str, str]:
     if head in [_key(x) for x in t["heads"]]:
         return "labelled", "labelled"
     why = [e["reason"] for e in _rejected(t) if _parse(e["head"]) == head]
+    if why and head in [_key(x) for x in t.get("backups", [])]:
+        return "rejected", (
+            "at or above the threshold, not labelled: a backup (alone it restores the "
+            "type's metric with every other candidate ablated); rejected as: " + why[0]
+        )
     if why:
         return "rejected", "at or above the threshold, not labelled: " + why[0]
     if head in [_key(x) for x in t.get("borderline", [])]:
