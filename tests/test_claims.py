@@ -228,6 +228,9 @@ def test_update_keeps_the_other_types_bytes(tmp_path):
             assert json.dumps(after["types"][name]) == json.dumps(entry)
     for key in ("heads", "score", "threshold"):
         assert after["types"]["induction"][key] == before["types"]["induction"][key]
+    for h, row in before["types"]["induction"]["per_head"].items():  # the broad reading kept
+        broad = {k: x for k, x in row.items() if k.startswith("broad_") or k == "narrow"}
+        assert broad and {k: after["types"]["induction"]["per_head"][h][k] for k in broad} == broad
     # layer 1 whole: relabellings of the whole model, whose layer-0 heads include the
     # previous-token head the induction heads read (a type the toy's catalog cannot hold,
     # so its heads could not leave the pool: the record says so); some beat the labelled
@@ -241,6 +244,44 @@ def test_update_keeps_the_other_types_bytes(tmp_path):
     assert run["updates"][-1] == update
     readme = (tmp_path / "README.md").read_text()
     assert "| `induction` | ablation |" in readme and f"n {v['test']['n']}" in readme
+
+
+def test_a_stopped_update_keeps_its_finished_types(tmp_path, monkeypatch):
+    """An update stopped in its second type keeps the first (a unit in
+    ``.headmech-partial/update/``); run again, it reads that one back instead of measuring
+    it, finishes, writes the catalog and removes the staging folder."""
+    import importlib
+
+    from headmech.publish import main
+
+    validation = importlib.import_module("headmech.classification.validation")
+    real = validation.type_validation
+    shutil.copytree(ROOT / "toy-induction", tmp_path / "toy-induction")
+    argv = ["--models", "toy-induction", "--types", "inactive,induction", "--update", "--out", str(tmp_path)]  # fmt: skip
+
+    def stop_at(name):
+        def run(model, head_type, *a, **k):
+            if head_type.name == name:
+                raise KeyboardInterrupt
+            return real(model, head_type, *a, **k)
+
+        return run
+
+    monkeypatch.setattr(validation, "type_validation", stop_at("induction"))
+    with warnings.catch_warnings(), pytest.raises(KeyboardInterrupt):
+        warnings.simplefilter("ignore")
+        main(argv)
+    staged = tmp_path / "toy-induction" / ".headmech-partial" / "update"
+    assert [p.name for p in (staged / "units").rglob("*.json")] == ["validate-inactive.json"]
+    monkeypatch.setattr(validation, "type_validation", stop_at("inactive"))  # read back
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv) == 0
+    assert not (tmp_path / "toy-induction" / ".headmech-partial").exists()
+    after = json.loads((tmp_path / "toy-induction" / "catalog.json").read_text())
+    assert after["provenance"]["validation_updates"][-1]["types"] == ["inactive", "induction"]
+    assert after["types"]["inactive"]["details"]["validation"]["verdict"] == "no heads"
+    assert after["types"]["induction"]["details"]["validation"]["test"]["n"] >= 19
 
 
 def test_update_refuses_a_type_the_catalog_lacks(tmp_path, capsys):

@@ -234,11 +234,11 @@ def test_smollm2_recalls_the_needle_and_loses_it_without_retrieval_heads(
 def test_masking_retrieval_heads_hurts_recall_far_more_than_random_heads(smollm2):
     v = check_causal(RetrievalHead(), smollm2, SMALL, n_random=4)
     # measured: answer NLL 0.119 clean; +1.72 with the 11 retrieval heads masked (uniform
-    # attention); +0.10 on average (at most +0.29) for 4 draws of 11 random heads from the
-    # same layers
+    # attention); +0.17, +0.35, +0.88, +0.88 for 4 random relabellings of their layers
+    # (which may hold some of the labelled heads: the exact test's controls), none as much
     assert v["mode"] == "uniform" and v["n_heads"] >= 4
-    assert v["effect"] > 1.0
-    assert v["effect"] > 3 * max(v["random_effects"])
+    assert v["effect"] > 1.0 and v["test"]["exceedances"] == 0
+    assert v["effect"] > 1.5 * max(v["random_effects"])
 
 
 def test_cli_context_and_depths_reach_the_needle_probe(bpe_tokenizer, tmp_path, capsys):

@@ -78,7 +78,7 @@ class Measured:
 
     effects: list[float]
     clean: float
-    interval: Callable[[int], list[float] | None] = field(default=lambda i: None)  # none drawn
+    interval: Callable[[int], list[float] | None] | None = None  # None: none drawn
 
 
 @dataclass
@@ -211,8 +211,9 @@ class Claim:
         alone = list(ctx.alone) if self.measures_alone else []
         full = [list(ctx.heads), *[[h] for h in alone], *(sets[:first_n] if shared else [])]
         m = self.measure(ctx, task, full, batches)
-        record.effect, record.effect_interval, record.clean = m.effects[0], m.interval(0), m.clean
-        own = [(h, m.effects[1 + i], m.interval(1 + i)) for i, h in enumerate(alone)]
+        iv = m.interval or (lambda i: None)
+        record.effect, record.effect_interval, record.clean = m.effects[0], iv(0), m.clean
+        own = [(h, m.effects[1 + i], iv(1 + i)) for i, h in enumerate(alone)]
         if shared:
             statistic, first = m.effects[0], m.effects[1 + len(alone) :]
         else:

@@ -8,8 +8,10 @@ writes the file back: every other type's entry keeps its bytes (the file is writ
 the same deterministic JSON, and the test suite checks the round trip). The catalog's
 ``provenance.validation_updates`` and ``run.json``'s ``updates`` record which types were
 recomputed, with which versions and how long it took (the rest of the provenance, and the
-scores, stay those of the full run). ``python -m headmech.publish --types ... --update``
-runs it (:mod:`headmech.publish`).
+scores, stay those of the full run). Each finished type is kept in
+``<model>/.headmech-partial/update/`` until the file is written, so a stopped update, run
+again, continues. ``python -m headmech.publish --types ... --update`` runs it
+(:mod:`headmech.publish`).
 
 :func:`add_types` adds types a published catalog lacks (a type registered after the
 catalog was published): it classifies only those types, at the catalog's published size
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
     from headmech.classification.results import HeadCatalog
+    from headmech.runs.resume import Units
 
 __all__ = ["add_broad", "add_types", "update_validations"]
 
@@ -76,6 +80,7 @@ def update_validations(
     from headmech.models import load_model
     from headmech.probes import ProbeOptions
     from headmech.runs.provenance import weights_hash
+    from headmech.runs.resume import recording
 
     folder = root / name
     data = _read(folder / "catalog.json")
@@ -89,11 +94,13 @@ def update_validations(
         raise InputError(f"catalog/{name} was computed on other weights: publish it again")
     options = ProbeOptions(**probe_options)
     seconds: dict[str, float] = {}
-    for t in types:
-        head_type = get_head_type(t)(**(type_options or {}).get(t, {}))
-        t1 = time.perf_counter()
-        _validate_one(model, data, head_type, options, n_random, alone, control_tokens)
-        seconds[t] = round(time.perf_counter() - t1, 1)
+    store = _update_store(folder, data, types, probe_options, n_random, alone, control_tokens)
+    with recording(store):  # a stopped update keeps its finished types: rerun it to continue
+        for t in types:
+            head_type = get_head_type(t)(**(type_options or {}).get(t, {}))
+            t1 = time.perf_counter()
+            _validate_one(model, data, head_type, options, n_random, alone, control_tokens)
+            seconds[t] = round(time.perf_counter() - t1, 1)
     apply_fdr({n: e["details"].get("validation") or {} for n, e in data["types"].items()})
     record = {"types": list(types), **_run_record(command, seconds, t0, c0)}
     data["provenance"].setdefault("validation_updates", []).append(record)
@@ -102,7 +109,28 @@ def update_validations(
     run = json.loads(run_path.read_text()) if run_path.is_file() else {"model": name}
     run.setdefault("updates", []).append(record)
     run_path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    store.clear()
     return record
+
+
+def _update_store(
+    folder: Path, data: dict[str, Any], types: Sequence[str], probe_options: dict[str, Any],
+    n_random: int, alone: tuple[int, int] | None, control_tokens: int,
+) -> Units:  # fmt: skip
+    """The finished types of an update, kept in ``<model>/.headmech-partial/update/`` (one
+    unit per type) until the catalog is written; a store left by an update with other
+    types, sizes, weights or versions is discarded."""
+    from headmech.runs.resume import STAGING, Units, library_versions
+
+    manifest = json.loads(json.dumps({
+        "types": list(types), "probe_options": probe_options, "n_random": n_random,
+        "alone": alone, "control_tokens": control_tokens, "versions": library_versions(),
+        "weights_sha256": data["provenance"]["model"]["weights_sha256"],
+    }, default=str))  # fmt: skip
+    store = Units(folder / STAGING / "update", manifest)
+    if store.read_manifest() not in (None, manifest):
+        store.clear()
+    return store
 
 
 def _validate_one(
@@ -122,17 +150,20 @@ def _validate_one(
     from headmech.classification.montecarlo import TestOptions
     from headmech.classification.results import TypeResult
     from headmech.classification.validation import controls_excluded, type_validation
+    from headmech.runs.resume import unit
 
     m = data["model"]
     shape = (int(m["n_layers"]), int(m["n_heads"]))
     results = {n: TypeResult.from_json(n, e, shape) for n, e in data["types"].items()}
     r = results[head_type.name]
-    v = type_validation(
+    run = partial(
+        type_validation,
         model, head_type, r.heads, options, n_random, {n: x.heads for n, x in results.items()},
         controls_excluded(head_type, results), [HeadIndex.parse(e["head"]) for e in r.not_labelled],
         alone=alone, test=TestOptions(n_max=n_random, control_tokens=control_tokens),
         score=r.score, own=head_type.own_effects(r.details),
     )  # fmt: skip
+    v = unit(f"validate-{head_type.name}", run)
     missing = [c for c in head_type.circuit if c not in results]
     if missing:
         v["circuit_not_classified"] = missing
@@ -140,9 +171,15 @@ def _validate_one(
 
 
 def _store_validation(entry: dict[str, Any], v: dict[str, Any]) -> None:
-    """A validation record into a type's entry: ``per_head`` beside ``details``."""
+    """A validation record into a type's entry: ``per_head`` beside ``details``, each
+    head's reading on ordinary text (``broad_*``, ``narrow``: not the validation's) kept."""
     v = json.loads(dumps(v))
-    entry["per_head"] = v.pop("per_head", {})
+    per_head = v.pop("per_head", {})
+    for h, row in (entry.get("per_head") or {}).items():
+        broad = {k: x for k, x in row.items() if k.startswith("broad_") or k == "narrow"}
+        if broad:
+            per_head.setdefault(h, {"labelled": row.get("labelled", False)}).update(broad)
+    entry["per_head"] = per_head
     backups = (v.get("backups") or {}).get("heads", [])
     entry.pop("backups", None)
     if backups:

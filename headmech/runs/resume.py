@@ -61,6 +61,7 @@ __all__ = [
     "decode",
     "encode",
     "for_command",
+    "library_versions",
     "recording",
     "resume_command",
     "scope",
@@ -303,7 +304,8 @@ def settings_of(args: Any) -> dict[str, Any]:
     return json.loads(json.dumps(raw, default=str))
 
 
-def _versions() -> dict[str, str]:
+def library_versions() -> dict[str, str]:
+    """The versions a stored unit depends on: headmech, torch, transformers, TransformerLens."""
     from headmech._version import __version__
     from headmech.runs.provenance import dist_version
 
@@ -336,7 +338,7 @@ def for_command(
     manifest: dict[str, Any] = {
         "command": command,
         "settings": settings_of(args),
-        "versions": _versions(),
+        "versions": library_versions(),
     }
     found, n = store.read_manifest(), store.count()
     if resume:
