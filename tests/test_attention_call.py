@@ -14,7 +14,7 @@ from headmech.stream.points import Points
 
 
 def _scores(q, k, scale, allowed):
-    s = (q * scale) @ k.transpose(-1, -2)
+    s = (q @ k.transpose(-1, -2)) * scale  # the fused kernels' order: the product, then the scale
     return s.masked_fill(~allowed, float("-inf"))
 
 

@@ -185,5 +185,7 @@ def test_model_without_attention_hooks(tmp_path, bpe_tokenizer):
 
 def test_list_models_names_bundled_and_toys():
     names = [r["name"] for r in headmech.list_models()]
-    bundled = ["gemma3-270m", "minilm-l6", "qwen2.5-coder-0.5b", "smollm2-135m"]
-    assert names[:4] == bundled and "toy-induction" in names
+    bundled = [
+        "gemma3-270m", "minilm-l6", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"
+    ]  # fmt: skip
+    assert names[:5] == bundled and "toy-induction" in names

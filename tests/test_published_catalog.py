@@ -151,6 +151,91 @@ def test_readme_cross_model_table_is_the_catalogs():
     assert all(m in got for m in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "minilm-l6"))
 
 
+def test_cross_model_table_flags_differing_probe_sizes(tmp_path):
+    """The table's first row gives each model's probe sizes and largest number of control
+    sets, as its provenance records them, flagged with a note below when they differ;
+    catalogs published at one size are not flagged."""
+    import shutil
+
+    from headmech.publish.compare import ProbeSize, cross_model_table, probe_sizes
+
+    sizes = probe_sizes(ROOT, ["smollm2-135m", "qwen2.5-coder-0.5b"])
+    assert sizes["smollm2-135m"] == ProbeSize(128, 16, (300, 700, 1100, 1500), 99)
+    assert sizes["qwen2.5-coder-0.5b"] == ProbeSize(48, 12, (300, 700, 1100), 99)
+    table = cross_model_table(ROOT, ["smollm2-135m", "qwen2.5-coder-0.5b"])
+    row = table.splitlines()[2]
+    assert row.startswith("| *probe sizes* | ⚠ 128 sentences, 16 sequences, haystacks 300-1500")
+    assert "⚠ The models were published at different probe sizes" in table
+    for name in ("a", "b"):  # one catalog twice: one size
+        (tmp_path / name).mkdir()
+        for f in ("catalog.json", "run.json"):
+            shutil.copy(ROOT / "smollm2-135m" / f, tmp_path / name / f)
+    same = cross_model_table(tmp_path, ["a", "b"])
+    assert "⚠" not in same and "| *probe sizes* | 128 sentences" in same
+
+
+def test_cross_scale_rows_match_depths_by_hand():
+    """Two published models as the two sizes (the mechanics; the family's own pair is
+    qwen2.5-coder-0.5b and 1.5b): per type, the larger model's labelled heads within one
+    layer of the smaller (in relative depth) of one of its labelled heads, and the share
+    of the larger model's layers where that holds, counted here by hand."""
+    from headmech.publish.compare import cross_scale_rows, cross_scale_table, scale_findings
+
+    small, large = "smollm2-135m", "qwen2.5-coder-0.5b"
+    rows = cross_scale_rows(ROOT, small, large)
+    a, b = _read(small, "catalog.json"), _read(large, "catalog.json")
+    tol = 1 / 29  # one of SmolLM2's 30 layers
+    for name in ("induction", "retrieval", "name_mover"):
+        da = [la / 29 for la, _ in a["types"][name]["heads"]]
+        db = [la / 23 for la, _ in b["types"][name]["heads"]]
+        near = [d for d in db if any(abs(d - e) <= tol + 1e-9 for e in da)]
+        layers = [la / 23 for la in range(24) if any(abs(la / 23 - e) <= tol + 1e-9 for e in da)]
+        r = rows[name]
+        assert (r.matched, len(r.large_depths)) == (len(near), len(db))
+        assert r.chance == pytest.approx(len(layers) / 24)
+        assert r.same_depth() == f"{len(near)} of {len(db)} (chance {len(layers) / 24:.2f})"
+    assert (
+        rows["induction"].band(True)
+        == f"{min(db_ := [la / 23 for la, _ in b['types']['induction']['heads']]):.2f}-{max(db_):.2f}"
+    )
+    table = cross_scale_table(ROOT, small, large)
+    assert table.splitlines()[2].startswith("| *probe sizes* | ⚠ 128 sentences")
+    assert any(
+        line.startswith(f"- induction heads: {small} {len(a['types']['induction']['heads'])} (")
+        for line in scale_findings(ROOT, small, large)
+    )
+
+
+def test_compare_page_shows_the_cross_scale_table_when_both_sizes_are_published(tmp_path):
+    """The atlas's compare view gets the family's cross-scale table once both of its sizes
+    are published (here the 0.5B catalog stands in for the larger one too), none before."""
+    import shutil
+
+    from headmech.publish import site
+    from headmech.publish.compare import SCALE_FAMILY
+
+    small, large = SCALE_FAMILY
+    (tmp_path / small).mkdir()
+    for f in ("catalog.json", "run.json"):
+        shutil.copy(ROOT / small / f, tmp_path / small / f)
+    assert site._scale(tmp_path) is None
+    shutil.copytree(tmp_path / small, tmp_path / large)
+    scale = site._scale(tmp_path)
+    assert (
+        scale is not None
+        and scale["same_size"]
+        and list(scale["rows"]) == sorted(_read(small, "catalog.json")["types"])
+    )
+    html = (
+        site._environment()
+        .get_template("compare.html")
+        .render(root=".", scale=scale, models=[], types=[])
+    )
+    assert f"One family at two sizes: {small} and {large}" in html and "⚠" not in html
+    n = len(_read(small, "catalog.json")["types"]["induction"]["heads"])
+    assert f"<td>{n} of {n} (chance " in html  # the same catalog: every head at its own depth
+
+
 def test_cross_model_cells_read_the_catalog():
     """A cell: count and share of the labelled heads, their median relative depth, the
     validation effect vs the controls' median; n/a with the reason for a decoder type on

@@ -297,8 +297,7 @@ def fake_parts(tmp_path, monkeypatch):
         files[package] = folder / rel
         parts.append((rel, hashlib.sha256(data).hexdigest()))
         whole.update(data)
-    monkeypatch.setattr(bundled, "QWEN25_PARTS", tuple(parts))
-    monkeypatch.setattr(bundled, "QWEN25_GGUF_SHA256", whole.hexdigest())
+    monkeypatch.setitem(bundled._SPLIT_QWEN, QWEN, ("0.5B", tuple(parts), whole.hexdigest()))
 
     def find_spec(name):
         if name in files:
@@ -314,10 +313,11 @@ def fake_parts(tmp_path, monkeypatch):
 
 
 def test_join_in_order_and_checked(fake_parts, tmp_path):
-    folder, name = bundled._qwen25_gguf(tmp_path)
+    folder, name = bundled._split_gguf(QWEN)(tmp_path)
     joined = (folder / name).read_bytes()
     assert joined == b"".join(f.read_bytes() for f in fake_parts.values())
-    assert hashlib.sha256(joined).hexdigest() == bundled.QWEN25_GGUF_SHA256
+    assert hashlib.sha256(joined).hexdigest() == bundled._SPLIT_QWEN[QWEN][2]
+    assert name == "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 def test_missing_part_is_named_in_one_line(fake_parts, monkeypatch, tmp_path):
@@ -365,9 +365,10 @@ def test_corrupt_part_is_named_in_one_line(fake_parts, tmp_path):
 
 def test_corrupt_join_is_one_line(fake_parts, monkeypatch, tmp_path):
     """Parts that each check but join to other bytes (a wrong order)."""
-    monkeypatch.setattr(bundled, "QWEN25_GGUF_SHA256", "0" * 64)
+    size, parts, _ = bundled._SPLIT_QWEN[QWEN]
+    monkeypatch.setitem(bundled._SPLIT_QWEN, QWEN, (size, parts, "0" * 64))
     with pytest.raises(InputError) as e:
-        bundled._qwen25_gguf(tmp_path)
+        bundled._split_gguf(QWEN)(tmp_path)
     assert "the joined GGUF's SHA-256 is " in _one_line(e)
 
 

@@ -16,11 +16,12 @@ from headmech.stream.rows import RowBlock
 def _call(window=None, pad=6, mask=True):
     """test_attention_call's call (heads with planted peaks: previous token, first token,
     diffuse; padding keys at the end of sequence 1, an optional sliding window), whose
-    padding queries also see nothing here; LSE by logsumexp (as the fused kernel's)."""
+    padding queries also see nothing here; LSE by logsumexp of the scores in the fused
+    kernel's order (the product, then the scale)."""
     call, allowed = attention_call_case(n=40, window=window, pad=pad)
     if pad:
         allowed[1, :, -pad:, :] = False
-    s = ((call.q * call.scale) @ call.k.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+    s = ((call.q @ call.k.transpose(-1, -2)) * call.scale).masked_fill(~allowed, float("-inf"))
     lse = s.logsumexp(-1)
     return LayerCall(call.q, call.k, allowed if mask else None, call.scale, None, None, True, lse)
 
@@ -67,6 +68,27 @@ def test_row_statistics_equal_the_softmax_rows(which, rows):
     assert pattern.data_ptr() == scores.data_ptr()
     torch.testing.assert_close(pattern, want, atol=1e-6, rtol=0)
     torch.testing.assert_close(view.top()[0], want.max(-1).values, atol=1e-6, rtol=0)
+    blockwise.forget()
+
+
+def test_pattern_rows_sum_to_one_when_the_kernel_rounded_its_lse_apart():
+    """The fused kernel's log-sum-exp comes from its own float32 scores; where scores are
+    in the thousands (Qwen2.5-Coder-1.5B's layer 0: up to 4,514) its rounding moves the
+    LSE by ~1e-3 from these scores' own, and ``exp(s - LSE)`` rows sum to 1 ± 1e-3. The
+    pattern is divided by its rows' sums: the softmax of the scores again. Planted here: an
+    LSE 1e-3 off in every row (the point reads keep that relative error)."""
+    call = _call()
+    off = LayerCall(call.q, call.k, call.mask, call.scale, None, None, True, call.lse + 1e-3)
+    want = pattern_rows(call, slice(0, 40))
+    view = RowBlock(off, slice(0, 40))
+    p, _ = view.top()
+    torch.testing.assert_close(p, want.max(-1).values * torch.exp(torch.tensor(-1e-3)))
+    pattern = view.pattern()
+    torch.testing.assert_close(pattern, want, atol=1e-6, rtol=0)
+    sums = pattern.sum(-1)
+    real = call.mask.any(-1).expand_as(sums)  # rows with a key sum to 1; padding stays 0
+    torch.testing.assert_close(sums[real], torch.ones(int(real.sum())))
+    assert float(sums[~real].abs().sum()) == 0.0
     blockwise.forget()
 
 

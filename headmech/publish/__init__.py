@@ -115,6 +115,8 @@ def publish_model(
     record = {
         "model": name,
         "command": FULL[name].command(name),
+        # per-type arguments the command line does not set (1.5B: fewer function-vector prompts)
+        **({"type_options": FULL[name].type_options} if FULL[name].type_options else {}),
         "check_command": CHECK.command(name)
         + " (score intervals from 20 resamples, copy suppression over 100 word tokens)",
         "skipped": skipped,
@@ -124,6 +126,8 @@ def publish_model(
             "check": round(t3 - t2, 1),
         },
         "validation_seconds": catalog.meta.get("validation_seconds", {}),
+        # the process's peak resident memory after each type's validation (MB, the peak so far)
+        "validation_peak_mb": catalog.meta.get("validation_peak_mb", {}),
         "cpu_seconds": round(c3 - c0, 1),  # all threads: above the wall time when idle
         "threads": torch.get_num_threads(),
     }

@@ -88,6 +88,18 @@ FULL: dict[str, Size] = {
     "qwen2.5-coder-0.5b": Size(
         n_sentences=48, n_sequences=12, context=(300, 700, 1100), alone=(8, 4), control_tokens=256
     ),
+    # Qwen2.5-Coder-1.5B: about 3x the 0.5B model's forward a token (28 x 12 heads of 128,
+    # 8.9k-wide MLPs, an untied 151k-token unembedding): half its prose and two thirds of
+    # its sequences, two needle lengths, 4 and 2 heads ablated alone, the function vectors'
+    # indirect effects on 8 prompts (24 by default: a suffix pass per head and prompt)
+    "qwen2.5-coder-1.5b": Size(
+        n_sentences=24,
+        n_sequences=8,
+        context=(300, 700),
+        alone=(4, 2),
+        control_tokens=256,
+        type_options={"function_vector": {"max_prompts": 8}},
+    ),
     "minilm-l6": Size(),
     "toy-induction": Size(),
 }

@@ -87,8 +87,8 @@ def pattern_rows(call: LayerCall, rows: slice) -> Float[Tensor, "batch n_heads r
     n_keys = call.k.shape[2]
     width = min(n_keys, rows.stop) if call.causal and n_keys == call.q.shape[2] else n_keys
     qb, kb = call.q[:, :, rows], call.k[:, :, :width]
-    # the scale on the queries: O(rows x d), not O(rows x width)
-    scores = torch.matmul(qb * call.scale, kb.transpose(-1, -2))  # [batch, head, rows, width]
+    # the product, then the scale: eager attention's and the fused kernels' order
+    scores = torch.matmul(qb, kb.transpose(-1, -2)).mul_(call.scale)  # [batch, head, rows, width]
     if call.softcap is not None:
         scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
     if call.mask is not None:

@@ -33,7 +33,7 @@ def _softmax_rows(
     sink: Tensor | None,
 ) -> Float[Tensor, "rows width"]:
     """Pattern rows of one head as :func:`pattern_rows` computes them, for any rows."""
-    scores = torch.matmul(q * call.scale, k.T)
+    scores = torch.matmul(q, k.T).mul_(call.scale)
     if call.softcap is not None:
         scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
     if hidden is not None:
@@ -46,12 +46,14 @@ def _softmax_rows(
 
 class Points:
     """The attention probability of chosen (query, key) pairs from the call's LSE:
-    ``p(i, j) = exp(scale · q_i · k_j − LSE_i)``, O(d_head) each instead of a whole row,
-    and the argmax of the rows a statistic cannot decide without it.
+    ``p(i, j) = exp((q_i · k_j) · scale − LSE_i)``, O(d_head) each instead of a whole row,
+    and the argmax of the rows a statistic cannot decide without it. The product first,
+    then the scale: the fused kernel's order, so that the scores are rounded as the ones
+    its LSE came from (:mod:`headmech.stream.rows`).
 
     Args:
         call: the layer's call, with ``lse``.
-        buffers: the pass's buffers (the scaled queries go to ``"points_q"``).
+        buffers: the pass's buffers (unused; the rows' views take them).
     """
 
     # a probability decided from points must clear this margin (the kernel's LSE and the
@@ -66,9 +68,7 @@ class Points:
         self.call = call
         self.n_seqs, self.n_heads, self.n_queries, self.d_head = (int(d) for d in call.q.shape)
         self.offset = int(call.k.shape[2]) - self.n_queries  # keys before the first query
-        # the scale on the queries, once for every lookup
-        q = (buffers or Buffers()).take("points_q", tuple(call.q.shape), device=call.q.device)
-        self._q = torch.mul(call.q, call.scale, out=q)
+        self._q = call.q
         self._fixed: dict[str, Tensor] = {}  # p at the first key, the query, the one before
 
     def allowed(self, keys: Tensor) -> Tensor:
@@ -90,7 +90,7 @@ class Points:
         # advanced indexing copies d_head contiguous floats per (sequence, query, head); a
         # gather with an index expanded over d_head reads element by element (3x slower)
         k = call.k.transpose(1, 2)[seq, keys].transpose(1, 2)  # [batch, head, q_pos, d_head]
-        scores = torch.linalg.vecdot(self._q, k)
+        scores = torch.linalg.vecdot(self._q, k).mul_(call.scale)
         assert call.lse is not None
         return torch.exp(scores - call.lse).masked_fill_(~self.allowed(keys), 0.0)
 
@@ -109,7 +109,7 @@ class Points:
         where the mask hides the key."""
         call = self.call
         qs = self._q[b, :, q]  # [pairs, head, d_head]
-        scores = (qs * call.k[b, :, k]).sum(-1)
+        scores = (qs * call.k[b, :, k]).sum(-1).mul_(call.scale)
         assert call.lse is not None
         if call.mask is not None:
             ok = call.mask[b if call.mask.shape[0] > 1 else torch.zeros_like(b), 0, q, k]

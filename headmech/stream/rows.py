@@ -7,9 +7,16 @@ row has without a softmax: ``p(i, j) = exp(s_ij − LSE_i)`` at any key, and a r
 maximum and argmax over any set of keys straight from the scores (the softmax is
 monotone, so the argmax is the same key and the maximum is ``exp(max s − LSE)``). The
 probabilities of a whole row are computed only where a statistic asks for them
-(:meth:`RowBlock.pattern`, in place). The scores go to one buffer per pass
-(:class:`ScoreBuffer`), reused by every block of every layer, so the peak memory of a
-pass does not depend on how the allocator treats freed blocks.
+(:meth:`RowBlock.pattern`, in place). The kernel's log-sum-exp comes from its own float32
+scores; where scores reach the thousands (Qwen2.5-Coder-1.5B's layer 0: up to 4,514, one
+unit in the last place 4.9e-4) a different rounding of them moves every probability by
+the same factor. The scores are therefore computed in the kernel's order, the product
+first and the scale after it (``q · scale`` first left rows of that layer summing to
+1 ± 1e-3, the product first to 1 ± 1.2e-4), and :meth:`RowBlock.pattern` divides its
+rows by their sums, the eager softmax's precision again (1.5e-5 from float64); the point
+reads (``top``, ``at``, ``pairs``) keep the 1e-4 relative error. The scores go to one
+buffer per pass (:class:`ScoreBuffer`), reused by every block of every layer, so the peak
+memory of a pass does not depend on how the allocator treats freed blocks.
 """
 
 from __future__ import annotations
@@ -57,9 +64,9 @@ class RowBlock:
         scores = (buffers or blockwise.Buffers()).take(
             "scores", shape, device=call.q.device, reserve=widest
         )
-        torch.matmul(
-            call.q[:, :, rows] * call.scale, call.k[:, :, :width].transpose(-1, -2), out=scores
-        )
+        # the product, then the scale: the fused kernel's order (its LSE is rounded as these)
+        torch.matmul(call.q[:, :, rows], call.k[:, :, :width].transpose(-1, -2), out=scores)
+        scores.mul_(call.scale)
         if call.softcap is not None:
             scores.div_(call.softcap).tanh_().mul_(call.softcap)
         if call.mask is not None:
@@ -103,9 +110,13 @@ class RowBlock:
 
     def pattern(self) -> Float[Tensor, "batch n_heads rows width"]:
         """The block's pattern rows, computed in place of the scores (after this call the
-        block holds probabilities; :meth:`top`, :meth:`at` and :meth:`pairs` read them)."""
+        block holds probabilities; :meth:`top`, :meth:`at` and :meth:`pairs` read them).
+        Each row is divided by its sum: the kernel's LSE is rounded apart from these
+        scores (the module's docstring)."""
         if not self._probs:
             blockwise.forget()  # maxima cached for the scores are not the pattern's
             self.scores.sub_(self.lse[..., None]).exp_().nan_to_num_(0.0)
+            # a row with no key sums to 0 and stays 0
+            self.scores.div_(self.scores.sum(-1, keepdim=True).clamp_min_(1e-30))
             self._probs = True
         return self.scores

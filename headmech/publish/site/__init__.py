@@ -229,6 +229,22 @@ def _frame_tutorials(env: jinja2.Environment, out: Path, common: dict[str, Any])
         path.write_text(page, encoding="utf-8")
 
 
+def _scale(catalog_dir: Path) -> dict[str, Any] | None:
+    """The cross-scale table of the one family published at two sizes
+    (:func:`headmech.publish.compare.cross_scale_rows`), where both are published."""
+    from headmech.publish.compare import SCALE_FAMILY, cross_scale_rows, probe_sizes
+
+    small, large = SCALE_FAMILY
+    if not all((catalog_dir / m / "catalog.json").is_file() for m in SCALE_FAMILY):
+        return None
+    sizes = probe_sizes(catalog_dir, list(SCALE_FAMILY))
+    return {
+        "small": small, "large": large, "rows": cross_scale_rows(catalog_dir, small, large),
+        "sizes": {m: sizes[m].text() for m in SCALE_FAMILY},
+        "same_size": sizes[small] == sizes[large],
+    }  # fmt: skip
+
+
 def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSummary:
     """Write the site for every ``catalog_dir/<model>/catalog.json`` into ``out`` (the
     pages are replaced; ``out/tutorials/`` is kept and linked); where ``catalog_dir`` is a
@@ -254,7 +270,8 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
         ),
     )
     pages += _write(
-        out / "compare.html", env.get_template("compare.html").render(root=".", **common)
+        out / "compare.html",
+        env.get_template("compare.html").render(root=".", scale=_scale(catalog_dir), **common),
     )
     for m in models:
         pages += _write_model(env, out, m, common)
