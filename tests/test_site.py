@@ -353,6 +353,11 @@ def test_type_pages_render_rst_and_say_what_the_threshold_means(site):
         assert "see the docstring" not in main and "Args:" not in main, page.name
         assert "when its score on the probe" in main, page.name
     assert "<code>induction_head</code>" in (site / "types" / "induction.html").read_text()
+    # each model's probe sizes beside its row, flagged: the catalogs differ in size
+    text = (site / "types" / "induction.html").read_text()
+    assert "<th>probe sizes</th>" in text
+    assert "<small>⚠ 128 sentences, 16 sequences, haystacks 300-1500, &lt;= 99 control sets" in text
+    assert "⚠ The models were published at different probe sizes" in text
 
 
 def _head_of(name: str, t: str) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "cross_scale_rows",
     "cross_scale_table",
     "cross_model_table",
+    "probe_size",
     "probe_sizes",
     "readme_block",
     "replace_block",
@@ -187,22 +188,24 @@ def _n_max(record: Any) -> int:
     return 0
 
 
+def probe_size(data: dict[str, Any]) -> ProbeSize | None:
+    """A catalog's probe sizes (``provenance.probe_options``) and the most control sets any
+    of its claims could draw; None where it does not record them (written by hand, or old)."""
+    o = (data.get("provenance") or {}).get("probe_options")
+    if not o:
+        return None
+    n = _n_max([t["details"].get("validation") for t in data["types"].values()])
+    return ProbeSize(o["n_sentences"], o["n_sequences"], tuple(o["needle_lengths"]), n or None)
+
+
 def probe_sizes(root: Path, models: list[str]) -> dict[str, ProbeSize]:
-    """Each published model's probe sizes (``provenance.probe_options``) and control sets;
-    a catalog that does not record them is left out."""
+    """Each published model's :func:`probe_size`; a catalog that does not record them is
+    left out."""
     out = {}
     for m in models:
         path = root / m / "catalog.json"
-        if not path.is_file():
-            continue
-        data = json.loads(path.read_text())
-        o = (data.get("provenance") or {}).get("probe_options")
-        if not o:  # a catalog that does not record them (written by hand, or an old one)
-            continue
-        n = _n_max([t["details"].get("validation") for t in data["types"].values()])
-        out[m] = ProbeSize(
-            o["n_sentences"], o["n_sequences"], tuple(o["needle_lengths"]), n or None
-        )
+        if path.is_file() and (size := probe_size(json.loads(path.read_text()))) is not None:
+            out[m] = size
     return out
 
 

@@ -105,7 +105,12 @@ def _write(path: Path, text: str) -> int:
 
 
 def _type_rows(models: list[Model], name: str) -> list[dict[str, Any]]:
-    """Per model, the type's row of the atlas (None where the model has no such type)."""
+    """Per model, the type's row of the atlas (None where the model has no such type), with
+    the probe sizes it was published at (``size``; ``size_differs``: not every model's)."""
+    from headmech.publish.compare import probe_size
+
+    sizes = {m.name: probe_size(m.catalog) for m in models}
+    differs = len({s for s in sizes.values() if s is not None}) > 1
     rows = []
     for m in models:
         if name not in m.types:
@@ -113,7 +118,9 @@ def _type_rows(models: list[Model], name: str) -> list[dict[str, Any]]:
             rows.append({"model": m.name, "skipped": skipped})
             continue
         (t,) = [t for t in model_types(m, m.folder) if t["name"] == name]
-        rows.append({"model": m.name, "skipped": None, **t})
+        size = sizes[m.name]
+        text = size.text() if size is not None else "not recorded"
+        rows.append({"model": m.name, "skipped": None, "size": text, "size_differs": differs, **t})
     return rows
 
 
