@@ -179,7 +179,7 @@ def test_cross_scale_rows_match_depths_by_hand():
     qwen2.5-coder-0.5b and 1.5b): per type, the larger model's labelled heads within one
     layer of the smaller (in relative depth) of one of its labelled heads, and the share
     of the larger model's layers where that holds, counted here by hand."""
-    from headmech.publish.compare import cross_scale_rows, cross_scale_table, scale_findings
+    from headmech.publish.scale import cross_scale_rows, cross_scale_table, scale_findings
 
     small, large = "smollm2-135m", "qwen2.5-coder-0.5b"
     rows = cross_scale_rows(ROOT, small, large)
@@ -212,7 +212,7 @@ def test_compare_page_shows_the_cross_scale_table_when_both_sizes_are_published(
     import shutil
 
     from headmech.publish import site
-    from headmech.publish.compare import SCALE_FAMILY
+    from headmech.publish.scale import SCALE_FAMILY
 
     small, large = SCALE_FAMILY
     (tmp_path / small).mkdir()

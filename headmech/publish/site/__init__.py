@@ -238,8 +238,9 @@ def _frame_tutorials(env: jinja2.Environment, out: Path, common: dict[str, Any])
 
 def _scale(catalog_dir: Path) -> dict[str, Any] | None:
     """The cross-scale table of the one family published at two sizes
-    (:func:`headmech.publish.compare.cross_scale_rows`), where both are published."""
-    from headmech.publish.compare import SCALE_FAMILY, cross_scale_rows, probe_sizes
+    (:func:`headmech.publish.scale.cross_scale_rows`), where both are published."""
+    from headmech.publish.compare import probe_sizes
+    from headmech.publish.scale import SCALE_FAMILY, cross_scale_rows
 
     small, large = SCALE_FAMILY
     if not all((catalog_dir / m / "catalog.json").is_file() for m in SCALE_FAMILY):
