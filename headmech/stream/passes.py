@@ -151,7 +151,7 @@ def call_reducer(
 
     def on_call(layer: int, call: attention_call.LayerCall) -> None:
         if pointwise and call.lse is not None:
-            view = Points(call, state.setdefault("buffers", blockwise.Buffers()))
+            view = Points(call)
             for r in pattern_reducers:
                 assert r.points is not None
                 out = r.points(view, state["batch"], state["prepared"][r.name], layer)

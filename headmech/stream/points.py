@@ -17,8 +17,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from headmech.stream.blockwise import Buffers
-
 if TYPE_CHECKING:
     from headmech.stream.attention_call import LayerCall
 
@@ -53,7 +51,6 @@ class Points:
 
     Args:
         call: the layer's call, with ``lse``.
-        buffers: the pass's buffers (unused; the rows' views take them).
     """
 
     # a probability decided from points must clear this margin (the kernel's LSE and the
@@ -62,7 +59,7 @@ class Points:
     # bytes of scores for one chunk of rows computed whole
     ROW_BYTES = 64 * 2**20
 
-    def __init__(self, call: LayerCall, buffers: Buffers | None = None) -> None:
+    def __init__(self, call: LayerCall) -> None:
         if call.lse is None:
             raise ValueError("Points needs the log-sum-exp of the fused kernel")
         self.call = call
