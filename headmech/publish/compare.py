@@ -117,7 +117,8 @@ class Cell:
         return out + more
 
 
-def _cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
+def type_cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
+    """One model's published record of one type, as the cross-model tables show it."""
     m = data["model"]
     if name not in data["types"]:
         reason = run.get("skipped", {}).get(name, "not published")
@@ -209,7 +210,7 @@ def cross_model_rows(root: Path, models: list[str]) -> dict[str, dict[str, Cell]
     data = {m: json.loads((root / m / "catalog.json").read_text()) for m in found}
     runs = {m: json.loads((root / m / "run.json").read_text()) for m in found}
     names = sorted({n for d in data.values() for n in d["types"]} | set(LITERATURE))
-    return {n: {m: _cell(data[m], runs[m], n) for m in found} for n in names}
+    return {n: {m: type_cell(data[m], runs[m], n) for m in found} for n in names}
 
 
 def shared_types(rows: dict[str, dict[str, Cell]], models: list[str]) -> list[str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headmech.publish.compare import Cell, _cell, probe_sizes
+from headmech.publish.compare import Cell, probe_sizes, type_cell
 
 __all__ = [
     "SCALE_BEGIN",
@@ -97,7 +97,7 @@ def cross_scale_rows(root: Path, small: str, large: str) -> dict[str, ScaleRow]:
     for name in sorted(set(data[small]["types"]) | set(data[large]["types"])):
         a, b = _depths(data[small], name), _depths(data[large], name)
         out[name] = ScaleRow(
-            _cell(data[small], runs[small], name), _cell(data[large], runs[large], name),
+            type_cell(data[small], runs[small], name), type_cell(data[large], runs[large], name),
             a, b, sum(near(d, a) for d in b), tol, sum(near(d, a) for d in layers) / n_large,
         )  # fmt: skip
     return out
