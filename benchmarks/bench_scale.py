@@ -21,6 +21,8 @@ Then a log-log fit of each time against the parameter count, the ratios' table a
 (``scale.png``: seaborn).
 
 Usage: python benchmarks/bench_scale.py [--models smollm2-135m,gemma3-270m,...] [--threads 1]
+       python benchmarks/bench_scale.py --types function_vector  (measure these types again,
+       the rest of scale.json kept; each re-measured type records when: ``remeasured``)
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def _draws(record: Any) -> int:
     return 0
 
 
-def one_model(name: str, device: str | None) -> dict[str, Any]:
-    """Every measurement of one model (run in its own process)."""
+def one_model(name: str, device: str | None, only: list[str] | None = None) -> dict[str, Any]:
+    """Every measurement of one model (run in its own process); with ``only``, those
+    types' classify times alone."""
     import torch
 
     import headmech
@@ -85,6 +88,7 @@ def one_model(name: str, device: str | None) -> dict[str, Any]:
     }  # fmt: skip
     names, skipped = applicable_types(model)
     names = names or [t for t in headmech.head_types() if t not in skipped]
+    names = [t for t in names if only is None or t in only]
     options = ProbeOptions(**PROBE)
     bare: dict[str, tuple[float, int]] = {}  # probe -> (seconds, tokens)
     for t in names:
@@ -111,6 +115,8 @@ def one_model(name: str, device: str | None) -> dict[str, Any]:
             f"{name} {t}: {seconds:.1f} s = {seconds / bare[probe][0]:.1f} forwards",
             file=sys.stderr,
         )
+    if only is not None:
+        return out
     # validation: seconds a control set
     s = clock(device)
     plain = headmech.classify(model, ["induction"], n_boot=20, **PROBE)  # type: ignore[arg-type]
@@ -194,22 +200,31 @@ def main() -> None:
     ap.add_argument("--models", default=MODELS)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # the child process: one model, JSON out
     ap.add_argument("--from-json", help="tabulate a saved run (the children's JSON) again")
+    ap.add_argument("--types", help="measure only these types again (comma-separated)")
     args = ap.parse_args()
     start(args)
+    only = args.types.split(",") if args.types else None
     if args.one:
-        print(json.dumps(one_model(args.one, args.device)))
+        print(json.dumps(one_model(args.one, args.device, only)))
         return
     saved = Path(__file__).with_name("scale.json")
     if args.from_json:
         got = json.loads(Path(args.from_json).read_text())
     else:
-        got = {}
+        got = json.loads(saved.read_text()) if only else {}
         for m in args.models.split(","):  # a fresh process per model
             cmd = [sys.executable, __file__, "--one", m]
             cmd += ["--threads", str(args.threads)] if args.threads else []
             cmd += ["--device", args.device] if args.device else []
+            cmd += ["--types", args.types] if args.types else []
             done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
-            got[m] = json.loads(done.stdout)
+            new = json.loads(done.stdout)
+            if only:  # the other types and measurements as saved
+                got[m]["types"].update(new["types"])
+                when = time.strftime("%Y-%m-%d")
+                got[m].setdefault("remeasured", {}).update({t: when for t in new["types"]})
+            else:
+                got[m] = new
             saved.write_text(json.dumps(got, indent=1) + "\n")  # each model kept as it ends
     models = list(got)
     ratio = {

@@ -137,6 +137,55 @@ def test_chunks_start_at_their_first_layer(tiny_models):
             h.remove()
 
 
+def test_last_position_edits_run_one_row_and_equal_the_full_replays(loud_models):
+    """Edits of the last token's head outputs, read by a task that scores only the last
+    token (the in-context answer), run the blocks above the edit at that row alone, on the
+    clean run's keys and values: every block from the edit's layer up receives one row per
+    sequence, and each variant's metric equals the full replay's to float error. An edit
+    at every position, or a task that reads other positions, replays the whole sequence."""
+    from unittest import mock
+
+    import headmech.interventions.runner as runner
+    from headmech.interventions import Set
+    from headmech.probes import build_probe
+    from headmech.tasks.data import icl_task
+
+    model = loud_models["llama"]
+    batch = build_probe("icl", model, ProbeOptions(n_sequences=4, batch_size=4)).batches[0]
+    n_pos = int(batch.input_ids.shape[1])
+    task = icl_task()  # the answer's loss (its probability is ~1e-18 in the random model)
+    value = torch.randn(4, 1, 1, int(model.cfg.d_head))  # heads first: [batch, 1, pos, d_head]
+    last = [[Intervention.on([(la, h)], Set(value), "z", pos=-1)] for la in (0, 1) for h in (0, 3)]
+    everywhere = [[Intervention.on([(1, 2)], Set(value), "z")]]
+    rows: list[int] = []
+    hook = model.blocks[1].register_forward_pre_hook(lambda m, a: rows.append(a[0].shape[1]))
+    try:
+        cost = Cost(sequences=4)
+        tail, clean = run_variants(model, task, [batch], last, chunk=2, cost=cost)
+        assert rows == [
+            n_pos,
+            n_pos,
+            1,
+        ]  # clean run, layer-0 chunk (whole: from block 0), then one row
+        # the layer-1 chunk ran half the model at one of n_pos rows
+        assert cost.forward_equivalents == pytest.approx(1 + 2 + 2 * 0.5 / n_pos)
+        rows.clear()
+        with mock.patch.object(runner, "_last_position_only", lambda batch, variants: False):
+            full, clean_full = run_variants(model, task, [batch], last, chunk=2)
+        assert rows == [n_pos, n_pos, n_pos]
+        torch.testing.assert_close(tail, full, atol=1e-5, rtol=1e-6)
+        assert float((tail - clean).abs().min()) > 1e-3  # every edit moved the answer
+        rows.clear()
+        run_variants(model, task, [batch], everywhere)
+        assert rows == [n_pos, n_pos]
+        rows.clear()
+        lm = get_task("induction", model)
+        run_variants(model, lm, lm.batches(model, SMALL)[:1], last[2:])
+        assert 1 not in rows
+    finally:
+        hook.remove()
+
+
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "bert"])
 def test_replayed_suffix_equals_the_whole_model(tiny_models, kind):
     """Blocks 1.. replayed from the recorded input, for the batch stacked 3 times, give the
@@ -222,7 +271,12 @@ def test_cpu_chunks_keep_each_activation_small(tiny_models):
         k = chunk_size(model, batch(n_seq, n_pos), budget=1 << 50)
         largest = n_seq * n_pos * max(d_mlp, int(model.cfg.n_heads) * n_pos) * 4
         assert k == max(1, min(MAX_CHUNK, CPU_ACTIVATION_BYTES // largest))
+        # passes at the last position alone hold one query row per sequence
+        last = chunk_size(model, batch(n_seq, n_pos), budget=1 << 50, last_row=True)
+        largest = n_seq * max(d_mlp, int(model.cfg.n_heads) * n_pos) * 4
+        assert last == max(1, min(MAX_CHUNK, CPU_ACTIVATION_BYTES // largest))
     assert chunk_size(model, batch(64, 512), budget=1 << 50) == 1
+    assert chunk_size(model, batch(64, 512), budget=1 << 50, last_row=True) == 16  # not 1
 
 
 def test_tiled_token_losses_equal_cross_entropy_of_the_full_logits(tiny_models, monkeypatch):

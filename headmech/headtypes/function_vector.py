@@ -28,9 +28,11 @@ class FunctionVectorHead(HeadType):
     shuffled)``, every task weighted by its prompts (tasks take turns). It is a
     measurement of the model, not of attention: :meth:`model_statistics` runs it on the
     probe's prompts through :func:`headmech.interventions.run_variants` (one variant per
-    head, stacked; about 270 suffix passes over the prompts for SmolLM2-135M, the most
-    expensive score of the catalog, so it reads at most ``max_prompts`` of the probe's
-    prompts, default 24: 8 per task). Evidence kept: the query's attention mass on the
+    head, stacked; the edit is at the last token and the answer is read there, so the
+    blocks above each head run at that token alone, on the clean run's keys and values:
+    24 forwards of the prompts for SmolLM2-135M on 4 prompts, 86 when every pass ran the
+    whole prompt; still the catalog's most expensive score, so it reads at most
+    ``max_prompts`` of the probe's prompts, default 24: 8 per task). Evidence kept: the query's attention mass on the
     examples' answer tokens, where Todd et al. find these heads look.
 
     Threshold: 0.01, one percentage point of answer probability (Todd et al. keep the top

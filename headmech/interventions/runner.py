@@ -16,6 +16,9 @@ cannot change, and the chunk size comes from a memory budget (on the CPU also fr
 size of the largest activation: :data:`CPU_ACTIVATION_BYTES`). Token-loss tasks run the
 last block's MLP and the unembedding only at the positions they score
 (:func:`headmech.stream.forward.run_blocks` ``rows``, :func:`headmech.models.unembedding.token_losses`).
+Where every variant edits the last position alone and the task reads only there (a
+function vector patched into the query's last token), the blocks above the edit run at
+that position alone, on the clean run's keys and values (:func:`_last_position_only`).
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ from torch import Tensor
 
 from headmech.core import distributed
 from headmech.core.errors import HeadmechError
-from headmech.interventions.effects import Scale, Tap
+from headmech.interventions.effects import Mean, Scale, Set, Tap, Zero
 from headmech.interventions.intervention import Intervention, applied
 from headmech.runs import resume
 from headmech.stream.engine import ProbeBatch
-from headmech.stream.forward import block_inputs, fast_attention, starting_at
+from headmech.stream.forward import block_inputs, fast_attention, last_row_replay, starting_at
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -81,24 +84,32 @@ MAX_CHUNK = 64
 CPU_ACTIVATION_BYTES = 8 << 20
 
 
-def chunk_size(model: TransformerBridge, batch: ProbeBatch, budget: int = MEMORY_BUDGET) -> int:
+def chunk_size(
+    model: TransformerBridge,
+    batch: ProbeBatch,
+    budget: int = MEMORY_BUDGET,
+    *,
+    last_row: bool = False,
+) -> int:
     """Variants per forward pass that keep one stacked pass's activations within ``budget``
     (and, on the CPU, each single activation within :data:`CPU_ACTIVATION_BYTES`).
 
     Per copy of the batch, the largest live tensors of a block are eager attention's
     scores, masked scores and pattern (``3 x heads x pos²`` per sequence) and the MLP's
     hidden activations; the estimate counts those plus a few residual-width tensors.
+    ``last_row``: the passes run the last position alone (one query row per sequence).
     """
     cfg = model.cfg
     n_seq, n_pos = (int(d) for d in batch.input_ids.shape)
+    n_rows = 1 if last_row else n_pos
     d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * int(cfg.d_model))
     per_token = 3 * int(cfg.n_heads) * n_pos + 3 * d_mlp + 8 * int(cfg.d_model)
     param = next(model.parameters())
     elem = max(param.element_size(), 4)
-    per_copy = n_seq * n_pos * per_token * elem
+    per_copy = n_seq * n_rows * per_token * elem
     k = budget // max(per_copy, 1)
     if param.device.type == "cpu":
-        largest = n_seq * n_pos * max(d_mlp, int(cfg.n_heads) * n_pos) * elem
+        largest = n_seq * n_rows * max(d_mlp, int(cfg.n_heads) * n_pos) * elem
         k = min(k, CPU_ACTIVATION_BYTES // max(largest, 1))
     return int(max(1, min(MAX_CHUNK, k)))
 
@@ -128,6 +139,24 @@ def _plan(firsts: Sequence[int | None], chunk: int) -> list[tuple[int, list[int]
     return out
 
 
+def _last_position_only(batch: ProbeBatch, variants: Sequence[Sequence[Intervention]]) -> bool:
+    """Whether every intervention edits a head's output, query, key or value at the last
+    position alone with an effect that does not depend on the position, in a batch without
+    padding (the blocks above can then run at the last position only)."""
+    if not bool(batch.attention_mask.all()):
+        return False
+
+    def free(effect: Any) -> bool:
+        if isinstance(effect, Set):  # heads first: [batch, heads, pos, ...], one position
+            return effect.value.dim() < 3 or effect.value.shape[2] == 1
+        return isinstance(effect, (Zero, Mean, Scale))
+
+    ivs = [iv for v in variants for iv in v]
+    return bool(ivs) and all(
+        iv.pos == -1 and iv.site in ("z", "q", "k", "v") and free(iv.effect) for iv in ivs
+    )
+
+
 def _run_batch(
     model: TransformerBridge,
     task: Task,
@@ -145,7 +174,8 @@ def _run_batch(
     firsts = [_first_layer(v) for v in variants]
     plan = _plan(firsts, chunk)
     starts = sorted({start for start, _ in plan if start > 0}) if reuse_prefix else []
-    with block_inputs(model, starts) as record, fast_attention(model, fast):
+    last = bool(starts) and fast and _last_position_only(batch, variants)
+    with block_inputs(model, starts, kv=last) as record, fast_attention(model, fast):
         s0, c0 = task.metric(model, batch, reference=ref)  # the clean run, recorded
     # variants that touch nothing are the clean run: rows of s0
     sums = s0.double().cpu().repeat(len(variants) + 1, 1)
@@ -157,14 +187,17 @@ def _run_batch(
         chunk_variants = [variants[i] for i in idx]
         with (
             applied(model, chunk_variants),
-            starting_at(record, first),
+            starting_at(record, first, last_row=last),
             fast_attention(model, fast),
         ):
             s, c = task.metric(model, batch, copies=len(idx), reference=ref)
         where = torch.tensor(idx) + 1
         sums[where], counts[where] = s.double().cpu(), c.double().cpu()
-        if cost is not None:
-            cost.add(len(idx) * n_seq * (n_layers - first) / n_layers)
+        if cost is not None:  # a last-position replay runs one of the batch's positions
+            rows = (
+                batch.input_ids.shape[1] if last and last_row_replay(record, first, n_layers) else 1
+            )
+            cost.add(len(idx) * n_seq * (n_layers - first) / n_layers / rows)
     return sums, counts
 
 
@@ -236,8 +269,9 @@ def run_variants(
         batch = batches[bi]
         ref = references[bi] if references is not None else task.reference(model, batch)
         todo = fixed if fixed is not None else variants(bi, batch)  # type: ignore[operator]
-        k = chunk or chunk_size(model, batch)
         use_fast = fast and all(iv.site != "pattern" for v in todo for iv in v)
+        last = reuse_prefix and use_fast and _last_position_only(batch, todo)
+        k = chunk or chunk_size(model, batch, last_row=last)
         return _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
 
     with torch.no_grad(), resume.scope("variants"):  # a unit per batch: stored, or read back

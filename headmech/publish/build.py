@@ -91,7 +91,7 @@ FULL: dict[str, Size] = {
     # Qwen2.5-Coder-1.5B: about 3x the 0.5B model's forward a token (28 x 12 heads of 128,
     # 8.9k-wide MLPs, an untied 151k-token unembedding): half its prose and two thirds of
     # its sequences, two needle lengths, 4 and 2 heads ablated alone, the function vectors'
-    # indirect effects on 8 prompts (24 by default: a suffix pass per head and prompt)
+    # indirect effects on 8 prompts (24 by default: a last-token pass per head and prompt)
     "qwen2.5-coder-1.5b": Size(
         n_sentences=24,
         n_sequences=8,

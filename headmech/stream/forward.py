@@ -9,6 +9,15 @@ rotary embeddings, ...), and inside :func:`starting_at` every :func:`run_blocks`
 replays only blocks ``l..`` from that record, for a batch stacked any number of times
 (the copies that carry intervention variants). The blocks run through the bridge as
 usual, so every hook on them fires.
+
+An intervention at the last position alone changes nothing at the positions before it
+(attention is causal), so the blocks above it need to run only at that position: the
+record then also keeps every layer's keys and values from the clean pass (``kv``, read
+from inside the Hugging Face attention under :func:`fast_attention`), and a replay with
+``last_row`` runs one row per sequence that attends to the clean keys and values of the
+positions before it and its own. Function-vector indirect effects (an edit of the last
+token's head output, the answer read there) cost one token per sequence instead of the
+whole prompt.
 """
 
 from __future__ import annotations
@@ -28,9 +37,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlockInputs",
+    "KeyValues",
     "block_inputs",
     "fast_attention",
     "hf_attention_forward",
+    "last_row_replay",
     "pattern_hooked",
     "run_blocks",
     "starting_at",
@@ -47,12 +58,44 @@ class BlockInputs:
         args: layer → the block's other positional arguments.
         kwargs: layer → its keyword arguments (a KV cache is dropped: replays build none).
         batch_size: sequences in the recorded batch.
+        kv: the keys and values each attention layer computed (rotary applied, before
+            grouped-query heads are repeated), when asked for and attention ran fused.
     """
 
     resid: dict[int, Tensor]
     args: dict[int, tuple[Any, ...]]
     kwargs: dict[int, dict[str, Any]]
     batch_size: int = 0
+    kv: KeyValues | None = None
+
+
+class KeyValues:
+    """Transformers' cache interface (``update``) for one clean pass and its replays.
+
+    Recording, ``update`` keeps each layer's keys and values ``[batch, kv_heads, pos,
+    d_head]`` and returns them unchanged. Replaying the last row of a batch stacked
+    ``copies`` times, it returns the recorded keys and values of the positions before the
+    last, stacked, with the replayed row's own appended: what the attention of the last
+    position reads in the full pass, the positions before it being the clean run's.
+    """
+
+    def __init__(self) -> None:
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+        self.copies = 0  # 0: recording
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        if not self.copies:
+            self.keys[layer_idx], self.values[layer_idx] = key.detach(), value.detach()
+            return key, value
+        old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
+        before_k = _stack(old_k[:, :, :-1], old_k.shape[0], self.copies)
+        before_v = _stack(old_v[:, :, :-1], old_v.shape[0], self.copies)
+        return torch.cat([before_k, key], 2), torch.cat([before_v, value], 2)
+
+
+# the cache the Hugging Face attention is handed under fast_attention (None: the model's)
+_KV: contextvars.ContextVar[KeyValues | None] = contextvars.ContextVar("headmech_kv", default=None)
 
 
 def _no_cache(value: Any) -> Any:
@@ -65,15 +108,17 @@ def _no_cache(value: Any) -> Any:
 
 @contextlib.contextmanager
 def block_inputs(
-    model: TransformerBridge, keep_resid: Sequence[int], first: int | None = None
+    model: TransformerBridge, keep_resid: Sequence[int], first: int | None = None, kv: bool = False
 ) -> Iterator[BlockInputs]:
     """Record, during the forward passes run inside the block, what blocks ``first..``
     receive (default: from the smallest of ``keep_resid``), keeping the residual input of
-    the blocks in ``keep_resid``."""
+    the blocks in ``keep_resid`` (and with ``kv``, each layer's keys and values, where
+    attention runs fused: :class:`KeyValues`)."""
     keep = set(keep_resid)
     start = min(keep, default=0) if first is None else first
-    record = BlockInputs({}, {}, {})
+    record = BlockInputs({}, {}, {}, kv=KeyValues() if kv else None)
     handles = []
+    token = _KV.set(record.kv) if kv else None
 
     def make(layer: int) -> Any:
         def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -96,20 +141,26 @@ def block_inputs(
     finally:
         for h in handles:
             h.remove()
+        if token is not None:
+            _KV.reset(token)
 
 
-_START: contextvars.ContextVar[tuple[BlockInputs, int] | None] = contextvars.ContextVar(
+_START: contextvars.ContextVar[tuple[BlockInputs, int, bool] | None] = contextvars.ContextVar(
     "headmech_start", default=None
 )
 
 
 @contextlib.contextmanager
-def starting_at(record: BlockInputs, layer: int) -> Iterator[None]:
+def starting_at(record: BlockInputs, layer: int, last_row: bool = False) -> Iterator[None]:
     """Inside the block, :func:`run_blocks` starts at ``layer`` from ``record``'s residual
-    (the blocks below are not run); ``layer`` 0 runs the whole model as usual."""
+    (the blocks below are not run); ``layer`` 0 runs the whole model as usual.
+
+    ``last_row``: the caller's edits act at the last position alone, so a
+    :func:`run_blocks` call that reads only the last position runs the blocks at that
+    position alone (where the record has what that needs: :func:`last_row_replay`)."""
     if layer > 0 and layer not in record.resid:
         raise KeyError(f"no residual recorded for layer {layer}")
-    token = _START.set((record, layer) if layer > 0 else None)
+    token = _START.set((record, layer, last_row) if layer > 0 else None)
     try:
         yield
     finally:
@@ -156,6 +207,10 @@ def hf_attention_forward(attn: Any, implementation: str = "sdpa") -> Any:
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         hf = attn.original_component
+        kv = _KV.get()
+        if kv is not None:  # recording the clean keys and values, or reading them
+            kwargs.pop("past_key_values", None)
+            kwargs["cache"] = kv
         old = hf.config._attn_implementation
         hf.config._attn_implementation = implementation
         try:
@@ -233,6 +288,71 @@ def _replay(
     return hidden
 
 
+def _last_rows(value: Any, n_pos: int, key: str = "") -> Any:
+    """A recorded block argument cut to the last query position; ``ValueError`` where it
+    has a position axis whose meaning is not known here."""
+    if isinstance(value, tuple):
+        return tuple(_last_rows(v, n_pos, key) for v in value)
+    if not isinstance(value, Tensor) or n_pos not in value.shape:
+        return value
+    if key == "attention_mask" and value.dim() == 4:  # [batch, 1, query, key]: one query
+        return value[..., -1:, :]
+    if key in ("position_embeddings", "position_ids") and value.shape[1] == n_pos:
+        return value[:, -1:]  # rotary tables [batch, pos, d] and ids [batch, pos]
+    if key == "cache_position" and value.dim() == 1:
+        return value[-1:]
+    raise ValueError(f"no last-row form known for the block argument '{key}'")
+
+
+def last_row_replay(record: BlockInputs, layer: int, n_blocks: int) -> bool:
+    """Whether blocks ``layer..n_blocks - 1`` can run at the last position alone from
+    ``record``: its keys and values cover them and every other argument has a known
+    last-row form."""
+    if record.kv is None or layer not in record.resid:
+        return False
+    n_pos = int(record.resid[layer].shape[1])
+    if n_pos < 2 or any(la not in record.kv.keys for la in range(layer, n_blocks)):
+        return False
+    try:
+        for la in range(layer, n_blocks):
+            _last_rows(record.args[la], n_pos)
+            for k, v in record.kwargs[la].items():
+                _last_rows(v, n_pos, k)
+    except ValueError:
+        return False
+    return True
+
+
+def _replay_last(
+    model: TransformerBridge, record: BlockInputs, layer: int, n_blocks: int, n_seqs: int
+) -> Tensor:
+    """:func:`_replay` at the last position alone (the keys and values of the positions
+    before it are the clean run's); the other positions of the output are zeros."""
+    batch, kv = record.batch_size, record.kv
+    assert kv is not None
+    copies = n_seqs // batch
+    resid = record.resid[layer]
+    n_pos = int(resid.shape[1])
+    hidden = _stack(resid[:, -1:], batch, copies)
+    kv.copies = copies
+    token = _KV.set(kv)
+    try:
+        for la in range(layer, n_blocks):
+            args = _stack(_last_rows(record.args[la], n_pos), batch, copies)
+            kwargs = {
+                k: _stack(_last_rows(v, n_pos, k), batch, copies)
+                for k, v in record.kwargs[la].items()
+            }
+            out = model.blocks[la](hidden, *args, **kwargs)
+            hidden = out[0] if isinstance(out, tuple) else out
+    finally:
+        _KV.reset(token)
+        kv.copies = 0
+    full = hidden.new_zeros(n_seqs, n_pos, hidden.shape[-1])  # [batch, pos, d_model]
+    full[:, -1:] = hidden
+    return full
+
+
 def _hooked(module: torch.nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
@@ -297,7 +417,15 @@ def run_blocks(
     start = _START.get()
     with _mlp_rows(model, n - 1, rows):
         if start is not None and start[1] < n:
-            return _replay(model, start[0], start[1], n, int(input_ids.shape[0]))
+            record, layer, last_row = start
+            if (
+                last_row
+                and rows is not None
+                and not bool(rows[:, :-1].any())
+                and last_row_replay(record, layer, n)
+            ):
+                return _replay_last(model, record, layer, n, int(input_ids.shape[0]))
+            return _replay(model, record, layer, n, int(input_ids.shape[0]))
 
         def stop(module: Any, args: Any, output: Tensor) -> None:
             raise StopAtLayerException(output)
