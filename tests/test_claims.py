@@ -171,9 +171,29 @@ def test_k_composition_patches_only_the_receivers_keys(dead_head_model):
     batches = task.batches(m, SMALL)
     live = [HeadIndex(0, h) for h in range(4)]
     receivers = [HeadIndex(1, 0), HeadIndex(1, 3)]
-    effects, interval = k_composition(m, [live, []], receivers, batches, task, 0)
+    import headmech.interventions as interventions
+
+    made = []
+    real = interventions.Intervention
+
+    class Spy(real):  # every intervention k_composition builds, as it builds it
+        @classmethod
+        def on(cls, heads, effect, site="z", pos=None):
+            made.append((sorted(tuple(h) for h in heads), effect.site, site))
+            return real.on(heads, effect, site, pos)
+
+    interventions.Intervention = Spy
+    try:
+        effects, interval = k_composition(m, [live, []], receivers, batches, task, 0)
+    finally:
+        interventions.Intervention = real
     assert abs(effects[1]) < 1e-7 and abs(effects[0]) > 1e-6
     assert interval is not None and interval[0] <= effects[0] <= interval[1]
+    # the patch reaches the receivers' keys alone: their KV heads (2 query heads a KV head),
+    # as a path patch of the key input, never a query, value or output
+    group = int(m.cfg.n_heads) // int(getattr(m.cfg, "n_key_value_heads", None) or m.cfg.n_heads)
+    want = sorted({(1, r.head // group) for r in receivers})
+    assert made and all(ivs == (want, "k", "k") for ivs in made), made
 
 
 def test_control_space_counts_relabellings_but_the_labelled_set():

@@ -65,6 +65,22 @@ def test_head_type_conformance(head_type, check):
     check(head_type())
 
 
+def test_the_harness_emits_only_checks_that_can_run():
+    """A check with nothing to test is not emitted (it would pass without testing): the
+    blockwise check for types without a blockwise pattern reducer; called anyway, it fails
+    saying so."""
+    from headmech.testing import applies, check_blocks_add_up
+
+    emitted = {p.id for p in head_type_checks()}
+    for name in ("copy_suppression", "successor", "syntactic"):
+        assert f"{name}-check_blocks_add_up" not in emitted
+        assert not applies(check_blocks_add_up, get_head_type(name)())
+        with pytest.raises(AssertionError, match="no blockwise pattern reducer"):
+            check_blocks_add_up(get_head_type(name)())
+    assert "induction-check_blocks_add_up" in emitted
+    assert {i.split("-")[0] for i in emitted} == set(head_types())
+
+
 # --- hand-written perfect heads ------------------------------------------------------
 # Each function returns, per sequence and query position, the set of key positions a
 # perfect head of the type attends to (uniformly); a query with no target attends to

@@ -84,7 +84,10 @@ class KeyValues:
         self.values: dict[int, Tensor] = {}
         self.copies = 0  # 0: recording
 
-    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+    def update(
+        self, key: Tensor, value: Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor]:
+        """The keys and values layer ``layer_idx``'s attention reads (see the class)."""
         if not self.copies:
             self.keys[layer_idx], self.values[layer_idx] = key.detach(), value.detach()
             return key, value
