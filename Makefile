@@ -24,7 +24,7 @@ PYTEST_WORKERS ?= 2
 COVERAGE ?=
 COV_ARGS := $(if $(COVERAGE),--cov=headmech --cov-report=term-missing:skip-covered --cov-report=json:coverage.json)
 
-.PHONY: setup demo test test-fast lint docs format bench catalog site site-screenshots browser mutation clean kv-peers-env
+.PHONY: setup demo test test-fast lint docs format index bench catalog site site-screenshots browser mutation clean kv-peers-env
 
 setup: $(STAMP)
 
@@ -60,6 +60,12 @@ docs: setup
 	$(PY) docs/build_architecture.py --check
 	rm -rf docs/api
 	$(PY) -W error docs/build_api.py -o docs/api
+
+# The command line's index of the built-in registry entries (head types, methods, tasks,
+# pruning methods, models): after adding or renaming one (tests/test_registry_index.py)
+index: setup
+	$(PY) -c "from headmech.core.registry import build_index; build_index(write=True)"
+	$(VENV)/bin/ruff format -q headmech/core/registry_index.py
 
 format: setup
 	$(VENV)/bin/ruff format headmech tests benchmarks

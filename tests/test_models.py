@@ -147,12 +147,12 @@ def test_missing_bundled_package(monkeypatch):
 def test_missing_gemma3_chunk_names_every_package(monkeypatch, tmp_path):
     """Gemma 3's GGUF is split over five packages: one chunk missing is named, with the
     command that installs all five, before anything is assembled or dequantised."""
-    from headmech.models import bundled
+    from headmech.models import bundled, packages
 
     real = bundled.find_spec
-    monkeypatch.setattr(
-        bundled, "find_spec", lambda name: None if name.endswith("part3") else real(name)
-    )
+    without = lambda name: None if name.endswith("part3") else real(name)  # noqa: E731
+    monkeypatch.setattr(bundled, "find_spec", without)
+    monkeypatch.setattr(packages, "find_spec", without)
     monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))  # no cached copy to fall back on
     assert not bundled.installed("gemma3-270m")
     assert (

@@ -28,7 +28,7 @@ from headmech.core.errors import (
     UnknownModelError,
     UnsupportedModelError,
 )
-from headmech.models import bundled
+from headmech.models import bundled, packages
 from headmech.models import gguf as headmech_gguf
 
 QWEN = "qwen2.5-coder-0.5b"
@@ -327,6 +327,7 @@ def test_missing_part_is_named_in_one_line(fake_parts, monkeypatch, tmp_path):
         return None if n.endswith("part3") else real(n)
 
     monkeypatch.setattr(bundled, "find_spec", without_part3)
+    monkeypatch.setattr(packages, "find_spec", without_part3)
     monkeypatch.setattr(headmech_gguf, "find_spec", without_part3)
     assert not bundled.installed(QWEN)
     status = models.MODELS.get(QWEN).status()

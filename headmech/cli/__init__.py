@@ -17,6 +17,7 @@ they go; a stopped run (Ctrl-C prints the command that continues it) continues w
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -327,9 +328,12 @@ def _close_bars() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: bad input, 130: interrupted)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # the command writes figures to files; no window
+    # the command writes figures to files, no window; matplotlib is imported where a
+    # figure is drawn (not before --help or a mistyped name is answered)
+    if "matplotlib" in sys.modules:
+        sys.modules["matplotlib"].use("Agg")
+    else:
+        os.environ["MPLBACKEND"] = "Agg"
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         warnings.simplefilter("always", HeadmechWarning)  # every run shows its own
@@ -349,6 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _close_bars()
             print("headmech: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
+        except BrokenPipeError:  # `headmech types | head`: the reader stopped, not an error
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit writes nowhere
+            return 1
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
                 raise

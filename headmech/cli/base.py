@@ -67,7 +67,6 @@ def model_name(name: str) -> str:
     """
     from headmech.core.registry import MODELS
     from headmech.models import is_gguf_path
-    from headmech.models.bundled import gguf_problem
     from headmech.models.files import hf_dir_problem
 
     if name in MODELS:
@@ -84,6 +83,8 @@ def model_name(name: str) -> str:
             raise UnknownModelError(f"no such GGUF file: {name}")
         if not os.access(p, os.R_OK):
             raise UnknownModelError(f"the GGUF file {name} is not readable")
+        from headmech.models.bundled import gguf_problem  # torch: a GGUF file was given
+
         if (problem := gguf_problem(p)) is not None:
             raise UnknownModelError(problem)
         return name
@@ -303,7 +304,7 @@ def save_partial(args: argparse.Namespace, e: IncompleteRunError, stem: str) -> 
 
 def probe_options(args: argparse.Namespace) -> Any:
     """ProbeOptions from the run options; unset sizes keep the library defaults."""
-    from headmech.probes import ProbeOptions
+    from headmech.core.options import ProbeOptions
 
     sizes = {k: getattr(args, k, None) for k in ("n_sentences", "n_sequences", "half_len")}
     if getattr(args, "context", None) is not None:

@@ -42,10 +42,27 @@ __all__ = [
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    """``headmech models``."""
-    from headmech.models import list_models
+    """``headmech models`` (the bundled models' statuses without importing torch)."""
+    from headmech.core.registry import MODELS
+    from headmech.models.files import cache_dir
+    from headmech.models.packages import BUNDLED_MODELS, status
 
-    rows = list_models()
+    def quick(name: str) -> str | None:  # the loaders' status() imports torch (seconds)
+        if name in BUNDLED_MODELS:
+            return status(name)
+        if name == "toy-induction":  # trained once per recipe (the load checks which)
+            trained = any((cache_dir() / "toys").glob(f"{name}-*/config.json"))
+            return "cached" if trained else "trained on first use (minutes)"
+        return None
+
+    rows = [
+        {"name": n, "description": m["summary"], "status": quick(n)}
+        for n, m in MODELS.metadata().items()
+    ]
+    if any(r["status"] is None for r in rows):  # plug-ins: their own status functions
+        from headmech.models import list_models
+
+        rows = list_models()
     w = max(len(r["name"]) for r in rows)
     for r in rows:
         print(f"{r['name'].ljust(w)}  {r['description']}  [{r['status']}]")
@@ -53,29 +70,29 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_types(args: argparse.Namespace) -> int:
-    """``headmech types``."""
-    from headmech.headtypes.registry import head_types
+    """``headmech types`` (from the committed index where it holds: no import of torch)."""
+    from headmech.core.registry import HEAD_TYPES
 
-    types = head_types()
+    types = HEAD_TYPES.metadata()
     w = max((len(n) for n in types), default=4)
-    for name, cls in types.items():
-        extra = " (decoders only)" if cls.causal_only else ""
+    for name, m in types.items():
+        extra = " (decoders only)" if m["causal_only"] else ""
         print(
-            f"{name.ljust(w)}  {cls.reference}: {cls.description}{extra}  "
-            f"[threshold {cls.default_threshold:g}, probe {cls.probe}, task {cls.task}]"
+            f"{name.ljust(w)}  {m['reference']}: {m['summary']}{extra}  "
+            f"[threshold {m['threshold']:g}, probe {m['probe']}, task {m['task']}]"
         )
-        if args.verbose and cls.citation:
-            print(f"{''.ljust(w)}  {cls.citation}")
+        if args.verbose and m["citation"]:
+            print(f"{''.ljust(w)}  {m['citation']}")
     return 0
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
     """``headmech classify``."""
+    given = check_classify(args, "classify")  # fail fast, before loading (and torch)
     from headmech.classification.classify import classify
     from headmech.models import model_info
     from headmech.runs.resume import bind_weights
 
-    given = check_classify(args, "classify")  # fail fast, before loading
     names, sentences = given.names, given.sentences
     units = staging(args, "classify")
     t0 = time.perf_counter()
@@ -166,11 +183,12 @@ def _check_method(
 
 def cmd_importance(args: argparse.Namespace) -> int:
     """``headmech importance``."""
-    from headmech.attribution import importance
     from headmech.core.registry import METHODS
-    from headmech.runs.resume import bind_weights
 
     options, task = _check_method(args, METHODS, "importance")  # fail fast, before loading
+    from headmech.attribution import importance
+    from headmech.runs.resume import bind_weights
+
     units = staging(args, "importance")
     t0 = time.perf_counter()
     loaded = load_model_of(args)
@@ -196,13 +214,13 @@ def cmd_importance(args: argparse.Namespace) -> int:
 
 def cmd_circuit(args: argparse.Namespace) -> int:
     """``headmech circuit``."""
+    kinds = V.kinds(args.kinds)
+    V.count(args.top_k, "--top-k")
+    names = check_classify(args, "circuit").names  # fail fast, before loading
     from headmech.circuits import circuit
     from headmech.classification.classify import classify
     from headmech.models import model_info
 
-    kinds = V.kinds(args.kinds)
-    V.count(args.top_k, "--top-k")
-    names = check_classify(args, "circuit").names  # fail fast, before loading
     given = catalog_file(args.catalog, args.model) if args.catalog is not None else None
     if given is not None and names is not None:
         if missing := [n for n in names if n not in given.types]:
@@ -275,10 +293,10 @@ def _check_catalog(catalog: Any, model: Any, force: bool) -> None:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     """``headmech prune``."""
+    options, task_name = _prune_options(args)  # fail fast, before loading
     from headmech.pruning import prune
     from headmech.runs.resume import bind_weights
 
-    options, task_name = _prune_options(args)  # fail fast, before loading
     catalog = catalog_file(args.catalog, args.model) if args.catalog is not None else None
     units = staging(args, "prune")
     t0 = time.perf_counter()

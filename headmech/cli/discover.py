@@ -31,11 +31,11 @@ def _check_clusters(k: int | None, shape: tuple[int, int] | None) -> None:
 
 def cmd_discover(args: argparse.Namespace) -> int:
     """``headmech discover``."""
+    V.count(args.clusters, "--clusters", minimum=2)
+    given = check_classify(args, "discover")  # fail fast, before loading
     from headmech.discover import discover
     from headmech.models import model_info
 
-    V.count(args.clusters, "--clusters", minimum=2)
-    given = check_classify(args, "discover")  # fail fast, before loading
     names, sentences = given.names, given.sentences
     V.out_dir(args.out, _cluster_files(args.out), args.force)
     _check_clusters(args.clusters, config_shape(args.model))

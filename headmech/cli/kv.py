@@ -79,11 +79,11 @@ def cmd_kv_plan(args: argparse.Namespace) -> int:
     """``headmech kv-plan``."""
     import uuid
 
+    target, source, types = _check_kv_plan(args)  # fail fast, before loading
     import torch
 
     from headmech.kv import KVPlan
 
-    target, source, types = _check_kv_plan(args)  # fail fast, before loading
     model = load_model_of(args).model
     size = {"sinks": args.sinks, "window": args.window}
     if isinstance(source, list):

@@ -10,6 +10,14 @@ through the Python entry-point group ``headmech.<kind>`` (for example
 ``headmech.tasks``), loaded after the built-ins; an entry point names the object to
 register (a head-type class, a task factory, ...).
 
+Importing the built-ins imports torch and transformers (seconds). What the command line
+shows before any work (names, summaries, ``headmech types``, a mistyped name's "did you
+mean") is read from :mod:`headmech.core.registry_index`, a committed index of the built-in
+entries, while nothing else can have been added (no entry point in the group, no
+``$HEADMECH_CATALOG_PATH`` folder for head types); the first lookup of an object loads
+the registry as before. :func:`build_index` writes the index again;
+tests/test_registry_index.py checks it is current.
+
 Examples:
     >>> from headmech.core.registry import Registry
     >>> colours = Registry("colours")
@@ -23,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -81,6 +91,10 @@ class Registry(Generic[T]):
             unknown name.
         on_load: called with each object an entry point loads, returning ``(name, obj,
             summary)`` to register (default: the entry point's own name and object).
+        describe: an entry's fields beyond its summary for :meth:`metadata` (and the
+            committed index), from its object.
+        extra_env: an environment variable naming more places entries come from (the
+            index is not used while it is set).
     """
 
     def __init__(
@@ -91,8 +105,12 @@ class Registry(Generic[T]):
         loader: Callable[[Registry[Any]], None] | None = None,
         error: type[HeadmechError] = HeadmechError,
         on_load: Callable[[str, Any], tuple[str, Any, str]] | None = None,
+        describe: Callable[[Any], dict[str, Any]] | None = None,
+        extra_env: str | None = None,
     ) -> None:
         self.kind = kind
+        self._describe = describe
+        self._extra_env = extra_env
         self.group = f"headmech.{kind}"
         self._builtins = tuple(builtins)
         self._loader = loader
@@ -189,10 +207,40 @@ class Registry(Generic[T]):
         finally:
             self._entries, self._loaded = entries, loaded
 
+    def _indexed(self) -> dict[str, dict[str, Any]] | None:
+        """The committed index's entries (with any registered explicitly), while the
+        registry is not loaded and nothing but the built-ins can be in it; else None."""
+        if self._loaded:
+            return None
+        from headmech.core.registry_index import INDEX
+
+        if self.kind not in INDEX or (self._extra_env and os.environ.get(self._extra_env)):
+            return None
+        if any(True for _ in entry_points(group=self.group)):
+            return None
+        out = dict(INDEX[self.kind])
+        for name, e in self._entries.items():
+            out[name] = {"summary": e.summary, **self._fields(e.obj)}
+        return out
+
+    def _fields(self, obj: Any) -> dict[str, Any]:
+        return self._describe(obj) if self._describe is not None else {}
+
+    def metadata(self) -> dict[str, dict[str, Any]]:
+        """Name → ``{"summary": ..., **fields}`` of every entry, sorted by name: from the
+        committed index where it holds (no import of the built-ins), else loaded."""
+        got = self._indexed()
+        if got is None:
+            got = {e.name: {"summary": e.summary, **self._fields(e.obj)} for e in self.entries()}
+        return {n: got[n] for n in sorted(got)}
+
     def entry(self, name: str) -> Entry[T]:
         """The entry of ``name``; a one-line error listing the known names otherwise, with
-        a close name suggested (``(did you mean 'induction'?)``) where there is one."""
-        self.load()
+        a close name suggested (``(did you mean 'induction'?)``) where there is one (an
+        unknown name is told from the index, without loading)."""
+        index = self._indexed()
+        if index is None or name in index:
+            self.load()
         if name not in self._entries:
             known = ", ".join(self.names()) or "(none)"
             what = self.kind.rstrip("s").replace("_", " ")
@@ -206,6 +254,9 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Registered names, sorted."""
+        index = self._indexed()
+        if index is not None:
+            return sorted(index)
         self.load()
         return sorted(self._entries)
 
@@ -215,9 +266,13 @@ class Registry(Generic[T]):
 
     def help(self) -> str:
         """``name: summary`` for each entry, comma-separated (CLI help text)."""
-        return "; ".join(f"{e.name}: {e.summary}" if e.summary else e.name for e in self.entries())
+        rows = self.metadata().items()
+        return "; ".join(f"{n}: {m['summary']}" if m["summary"] else n for n, m in rows)
 
     def __contains__(self, name: object) -> bool:
+        index = self._indexed()
+        if index is not None:
+            return name in index
         self.load()
         return name in self._entries
 
@@ -353,12 +408,27 @@ def head_type_name(cls: Any, own: bool = False) -> str:
 
 # --- the extension points ----------------------------------------------------------------
 
+
 # the catalog package sets the loader that registers its types (headmech.headtypes)
+def _head_type_fields(cls: Any) -> dict[str, Any]:
+    """What ``headmech types`` shows of a head type besides its description."""
+    return {
+        "reference": cls.reference,
+        "citation": cls.citation,
+        "causal_only": bool(cls.causal_only),
+        "threshold": float(cls.default_threshold),
+        "probe": cls.probe,
+        "task": cls.task,
+    }
+
+
 HEAD_TYPES: Registry[Any] = Registry(
     "head_types",
     builtins=("headmech.headtypes",),
     error=UnknownHeadTypeError,
     on_load=lambda ep_name, cls: (head_type_name(cls), cls, getattr(cls, "description", "")),
+    describe=_head_type_fields,
+    extra_env="HEADMECH_CATALOG_PATH",
 )
 PROBES: Registry[Any] = Registry(
     "probes",
@@ -383,6 +453,8 @@ METHODS: Registry[Any] = Registry(
     "methods", builtins=("headmech.attribution",), error=UnknownMethodError
 )
 MODELS: Registry[Any] = Registry("models", builtins=("headmech.models",), error=UnknownModelError)
+# the registries the command line lists before any work (the committed index holds them)
+INDEXED = ("head_types", "methods", "models", "pruning_methods", "tasks")
 CLAIMS: Registry[Any] = Registry(
     "claims",
     builtins=("headmech.classification.claim_types", "headmech.classification.sinks"),
@@ -391,3 +463,32 @@ CLAIMS: Registry[Any] = Registry(
 PRUNING_METHODS: Registry[Any] = Registry(
     "pruning_methods", builtins=("headmech.pruning",), error=UnknownMethodError
 )
+
+
+def build_index(write: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+    """The index of the built-in entries of the registries in :data:`INDEXED` (loads
+    them: seconds); with ``write``, written to ``headmech/core/registry_index.py``."""
+    registries = {r.kind: r for r in (HEAD_TYPES, METHODS, MODELS, PRUNING_METHODS, TASKS)}
+    out = {}
+    for kind in INDEXED:
+        r = registries[kind]
+        r.load()
+        out[kind] = {e.name: {"summary": e.summary, **r._fields(e.obj)} for e in r.entries()}
+    if write:
+        from pathlib import Path
+
+        body = json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False)
+        body = (
+            body.replace(": true", ": True")
+            .replace(": false", ": False")
+            .replace(": null", ": None")
+        )
+        Path(__file__).with_name("registry_index.py").write_text(
+            '"""The built-in entries of the registries the command line lists, written by\n'
+            "``headmech.core.registry.build_index(write=True)``; do not edit (tests check it\n"
+            'is current)."""\n\n'
+            "from typing import Any\n\n"
+            f"INDEX: dict[str, dict[str, dict[str, Any]]] = {body}\n",
+            encoding="utf-8",
+        )
+    return out

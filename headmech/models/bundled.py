@@ -66,7 +66,7 @@ from headmech.models.gguf import (
     gguf_source,
     join_parts,
 )
-from headmech.models.packages import BUNDLED_MODELS, BundledModel
+from headmech.models.packages import BUNDLED_MODELS, BundledModel, installed
 
 __all__ = [
     "BUNDLED_MODELS",
@@ -103,12 +103,6 @@ _NO_BOS_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 _SOURCE_FILE = "headmech_source.json"  # where the weights came from, beside them
 
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def installed(name: str) -> bool:
-    """Whether a bundled model's packages are installed (found without importing them)."""
-    m = BUNDLED_MODELS[name]
-    return all(find_spec(p) is not None for p in (m.package, *m.extra_packages))
 
 
 def _package_dir(m: BundledModel) -> Path:

