@@ -57,3 +57,20 @@ def test_links_to_repository_files_are_named_not_linked():
 def test_headings_get_githubs_anchors():
     assert slug("Packages, layer by layer") == "packages-layer-by-layer"
     assert slug("<code>headmech</code> and KV: 3x?") == "headmech-and-kv-3x"
+
+
+def test_no_guide_renders_raw_markdown(pages):
+    """Every Markdown table becomes a table and no row of pipes, heading marker or
+    fenced-code marker survives as text (an unescaped ``|`` in a cell, say, turns the whole
+    table into a paragraph of pipes)."""
+    import html as html_lib
+
+    for name, g in pages.items():
+        text = re.sub(r"<pre.*?</pre>|<code>.*?</code>", "", g.body, flags=re.S)
+        text = html_lib.unescape(re.sub(r"<[^>]+>", "", text))
+        for line in text.splitlines():
+            s = line.strip()
+            assert not re.match(r"^\|.*\|$", s), f"{name}: a table row rendered as text: {s[:80]}"
+            assert not re.match(r"^\|?\s*:?-{3,}", s), f"{name}: a table rule as text: {s[:80]}"
+            assert not re.match(r"^#{1,6} ", s), f"{name}: a heading marker as text: {s[:80]}"
+            assert not s.startswith("```"), f"{name}: a code fence as text: {s[:80]}"
