@@ -4,6 +4,7 @@ toy induction model and the committed catalogs."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -161,7 +162,7 @@ def test_site_builds_from_a_classify_output_folder(tmp_path, capsys):
     out = tmp_path / "classified"
     argv = ["classify", "toy-induction", "--types", "induction", "--n-sequences", "4"]
     assert cli([*argv, "--out", str(out)]) == 0
-    capsys.readouterr()
+    classified = capsys.readouterr().out
     assert main(["--catalog", str(out)]) == 0
     said = capsys.readouterr().out
     site = out / "site"
@@ -173,6 +174,15 @@ def test_site_builds_from_a_classify_output_folder(tmp_path, capsys):
         (site / "heads" / "toy-induction" / f"L{a}H{b}.html").is_file() for a, b in labelled
     )
     assert (site / "types" / "induction.html").is_file()
+    # no page links what such a site does not have (the guides live in the repository)
+    broken = set()
+    for page in site.rglob("*.html"):
+        for href in re.findall(r'href="([^"#?]+)', page.read_text()):
+            if not re.match(r"^[a-z]+:", href) and not (page.parent / href).exists():
+                broken.add(f"{page.relative_to(site)} -> {href}")
+    assert not broken, sorted(broken)[:5]
+    # the classify run ended saying how to get here
+    assert f"python -m headmech.publish.site --catalog {out}" in classified
 
 
 def test_tutorial_pages_get_the_atlas_navigation_and_their_size(tmp_path):

@@ -189,3 +189,17 @@ def test_list_models_names_bundled_and_toys():
         "gemma3-270m", "minilm-l6", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"
     ]  # fmt: skip
     assert names[:5] == bundled and "toy-induction" in names
+
+
+def test_a_first_load_says_it_dequantises_once(monkeypatch, tmp_path):
+    """Before a bundled GGUF model's first load the command line says what takes the
+    minute (where the weights go, about how long); once cached, nothing."""
+    from headmech.models.packages import first_load
+
+    monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))
+    said = first_load("qwen2.5-coder-1.5b")
+    assert said is not None and str(tmp_path / "qwen2.5-coder-1.5b") in said
+    assert "once" in said and "about 85 s" in said
+    (tmp_path / "qwen2.5-coder-1.5b").mkdir()
+    assert first_load("qwen2.5-coder-1.5b") is None
+    assert first_load("minilm-l6") is None  # shipped as safetensors: nothing to convert

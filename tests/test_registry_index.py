@@ -99,3 +99,20 @@ def test_types_prints_the_same_from_the_index_and_the_classes(capsys):
     assert main(["types", "--verbose"]) == 0
     assert capsys.readouterr().out == from_index
     assert json.dumps(INDEX["head_types"]["induction"]["threshold"]) == "0.4"
+
+
+def test_entries_load_what_the_index_only_names():
+    """In a fresh process the names come from the index and the entries, which carry the
+    objects, from the loaded registry: the same names either way."""
+    code = (
+        "from headmech.core.registry import HEAD_TYPES, METHODS\n"
+        "names = HEAD_TYPES.names(), METHODS.names()\n"
+        "assert not HEAD_TYPES._loaded\n"
+        "got = [e.name for e in HEAD_TYPES.entries()], [e.name for e in METHODS.entries()]\n"
+        "assert names == got, (names, got)\n"
+        "from headmech.headtypes.registry import resolve_types\n"
+        "print(len(resolve_types(None)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.strip() == str(len(INDEX["head_types"]))

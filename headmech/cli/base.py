@@ -212,7 +212,9 @@ def load_model_of(args: argparse.Namespace) -> Loaded:
     device = distributed.init_from_env(args.device)
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (this process's own output)
-    print(f"loading {args.model} ...", file=sys.stderr)
+    from headmech.models.packages import first_load
+
+    print(first_load(args.model) or f"loading {args.model} ...", file=sys.stderr)
     started = time.perf_counter()
     where = {k: getattr(args, k, None) for k in ("device_map", "max_memory", "offload_folder")}
     model = load_model(args.model, device=device, dtype=getattr(args, "dtype", None), **where)

@@ -124,10 +124,14 @@ def cmd_classify(args: argparse.Namespace) -> int:
     (out / "catalog.partial.json").unlink(missing_ok=True)  # a stopped run's, now whole
     print(catalog.table())
     report.evidence(catalog)
-    for name, reason in {**skipped, **catalog.meta.get("skipped", {})}.items():
-        print(f"skipped {name}: {reason}")
+    for line in report.skipped_lines({**skipped, **catalog.meta.get("skipped", {})}):
+        print(line)
     files = " and ".join(str(out / f) for f in RESULT_FILES["classify"] if (out / f).exists())
     print(f"\nwrote {files} (load {t1 - t0:.1f}s, classify {t2 - t1:.1f}s)")
+    print(
+        f"next: python -m headmech.publish.site --catalog {out}   "
+        f"(a browsable atlas of these heads: {out / 'site' / 'index.html'})"
+    )
     return 0
 
 
@@ -209,6 +213,7 @@ def cmd_importance(args: argparse.Namespace) -> int:
         f"wrote {out / 'importance.json'} and {out / 'importance.png'} ({result.seconds:.1f}s, "
         f"{result.forward_equivalents:.1f} forward-pass equivalents; total {time.perf_counter() - t0:.1f}s)"
     )
+    print(f"next: open {out / 'importance.png'}   (every head's score, layer by head)")
     return 0
 
 
@@ -245,6 +250,7 @@ def cmd_circuit(args: argparse.Namespace) -> int:
         tu, tv = G.nodes[u]["types"] or "-", G.nodes[v]["types"] or "-"
         print(f"  {u} ({tu}) -{d['kind']}-> {v} ({tv})  {d['score']:.3f}  x{d['ratio']:.1f}")
     print("\nwrote " + ", ".join(str(out / f) for f in RESULT_FILES["circuit"]))
+    print(f"next: open {out / 'circuit.png'}   (circuit.graphml opens in networkx or Gephi)")
     return 0
 
 
@@ -313,4 +319,5 @@ def cmd_prune(args: argparse.Namespace) -> int:
         out = save_result(args, "prune", result, loaded, units=units)
     report.pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
+    print(f"next: open {out / 'pruning.png'}   (the metric as heads are removed)")
     return 0

@@ -58,4 +58,5 @@ def cmd_discover(args: argparse.Namespace) -> int:
     print(
         f"\n{len(result.clusters)} clusters, {len(result.unexplained)} unexplained; wrote {files}"
     )
+    print(f"next: open {out / 'discovery.png'}   (the heads' clusters and the types they match)")
     return 0

@@ -109,4 +109,5 @@ def cmd_kv_plan(args: argparse.Namespace) -> int:
     print(f"{plan}; full KV heads in layers {', '.join(map(str, layers)) or 'none'}")
     fractions = ", ".join(f"{c:,}: {plan.kv_fraction(c):.1%}" for c in (2048, 4096, 8192))
     print(f"KV cache kept at {fractions} tokens\nwrote {target}")
+    print(f"next: headmech.kv.KVPlan.load({str(target)!r}) in Python (docs/kv-compression.md)")
     return 0

@@ -9,6 +9,7 @@ labelled heads, and not applicable (the type's task cannot run on the model).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 __all__ = ["evidence", "pruning", "validation_line"]
@@ -93,11 +94,32 @@ def _own(e: dict[str, Any] | None) -> str:
 def not_labelled_lines(entries: list[dict[str, Any]], per_head: dict[str, Any]) -> list[str]:
     """One line per head at or above the threshold that is not labelled: its score, the
     criterion it failed and, where validated, its own effect."""
-    out = []
+    groups: dict[str, list[str]] = {}  # heads failing the same criterion share a line
     for e in entries:
         own = f"; own effect {_own(per_head[e['head']])}" if e["head"] in per_head else ""
-        out.append(f"not labelled {e['head']} {e['score']:.3f}: {e['reason']}{own}")
-    return out
+        reason, detail = _split_detail(e["reason"])
+        head = f"{e['head']} {e['score']:.3f}" + (f" ({detail})" if detail else "")
+        groups.setdefault(reason + own, []).append(head)
+    return [f"not labelled {', '.join(heads)}: {reason}" for reason, heads in groups.items()]
+
+
+def _split_detail(reason: str) -> tuple[str, str]:
+    """A reason and its trailing per-head value in brackets ("... (best q 0.053)")."""
+    m = re.match(r"^(.*\S)\s+\(([a-zA-Z][\w ]*?[ =]\s*[-+]?\d[\d.]*(?:e[-+]?\d+)?)\)$", reason)
+    return (m.group(1), m.group(2)) if m else (reason, "")
+
+
+def skipped_lines(skipped: dict[str, str]) -> list[str]:
+    """``skipped TYPE: reason`` lines, types skipped for the same reason on one line."""
+    groups: dict[str, list[str]] = {}
+    for name, reason in skipped.items():
+        groups.setdefault(reason.replace(f"head type '{name}' ", ""), []).append(name)
+    return [
+        f"skipped {names[0]}: {skipped[names[0]]}"
+        if len(names) == 1
+        else f"skipped {len(names)} types ({', '.join(names)}): {reason}"
+        for reason, names in groups.items()
+    ]
 
 
 def per_head_lines(per_head: dict[str, Any], v: dict[str, Any]) -> list[str]:

@@ -261,8 +261,9 @@ class Registry(Generic[T]):
         return sorted(self._entries)
 
     def entries(self) -> list[Entry[T]]:
-        """Registered entries, sorted by name."""
-        return [self._entries[n] for n in self.names()]
+        """Registered entries, sorted by name (their objects: the registry is loaded)."""
+        self.load()
+        return [self._entries[n] for n in sorted(self._entries)]
 
     def help(self) -> str:
         """``name: summary`` for each entry, comma-separated (CLI help text)."""

