@@ -112,3 +112,36 @@ def test_the_png_is_the_figure_as_measured(tmp_path):
     plt.close(fig)
     saved = Image.open(path).size
     assert saved[0] == round(width) == SHOWN_PX and abs(saved[1] - height) < 1
+
+
+@pytest.mark.parametrize(("n_types", "n_layers", "n_heads"), [(6, 6, 12), (17, 30, 9), (2, 2, 4)])
+def test_the_command_lines_catalog_heatmap_cuts_no_text(n_types, n_layers, n_heads):
+    """``headmech classify``'s heatmap.png (every type in one figure, the labelling rule as
+    its caption): no text leaves the figure and the caption overlaps no panel's title."""
+    from types import SimpleNamespace
+
+    from headmech.core.plot import catalog_heatmap
+
+    names = ["syntactic", "induction", "positional", "rare_word", "previous_token", "retrieval"]
+    types = {
+        f"{names[i % len(names)]}{i // len(names) or ''}": grid_type(
+            names[i % len(names)], n_layers, n_heads, 0.4
+        )
+        for i in range(n_types)
+    }
+    catalog = SimpleNamespace(
+        types=types, model=SimpleNamespace(name="minilm-l6", n_layers=n_layers, n_heads=n_heads)
+    )
+    fig = catalog_heatmap(catalog)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for t in _texts(fig):
+        box = t.get_window_extent(renderer)
+        inside = box.x0 >= -0.5 and box.y0 >= -0.5
+        inside &= box.x1 <= fig.bbox.width + 0.5 and box.y1 <= fig.bbox.height + 0.5
+        assert inside, f"{t.get_text()[:40]!r} at {box.bounds} leaves the {fig.bbox.bounds} figure"
+    caption = fig._suptitle.get_window_extent(renderer)
+    for ax in fig.axes:
+        title = ax.title.get_window_extent(renderer)
+        assert not (ax.title.get_text() and caption.overlaps(title)), ax.title.get_text()
+    plt.close(fig)

@@ -10,6 +10,7 @@ Agg when it starts.
 from __future__ import annotations
 
 import math
+import textwrap
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -203,19 +204,37 @@ def catalog_heatmap(
     cols = min(3, max(n, 1))
     rows = math.ceil(max(n, 1) / cols)
     h_layers, h_heads = catalog.model.n_layers, catalog.model.n_heads
+    width = int((2.4 + 0.35 * h_heads) * 72 / 7.5)  # characters across a panel (12 pt)
+    titles = {
+        name: textwrap.fill(f"{name} ({r.reference})", width)
+        + "\n"
+        + textwrap.fill(f"labelled: {criterion(r)}", width)
+        for name, r in catalog.types.items()
+    }
+    title_lines = max((t.count("\n") + 1 for t in titles.values()), default=2)
     fig, axes = plt.subplots(
         rows,
         cols,
-        figsize=(cols * (2.4 + 0.35 * h_heads), rows * (1.7 + 0.22 * h_layers)),
+        # per row: the grid, its tick labels and axis label, and the panel's title lines
+        figsize=(
+            cols * (2.4 + 0.35 * h_heads),
+            rows * (1.3 + 0.22 * title_lines + 0.22 * h_layers),
+        ),
         squeeze=False,
     )
     for ax, (name, r) in zip(axes.flat, catalog.types.items(), strict=False):
-        title = f"{name} ({r.reference})\nlabelled: {criterion(r)}"
-        type_heatmap(r, ax=ax, title=title, scale=(ranges or {}).get(name, SCALE))
+        type_heatmap(r, ax=ax, title=titles[name], scale=(ranges or {}).get(name, SCALE))
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    fig.suptitle(f"{catalog.model.name}: head scores by type, fixed scale\n{CRITERION}")
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    # the caption in lines that fit the figure (10 pt DejaVu Sans: about 6 pt a character)
+    chars = max(30, int(fig.get_figwidth() * 72 / 6.2))
+    caption = "\n".join(textwrap.fill(p, chars) for p in CRITERION.split("; "))
+    title = f"{catalog.model.name}: head scores by type, fixed scale"
+    above = (caption.count("\n") + 2) * 10 * 1.3 / 72 + 0.15  # inches the caption takes
+    fig.set_figheight(fig.get_figheight() + above)  # the panels keep their height
+    height = fig.get_figheight()
+    fig.suptitle(f"{title}\n{caption}", fontsize=10, y=1 - 0.05 / height, va="top")
+    fig.tight_layout()  # it keeps the panels below the suptitle
     return finish(fig, path, layout=False)
 
 
