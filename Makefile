@@ -64,7 +64,7 @@ docs: setup
 # The command line's index of the built-in registry entries (head types, methods, tasks,
 # pruning methods, models): after adding or renaming one (tests/test_registry_index.py)
 index: setup
-	$(PY) -c "from headmech.core.registry import build_index; build_index(write=True)"
+	$(PY) -c "from headmech.core.index import build_index; build_index(write=True)"
 	$(VENV)/bin/ruff format -q headmech/core/registry_index.py
 
 format: setup

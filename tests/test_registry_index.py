@@ -22,9 +22,10 @@ from headmech.core.registry_index import INDEX
 
 
 def test_the_committed_index_is_the_loaded_registries():
-    """Regenerate with ``python -c "from headmech.core.registry import build_index;
-    build_index(write=True)"`` (then ``ruff format headmech/core/registry_index.py``)."""
-    assert registry.build_index() == INDEX
+    """Regenerate with ``make index``."""
+    from headmech.core.index import build_index
+
+    assert build_index() == INDEX
 
 
 PROBE = """

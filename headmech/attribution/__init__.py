@@ -40,7 +40,8 @@ from headmech.attribution.methods import (
 from headmech.attribution.patching import activation_patching, attribution_patching, spearman
 from headmech.core.checks import method_options
 from headmech.core.errors import UnknownMethodError
-from headmech.core.registry import METHODS, build_options
+from headmech.core.options import build_options
+from headmech.core.registry import METHODS
 from headmech.interventions import Cost
 from headmech.probes import ProbeOptions
 from headmech.runs.files import FileSchema, ResultFile

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from headmech.cli import commands
+from headmech.cli import commands, kv
 from headmech.core.checks import HeadmechWarning
 from headmech.core.errors import HeadmechError, IncompleteRunError
 
@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_circuit(sub)
     _add_prune(sub)
     _add_discover(sub)
-    _add_kv_plan(sub)
+    kv.add_parser(sub, _add_placement)
     return parser
 
 
@@ -366,40 +366,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return EXIT_BAD_INPUT
-
-
-def _add_kv_plan(sub: Any) -> None:
-    p = sub.add_parser(
-        "kv-plan",
-        help="plan a compressed KV cache: full for catalogued heads, sinks + window elsewhere",
-        description="Write a KV plan for MODEL: per layer and KV head, the whole cache (the heads "
-        "of --types in --catalog, or --heads) or --sinks first tokens + a --window of recent "
-        "ones (DuoAttention / RazorAttention). Under grouped-query attention a KV head is full "
-        "if any of its query heads is. Writes plan.json (--out FILE.json or a folder).",
-    )
-    p.add_argument("model", metavar="MODEL", help="a bundled, toy or local Hugging Face decoder")
-    p.add_argument("--catalog", help="a catalog.json (or its folder) from `headmech classify`")
-    p.add_argument("--types", default="retrieval", help="types kept full (default retrieval)")
-    p.add_argument("--heads", help="instead of a catalog: query heads kept full, e.g. L18H6,L20H6")
-    p.add_argument("--sinks", type=int, default=4, help="first tokens every head keeps (default 4)")
-    p.add_argument("--window", type=int, default=256, help="recent tokens kept (default 256)")
-    p.add_argument(
-        "--budget", type=float, default=None,
-        help="instead of the labels: the best-scoring KV heads that fit this fraction of the "
-        "whole cache at --context tokens, the window widened to spend the rest",
-    )  # fmt: skip
-    p.add_argument("--context", type=int, default=None, help="tokens the budget is measured at")
-    p.add_argument(
-        "--fill", choices=("heads", "window"), default="heads",
-        help="how --budget is spent: the most full KV heads (by score) that leave others "
-        "--window (heads), or the labelled heads full and the widest windows (window)",
-    )  # fmt: skip
-    p.add_argument(
-        "--random", action="store_true",
-        help="the control: as many full KV heads per layer, drawn at random (--seed)",
-    )  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
-    p.add_argument("--out", default="plan.json", help="a .json file or a folder (plan.json)")
-    p.add_argument("--force", action="store_true", help="overwrite --out; any catalog weights")
-    _add_placement(p)
-    p.set_defaults(func=commands.cmd_kv_plan)

@@ -140,7 +140,7 @@ def _method_options(registry: Any, name: str, args: argparse.Namespace) -> dict[
     plus ``seed`` where the method takes one."""
     from dataclasses import fields
 
-    from headmech.core.registry import parse_options
+    from headmech.core.options import parse_options
 
     entry = V.lookup(registry, name)
     options = V.method_options(parse_options(entry, args.option or []))

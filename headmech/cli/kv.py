@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from headmech.cli.base import catalog_file, head_type_names, load_model_of, mode
 from headmech.core import checks as V
 from headmech.core.errors import InputError
 
-__all__ = ["cmd_kv_plan"]
+__all__ = ["add_parser", "cmd_kv_plan"]
 
 
 def _kv_plan_target(path: str, force: bool) -> Path:
@@ -111,3 +112,41 @@ def cmd_kv_plan(args: argparse.Namespace) -> int:
     print(f"KV cache kept at {fractions} tokens\nwrote {target}")
     print(f"next: headmech.kv.KVPlan.load({str(target)!r}) in Python (docs/kv-compression.md)")
     return 0
+
+
+def add_parser(sub: Any, add_placement: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The ``kv-plan`` subcommand's parser (``add_placement``: the shared placement options)."""
+    p = sub.add_parser(
+        "kv-plan",
+        help="plan a compressed KV cache: full for catalogued heads, sinks + window elsewhere",
+        description="Write a KV plan for MODEL: per layer and KV head, the whole cache (the heads "
+        "of --types in --catalog, or --heads) or --sinks first tokens + a --window of recent "
+        "ones (DuoAttention / RazorAttention). Under grouped-query attention a KV head is full "
+        "if any of its query heads is. Writes plan.json (--out FILE.json or a folder).",
+    )
+    p.add_argument("model", metavar="MODEL", help="a bundled, toy or local Hugging Face decoder")
+    p.add_argument("--catalog", help="a catalog.json (or its folder) from `headmech classify`")
+    p.add_argument("--types", default="retrieval", help="types kept full (default retrieval)")
+    p.add_argument("--heads", help="instead of a catalog: query heads kept full, e.g. L18H6,L20H6")
+    p.add_argument("--sinks", type=int, default=4, help="first tokens every head keeps (default 4)")
+    p.add_argument("--window", type=int, default=256, help="recent tokens kept (default 256)")
+    p.add_argument(
+        "--budget", type=float, default=None,
+        help="instead of the labels: the best-scoring KV heads that fit this fraction of the "
+        "whole cache at --context tokens, the window widened to spend the rest",
+    )  # fmt: skip
+    p.add_argument("--context", type=int, default=None, help="tokens the budget is measured at")
+    p.add_argument(
+        "--fill", choices=("heads", "window"), default="heads",
+        help="how --budget is spent: the most full KV heads (by score) that leave others "
+        "--window (heads), or the labelled heads full and the widest windows (window)",
+    )  # fmt: skip
+    p.add_argument(
+        "--random", action="store_true",
+        help="the control: as many full KV heads per layer, drawn at random (--seed)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    p.add_argument("--out", default="plan.json", help="a .json file or a folder (plan.json)")
+    p.add_argument("--force", action="store_true", help="overwrite --out; any catalog weights")
+    add_placement(p)
+    p.set_defaults(func=cmd_kv_plan)

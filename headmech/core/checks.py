@@ -216,7 +216,7 @@ _CHOICES = {"direction": ("noising", "denoising"), "per": ("example", "token", "
 
 def method_options(options: dict[str, Any]) -> dict[str, Any]:
     """Values of a method's typed options (``-o KEY=VALUE``, already typed by
-    :func:`headmech.core.registry.parse_options`): counts positive, rates positive, floats
+    :func:`headmech.core.options.parse_options`): counts positive, rates positive, floats
     finite, seeds in range, ``fraction`` in (0, 1], ``lams`` positive, known choices."""
     for key, value in options.items():
         flag = f"option '{key}'"

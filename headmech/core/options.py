@@ -1,13 +1,21 @@
-"""The probes' sizes and sources (:class:`ProbeOptions`), without torch: the command line
-checks them before anything heavy is imported; :mod:`headmech.probes` re-exports it."""
+"""Options, without torch: the probes' sizes and sources (:class:`ProbeOptions`, which
+:mod:`headmech.probes` re-exports) and a registered method's typed options
+(:func:`build_options`, :func:`parse_options`), checked before anything heavy is imported."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ProbeOptions"]
+from headmech.core.errors import HeadmechError
+
+if TYPE_CHECKING:
+    from headmech.core.registry import Entry
+
+__all__ = ["ProbeOptions", "build_options", "parse_options"]
 
 
 @dataclass
@@ -39,3 +47,69 @@ class ProbeOptions:
         from headmech.core.checks import probe_options
 
         probe_options(self)  # one-line InputError on a count < 1, a bad seed, ...
+
+
+def build_options(entry: Entry[Any], options: dict[str, Any]) -> Any:
+    """An instance of the entry's options dataclass from keyword options.
+
+    Raises:
+        HeadmechError: an option the entry does not take (one line naming the ones it
+            does), or options given to an entry that takes none.
+    """
+    if entry.options is None:
+        if options:
+            raise HeadmechError(f"'{entry.name}' takes no options, got {', '.join(options)}")
+        return None
+    fields = {f.name for f in dataclasses.fields(entry.options)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise HeadmechError(
+            f"'{entry.name}' has no option {', '.join(unknown)} (it takes: {', '.join(sorted(fields)) or 'none'})"
+        )
+    return entry.options(**options)
+
+
+def parse_options(entry: Entry[Any], pairs: Sequence[str]) -> dict[str, Any]:
+    """``["chunk=4", "direction=denoising"]`` → typed keyword options for ``entry``.
+
+    Each value is converted to its field's type (``int``, ``float``, ``bool``, ``str``,
+    ``None`` for ``none``); a malformed pair or an unknown field is a one-line error.
+    """
+    if entry.options is None:
+        if pairs:
+            raise HeadmechError(f"'{entry.name}' takes no options")
+        return {}
+    fields = {f.name: f for f in dataclasses.fields(entry.options)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise HeadmechError(f"options are KEY=VALUE, got '{pair}'")
+        if key not in fields:
+            raise HeadmechError(
+                f"'{entry.name}' has no option '{key}' (it takes: {', '.join(sorted(fields)) or 'none'})"
+            )
+        out[key] = _convert(str(fields[key].type), raw.strip(), key)
+    return out
+
+
+def _convert(type_name: str, raw: str, key: str) -> Any:
+    if raw.lower() == "none" and "None" in type_name:
+        return None
+    try:
+        if type_name.startswith("bool"):
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1", "yes")
+        if type_name.startswith("int"):
+            return int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+        if type_name.startswith("tuple[float"):
+            return tuple(float(x) for x in raw.split(",") if x.strip())
+        if type_name.startswith("tuple[int"):
+            return tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise HeadmechError(f"option '{key}' takes a {type_name}, got '{raw}'") from None
+    return raw

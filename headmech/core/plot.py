@@ -10,8 +10,8 @@ Agg when it starts.
 from __future__ import annotations
 
 import math
-import textwrap
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 

@@ -15,7 +15,7 @@ shows before any work (names, summaries, ``headmech types``, a mistyped name's "
 mean") is read from :mod:`headmech.core.registry_index`, a committed index of the built-in
 entries, while nothing else can have been added (no entry point in the group, no
 ``$HEADMECH_CATALOG_PATH`` folder for head types); the first lookup of an object loads
-the registry as before. :func:`build_index` writes the index again;
+the registry as before. :func:`headmech.core.index.build_index` writes the index again;
 tests/test_registry_index.py checks it is current.
 
 Examples:
@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -59,9 +58,7 @@ __all__ = [
     "TASKS",
     "Entry",
     "Registry",
-    "build_options",
     "head_type_name",
-    "parse_options",
 ]
 
 T = TypeVar("T")
@@ -287,26 +284,6 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}: {', '.join(self._entries)})"
 
 
-def build_options(entry: Entry[Any], options: dict[str, Any]) -> Any:
-    """An instance of the entry's options dataclass from keyword options.
-
-    Raises:
-        HeadmechError: an option the entry does not take (one line naming the ones it
-            does), or options given to an entry that takes none.
-    """
-    if entry.options is None:
-        if options:
-            raise HeadmechError(f"'{entry.name}' takes no options, got {', '.join(options)}")
-        return None
-    fields = {f.name for f in dataclasses.fields(entry.options)}
-    unknown = sorted(set(options) - fields)
-    if unknown:
-        raise HeadmechError(
-            f"'{entry.name}' has no option {', '.join(unknown)} (it takes: {', '.join(sorted(fields)) or 'none'})"
-        )
-    return entry.options(**options)
-
-
 def _first_line(obj: Any) -> str:
     doc = getattr(obj, "summary", None) or getattr(obj, "description", None)
     if not doc and callable(obj):
@@ -326,52 +303,6 @@ def _same_definition(a: Any, b: Any) -> bool:
         getattr(b, "__module__", None),
         getattr(b, "__qualname__", None),
     ) and getattr(a, "__qualname__", None) is not None
-
-
-def parse_options(entry: Entry[Any], pairs: Sequence[str]) -> dict[str, Any]:
-    """``["chunk=4", "direction=denoising"]`` → typed keyword options for ``entry``.
-
-    Each value is converted to its field's type (``int``, ``float``, ``bool``, ``str``,
-    ``None`` for ``none``); a malformed pair or an unknown field is a one-line error.
-    """
-    if entry.options is None:
-        if pairs:
-            raise HeadmechError(f"'{entry.name}' takes no options")
-        return {}
-    fields = {f.name: f for f in dataclasses.fields(entry.options)}
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise HeadmechError(f"options are KEY=VALUE, got '{pair}'")
-        if key not in fields:
-            raise HeadmechError(
-                f"'{entry.name}' has no option '{key}' (it takes: {', '.join(sorted(fields)) or 'none'})"
-            )
-        out[key] = _convert(str(fields[key].type), raw.strip(), key)
-    return out
-
-
-def _convert(type_name: str, raw: str, key: str) -> Any:
-    if raw.lower() == "none" and "None" in type_name:
-        return None
-    try:
-        if type_name.startswith("bool"):
-            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(raw)
-            return raw.lower() in ("true", "1", "yes")
-        if type_name.startswith("int"):
-            return int(raw)
-        if type_name.startswith("float"):
-            return float(raw)
-        if type_name.startswith("tuple[float"):
-            return tuple(float(x) for x in raw.split(",") if x.strip())
-        if type_name.startswith("tuple[int"):
-            return tuple(int(x) for x in raw.split(",") if x.strip())
-    except ValueError:
-        raise HeadmechError(f"option '{key}' takes a {type_name}, got '{raw}'") from None
-    return raw
 
 
 def head_type_name(cls: Any, own: bool = False) -> str:
@@ -464,32 +395,3 @@ CLAIMS: Registry[Any] = Registry(
 PRUNING_METHODS: Registry[Any] = Registry(
     "pruning_methods", builtins=("headmech.pruning",), error=UnknownMethodError
 )
-
-
-def build_index(write: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
-    """The index of the built-in entries of the registries in :data:`INDEXED` (loads
-    them: seconds); with ``write``, written to ``headmech/core/registry_index.py``."""
-    registries = {r.kind: r for r in (HEAD_TYPES, METHODS, MODELS, PRUNING_METHODS, TASKS)}
-    out = {}
-    for kind in INDEXED:
-        r = registries[kind]
-        r.load()
-        out[kind] = {e.name: {"summary": e.summary, **r._fields(e.obj)} for e in r.entries()}
-    if write:
-        from pathlib import Path
-
-        body = json.dumps(out, indent=1, sort_keys=True, ensure_ascii=False)
-        body = (
-            body.replace(": true", ": True")
-            .replace(": false", ": False")
-            .replace(": null", ": None")
-        )
-        Path(__file__).with_name("registry_index.py").write_text(
-            '"""The built-in entries of the registries the command line lists, written by\n'
-            "``headmech.core.registry.build_index(write=True)``; do not edit (tests check it\n"
-            'is current)."""\n\n'
-            "from typing import Any\n\n"
-            f"INDEX: dict[str, dict[str, dict[str, Any]]] = {body}\n",
-            encoding="utf-8",
-        )
-    return out

@@ -1,5 +1,5 @@
 """The built-in entries of the registries the command line lists, written by
-``headmech.core.registry.build_index(write=True)``; do not edit (tests check it
+``headmech.core.index.build_index(write=True)``; do not edit (tests check it
 is current)."""
 
 from typing import Any

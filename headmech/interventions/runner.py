@@ -261,16 +261,16 @@ def run_variants(
         the probe's sequences, or its batches for whole-batch metrics), for bootstrap
         intervals (:class:`headmech.stream.uncertainty.UnitValues`).
     """
-    fixed = None if callable(variants) else list(variants)
     if not batches:
         raise HeadmechError("no batches to run")
+    fixed = None if callable(variants) else list(variants)
 
     def one(bi: int) -> tuple[Tensor, Tensor]:
         batch = batches[bi]
         ref = references[bi] if references is not None else task.reference(model, batch)
         todo = fixed if fixed is not None else variants(bi, batch)  # type: ignore[operator]
         use_fast = fast and all(iv.site != "pattern" for v in todo for iv in v)
-        last = reuse_prefix and use_fast and _last_position_only(batch, todo)
+        last = reuse_prefix and use_fast and _last_position_only(batch, todo)  # one row a pass
         k = chunk or chunk_size(model, batch, last_row=last)
         return _run_batch(model, task, batch, ref, todo, k, reuse_prefix, use_fast, cost)
 
@@ -279,8 +279,7 @@ def run_variants(
         parts = {bi: resume.unit(f"batch{bi}", partial(one, bi)) for bi in todo}
     sums, counts = _gathered(parts, len(batches))
     mean = sums.sum(1) / counts.sum(1).clamp(min=1)
-    out = (mean[1:].float(), float(mean[0]))
-    return (*out, sums, counts) if per_unit else out
+    return (mean[1:].float(), float(mean[0]), *((sums, counts) if per_unit else ()))
 
 
 def evaluate(

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from headmech.core.registry import PRUNING_METHODS, build_options
+from headmech.core.options import build_options
+from headmech.core.registry import PRUNING_METHODS
 from headmech.probes import ProbeOptions
 from headmech.pruning.l0 import L0Options, l0_prune
 from headmech.pruning.mae import MAEOptions, mae_prune

@@ -32,6 +32,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headmech.stream.tail import KV, KeyValues, last_row_replay, replay_last, stack
+
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -69,38 +71,6 @@ class BlockInputs:
     kv: KeyValues | None = None
 
 
-class KeyValues:
-    """Transformers' cache interface (``update``) for one clean pass and its replays.
-
-    Recording, ``update`` keeps each layer's keys and values ``[batch, kv_heads, pos,
-    d_head]`` and returns them unchanged. Replaying the last row of a batch stacked
-    ``copies`` times, it returns the recorded keys and values of the positions before the
-    last, stacked, with the replayed row's own appended: what the attention of the last
-    position reads in the full pass, the positions before it being the clean run's.
-    """
-
-    def __init__(self) -> None:
-        self.keys: dict[int, Tensor] = {}
-        self.values: dict[int, Tensor] = {}
-        self.copies = 0  # 0: recording
-
-    def update(
-        self, key: Tensor, value: Tensor, layer_idx: int, *args: Any, **kwargs: Any
-    ) -> tuple[Tensor, Tensor]:
-        """The keys and values layer ``layer_idx``'s attention reads (see the class)."""
-        if not self.copies:
-            self.keys[layer_idx], self.values[layer_idx] = key.detach(), value.detach()
-            return key, value
-        old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
-        before_k = _stack(old_k[:, :, :-1], old_k.shape[0], self.copies)
-        before_v = _stack(old_v[:, :, :-1], old_v.shape[0], self.copies)
-        return torch.cat([before_k, key], 2), torch.cat([before_v, value], 2)
-
-
-# the cache the Hugging Face attention is handed under fast_attention (None: the model's)
-_KV: contextvars.ContextVar[KeyValues | None] = contextvars.ContextVar("headmech_kv", default=None)
-
-
 def _no_cache(value: Any) -> Any:
     """A KV cache the model passed (positionally for GPT-2) becomes None: a replay must
     not extend the clean run's cache."""
@@ -121,7 +91,7 @@ def block_inputs(
     start = min(keep, default=0) if first is None else first
     record = BlockInputs({}, {}, {}, kv=KeyValues() if kv else None)
     handles = []
-    token = _KV.set(record.kv) if kv else None
+    token = KV.set(record.kv) if kv else None
 
     def make(layer: int) -> Any:
         def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -145,7 +115,7 @@ def block_inputs(
         for h in handles:
             h.remove()
         if token is not None:
-            _KV.reset(token)
+            KV.reset(token)
 
 
 _START: contextvars.ContextVar[tuple[BlockInputs, int, bool] | None] = contextvars.ContextVar(
@@ -210,7 +180,7 @@ def hf_attention_forward(attn: Any, implementation: str = "sdpa") -> Any:
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         hf = attn.original_component
-        kv = _KV.get()
+        kv = KV.get()
         if kv is not None:  # recording the clean keys and values, or reading them
             kwargs.pop("past_key_values", None)
             kwargs["cache"] = kv
@@ -265,16 +235,6 @@ def fast_attention(model: TransformerBridge, enable: bool = True) -> Iterator[bo
             attn.__dict__.pop("forward", None)
 
 
-def _stack(value: Any, batch: int, copies: int) -> Any:
-    """A recorded argument for a batch stacked ``copies`` times (per-sequence tensors are
-    repeated; tensors shared across the batch, such as rotary tables, broadcast)."""
-    if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch and copies > 1:
-        return value.repeat(copies, *([1] * (value.dim() - 1)))
-    if isinstance(value, tuple):
-        return tuple(_stack(v, batch, copies) for v in value)
-    return value
-
-
 def _replay(
     model: TransformerBridge, record: BlockInputs, layer: int, n_blocks: int, n_seqs: int
 ) -> Tensor:
@@ -282,78 +242,13 @@ def _replay(
     if n_seqs % batch:
         raise ValueError(f"{n_seqs} sequences are not copies of the recorded batch of {batch}")
     copies = n_seqs // batch
-    hidden = _stack(record.resid[layer], batch, copies)
+    hidden = stack(record.resid[layer], batch, copies)
     for la in range(layer, n_blocks):
-        args = _stack(record.args[la], batch, copies)
-        kwargs = {k: _stack(v, batch, copies) for k, v in record.kwargs[la].items()}
+        args = stack(record.args[la], batch, copies)
+        kwargs = {k: stack(v, batch, copies) for k, v in record.kwargs[la].items()}
         out = model.blocks[la](hidden, *args, **kwargs)
         hidden = out[0] if isinstance(out, tuple) else out
     return hidden
-
-
-def _last_rows(value: Any, n_pos: int, key: str = "") -> Any:
-    """A recorded block argument cut to the last query position; ``ValueError`` where it
-    has a position axis whose meaning is not known here."""
-    if isinstance(value, tuple):
-        return tuple(_last_rows(v, n_pos, key) for v in value)
-    if not isinstance(value, Tensor) or n_pos not in value.shape:
-        return value
-    if key == "attention_mask" and value.dim() == 4:  # [batch, 1, query, key]: one query
-        return value[..., -1:, :]
-    if key in ("position_embeddings", "position_ids") and value.shape[1] == n_pos:
-        return value[:, -1:]  # rotary tables [batch, pos, d] and ids [batch, pos]
-    if key == "cache_position" and value.dim() == 1:
-        return value[-1:]
-    raise ValueError(f"no last-row form known for the block argument '{key}'")
-
-
-def last_row_replay(record: BlockInputs, layer: int, n_blocks: int) -> bool:
-    """Whether blocks ``layer..n_blocks - 1`` can run at the last position alone from
-    ``record``: its keys and values cover them and every other argument has a known
-    last-row form."""
-    if record.kv is None or layer not in record.resid:
-        return False
-    n_pos = int(record.resid[layer].shape[1])
-    if n_pos < 2 or any(la not in record.kv.keys for la in range(layer, n_blocks)):
-        return False
-    try:
-        for la in range(layer, n_blocks):
-            _last_rows(record.args[la], n_pos)
-            for k, v in record.kwargs[la].items():
-                _last_rows(v, n_pos, k)
-    except ValueError:
-        return False
-    return True
-
-
-def _replay_last(
-    model: TransformerBridge, record: BlockInputs, layer: int, n_blocks: int, n_seqs: int
-) -> Tensor:
-    """:func:`_replay` at the last position alone (the keys and values of the positions
-    before it are the clean run's); the other positions of the output are zeros."""
-    batch, kv = record.batch_size, record.kv
-    assert kv is not None
-    copies = n_seqs // batch
-    resid = record.resid[layer]
-    n_pos = int(resid.shape[1])
-    hidden = _stack(resid[:, -1:], batch, copies)
-    kv.copies = copies
-    token = _KV.set(kv)
-    try:
-        for la in range(layer, n_blocks):
-            args = _stack(_last_rows(record.args[la], n_pos), batch, copies)
-            kwargs = {
-                k: _stack(_last_rows(v, n_pos, k), batch, copies)
-                for k, v in record.kwargs[la].items()
-            }
-            out = model.blocks[la](hidden, *args, **kwargs)
-            hidden = out[0] if isinstance(out, tuple) else out
-    finally:
-        _KV.reset(token)
-        kv.copies = 0
-    full = hidden.new_zeros(n_seqs, n_pos, hidden.shape[-1])  # [batch, pos, d_model]
-    full[:, -1:] = hidden
-    return full
 
 
 def _hooked(module: torch.nn.Module) -> bool:
@@ -427,7 +322,7 @@ def run_blocks(
                 and not bool(rows[:, :-1].any())
                 and last_row_replay(record, layer, n)
             ):
-                return _replay_last(model, record, layer, n, int(input_ids.shape[0]))
+                return replay_last(model, record, layer, n, int(input_ids.shape[0]))
             return _replay(model, record, layer, n, int(input_ids.shape[0]))
 
         def stop(module: Any, args: Any, output: Tensor) -> None:
