@@ -43,15 +43,14 @@ from headmech.core.errors import HeadmechError
 from headmech.publish.attention_view import INK_JS, VIEW_CSS, VIEW_JS
 from headmech.publish.site.pages import (
     Model,
-    atlas_index,
     head_page,
-    layer_page,
     load_models,
     model_types,
     provenance,
-    type_info,
     verdict_counts,
 )
+from headmech.publish.site.site_data import atlas_index, layer_page
+from headmech.publish.site.type_info import type_info
 
 if TYPE_CHECKING:
     import jinja2

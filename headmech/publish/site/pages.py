@@ -4,8 +4,6 @@ registered head-type classes (definition, citation, threshold). No model is load
 
 from __future__ import annotations
 
-import html
-import inspect
 import json
 import re
 from dataclasses import dataclass, field
@@ -18,12 +16,10 @@ from headmech.publish.examples import ORDINARY, own_types
 
 __all__ = [
     "Model",
-    "atlas_index",
     "head_page",
-    "layer_page",
     "load_models",
-    "rst_html",
-    "type_info",
+    "rejected_heads",
+    "verdict",
     "verdict_counts",
 ]
 
@@ -92,7 +88,7 @@ def _model(folder: Path, catalog: Any, name: str) -> Model:
     n_heads = int((catalog.get("model") or {}).get("n_heads", 0))
     heads = {(la, h) for la in range(n_layers) for h in range(n_heads)}  # every head a page
     heads |= {_key(h) for t in catalog["types"].values() for h in t["heads"]}
-    heads |= {_key(_parse(e["head"])) for t in catalog["types"].values() for e in _rejected(t)}
+    heads |= {_key(_parse(e["head"])) for t in catalog["types"].values() for e in rejected_heads(t)}
     return Model(
         name,
         folder,
@@ -117,7 +113,7 @@ def _parse(name: str) -> tuple[int, int]:
     return int(layer), int(head)
 
 
-def _rejected(t: dict[str, Any]) -> list[dict[str, Any]]:
+def rejected_heads(t: dict[str, Any]) -> list[dict[str, Any]]:
     """A type's heads at or above the threshold that a further criterion rejected."""
     return list(t.get("not_labelled") or [])
 
@@ -226,7 +222,8 @@ def model_types(m: Model, page_dir: Path) -> list[dict[str, Any]]:
                 "heads": sorted(heads, key=lambda r: -(r["score"] or 0.0)),
                 "borderline": [head_row(t, h) for h in t.get("borderline", [])],
                 "not_labelled": [
-                    head_row(t, _parse(e["head"])) | {"reason": e["reason"]} for e in _rejected(t)
+                    head_row(t, _parse(e["head"])) | {"reason": e["reason"]}
+                    for e in rejected_heads(t)
                 ],
                 "narrow": [r["name"] for r in heads if r["narrow"]],
                 "validation": validation(t, (n_layers, n_heads)),
@@ -262,73 +259,6 @@ def provenance(m: Model) -> dict[str, Any]:
     }
 
 
-_RST = [
-    (re.compile(r"``(.+?)``"), r"<code>\1</code>"),
-    (re.compile(r":(?:[a-z]+:)?[a-z]+:`~?([^`<]+?)(?:\s*<[^`]*>)?`"), r"<code>\1</code>"),
-    (re.compile(r"`([^`]+?)`_?"), r"<em>\1</em>"),
-    (re.compile(r"(?<![\w*])\*\*(\S(?:.*?\S)?)\*\*(?![\w*])"), r"<b>\1</b>"),
-    (re.compile(r"(?<![\w*])\*(\S(?:.*?\S)?)\*(?![\w*])"), r"<em>\1</em>"),
-]
-
-
-def rst_html(text: str) -> str:
-    """A docstring paragraph as HTML: the text escaped, then RST's inline markup converted
-    (double backticks and roles such as :func: as code, single and double stars as
-    emphasis and bold)."""
-    out = html.escape(text, quote=False)
-    for pattern, repl in _RST:
-        out = pattern.sub(repl, out)
-    return out
-
-
-def _is_args(paragraph: str) -> bool:
-    """A docstring's ``Args:``/``Attributes:`` section (the class's parameters), not prose."""
-    return bool(re.match(r"(Args|Arguments|Attributes|Parameters|Returns|Raises)\s*:", paragraph))
-
-
-def _threshold_why(cls: type) -> list[str]:
-    """The docstring paragraphs about the threshold, and the comment on the line that sets
-    ``default_threshold`` in the class's source."""
-    doc = inspect.cleandoc(cls.__doc__ or "")
-    why = [p.replace("\n", " ") for p in doc.split("\n\n") if "threshold" in p.lower()]
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        source = ""
-    comment = re.search(r"default_threshold\s*=\s*[^#\n]*#\s*(.+)", source)
-    lines = ([comment[1].strip()] if comment else []) + why
-    # "see the docstring" and "Args: threshold ..." say nothing on a page that shows it
-    return [rst_html(w) for w in lines if "docstring" not in w.lower() and not _is_args(w)]
-
-
-def type_info(name: str) -> dict[str, Any]:
-    """A registered type's definition, citation and default threshold (empty fields when
-    the type is no longer registered)."""
-    from headmech.headtypes.registry import head_types
-
-    cls = head_types().get(name)
-    if cls is None:
-        return {"name": name, "description": "", "definition": [], "citation": "", "why": []}
-    doc = inspect.cleandoc(cls.__doc__ or "").split("References:")[0]
-    return {
-        "name": name,
-        "description": cls.description,
-        "definition": [
-            rst_html(p.replace("\n", " "))
-            for p in doc.split("\n\n")
-            if p.strip() and not _is_args(p)
-        ],
-        "citation": cls.citation or cls.reference,
-        "reference": cls.reference,
-        "default_threshold": cls.default_threshold,
-        "threshold_note": rst_html(getattr(cls, "threshold_note", "") or ""),
-        "probe": cls.probe,
-        "task": cls.task,
-        "claims": ", ".join(cls().claim_kinds()),
-        "why": _threshold_why(cls),
-    }
-
-
 def _own_details(t: dict[str, Any], head: str) -> list[tuple[str, Any]]:
     """A head's own entries in the type's ``details`` (those keyed by head name, e.g.
     induction's ``copying_effect``: effect and 95% interval), as ``(key, value)``."""
@@ -349,7 +279,7 @@ def verdict(t: dict[str, Any], head: tuple[int, int]) -> tuple[str, str]:
     ``above`` (at or above, not labelled, no reason recorded) or ``below``."""
     if head in [_key(x) for x in t["heads"]]:
         return "labelled", "labelled"
-    why = [e["reason"] for e in _rejected(t) if _parse(e["head"]) == head]
+    why = [e["reason"] for e in rejected_heads(t) if _parse(e["head"]) == head]
     if why and head in [_key(x) for x in t.get("backups", [])]:
         return "rejected", (
             "at or above the threshold, not labelled: a backup (alone it restores the "
@@ -453,59 +383,3 @@ def _head_views(m: Model, head: str, own: list[str]) -> tuple[list[str], list[di
         )
         tops.append({"probe": text["probe"], "top": top_attended(text["tokens"], rows)})
     return views, tops
-
-
-def atlas_index(models: list[Model]) -> dict[str, Any]:
-    """The data of the site's search, compare view and clickable heatmaps: per model its
-    shape and, per type, the threshold, every head's score (row-major, layer by layer;
-    3 decimals) and each head's verdict code (0 below, 1 labelled, 2 rejected, 3
-    borderline, 4 at or above without a recorded reason)."""
-    codes = {"below": 0, "labelled": 1, "rejected": 2, "borderline": 3, "above": 4}
-    out: dict[str, Any] = {"models": []}
-    for m in models:
-        n_layers, n_heads = m.shape
-        types = {}
-        for name, t in sorted(m.types.items()):
-            grid = t.get("score")
-            scores = [
-                None if not grid or grid[la][h] is None else round(float(grid[la][h]), 3)
-                for la in range(n_layers)
-                for h in range(n_heads)
-            ]
-            v = [codes[verdict(t, (la, h))[0]] for la in range(n_layers) for h in range(n_heads)]
-            reasons = {e["head"]: e["reason"] for e in _rejected(t)}
-            types[name] = {
-                "threshold": t.get("threshold"),
-                "scores": scores,
-                "verdicts": v,
-                "reasons": reasons,
-            }
-        out["models"].append({"name": m.name, "layers": n_layers, "heads": n_heads, "types": types})
-    return out
-
-
-def layer_page(m: Model, layer: int, text: int = 0) -> dict[str, Any]:
-    """Every head of ``layer`` on one recorded text (``examples.json``'s text ``text``;
-    the heads it records): the tokens and, per head, its rows of weights in integer
-    thousandths, as the layer view of the site reads them."""
-    ex = m.examples or {}
-    texts = ex.get("texts", [])
-    if not texts:
-        return {"layer": layer, "probe": None, "data": None, "missing": []}
-    t = texts[min(text, len(texts) - 1)]
-    n_heads = m.shape[1]
-    heads, missing = {}, []
-    for h in range(n_heads):
-        rows = ex.get("heads", {}).get(f"L{layer}H{h}")
-        if rows and len(rows) > text and rows[text] is not None:
-            heads[f"L{layer}H{h}"] = [[round(float(w) * 1000) for w in r] for r in rows[text]]
-        else:
-            missing.append(f"L{layer}H{h}")
-    data = json.dumps({"tokens": t["tokens"], "heads": heads}, separators=(",", ":"))
-    return {
-        "layer": layer,
-        "probe": t["probe"],
-        "n_tokens": len(t["tokens"]),
-        "data": data.replace("</", "<\\/"),
-        "missing": missing,
-    }
