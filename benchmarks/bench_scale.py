@@ -34,9 +34,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common import add_arguments, clock, peak_mb, record, reset_peak, rss_mb, start
+
+if TYPE_CHECKING:
+    from headmech.classification.records import TypeValidation
 
 MODELS = "smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b"
 PROBE = {"n_sentences": 16, "n_sequences": 4, "half_len": 32, "needle_lengths": (300,)}
@@ -54,14 +57,12 @@ def _rss_parts() -> dict[str, float]:
     return out
 
 
-def _draws(record: Any) -> int:
-    """Control sets drawn in a validation record: the sum of every test's ``n``."""
-    if isinstance(record, dict):
-        here = int(record["n"]) if "p" in record and isinstance(record.get("n"), int) else 0
-        return here + sum(_draws(v) for v in record.values())
-    if isinstance(record, list):
-        return sum(_draws(v) for v in record)
-    return 0
+def _draws(v: TypeValidation | None) -> int:
+    """Control sets drawn in a validation: every claim's test's, and the backups' test's."""
+    if v is None:
+        return 0
+    backups = len(v.backups.controls["costs"]) if v.backups is not None else 0
+    return sum(c.test.n for c in v.tested() if c.test is not None) + backups
 
 
 def one_model(name: str, device: str | None, only: list[str] | None = None) -> dict[str, Any]:
@@ -124,7 +125,7 @@ def one_model(name: str, device: str | None, only: list[str] | None = None) -> d
     s = clock(device)
     cat = headmech.classify(model, ["induction"], validate=True, n_boot=20, **PROBE)  # type: ignore[arg-type]
     validated_s = clock(device) - s
-    drawn = _draws(cat.types["induction"].details.get("validation", {}))
+    drawn = _draws(cat.types["induction"].validation)
     del plain
     out["validation"] = {
         "seconds": validated_s - plain_s, "control_sets": drawn,

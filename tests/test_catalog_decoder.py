@@ -58,7 +58,7 @@ def test_ablating_induction_heads_hurts_far_more_than_random(smollm2, smollm2_ca
     # the set and its controls only (one_by_one=[]): each labelled head ablated alone is
     # read by no assertion here (test_smollm2_has_induction_heads_in_the_middle_layers
     # reads the catalog's own per-head ablations), and was half of this test's 16 s of CPU
-    v = validate_heads(smollm2, T, heads, OPTIONS, n_random=3, mode="zero", one_by_one=[])
+    v = validate_heads(smollm2, T, heads, OPTIONS, n_random=3, mode="zero", one_by_one=[]).to_json()
     # the repeated half is predictable with induction: low clean loss, high once ablated
     assert v["clean"] < 4.0
     assert v["effect"] > 2.0

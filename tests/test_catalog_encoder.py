@@ -318,7 +318,7 @@ def test_validation_on_an_encoder_says_why_a_decoder_task_cannot_run():
     model = tiny_model("encoder")
     every_head = DuplicateTokenHead(threshold=0.0)
     cat = headmech.classify(model, [every_head], validate=True, n_sequences=4, half_len=8)
-    v = cat["duplicate_token"].details["validation"]
+    v = cat["duplicate_token"].validation.to_json()
     assert v["n_heads"] == len(cat.heads("duplicate_token")) > 0
     assert v["effect"] is None and v["random_effects"] == []
     assert v["control_note"] == "not validated: task 'induction' needs a causal (decoder) model"

@@ -11,6 +11,7 @@ import torch
 
 from headmech.classification.claim_types import Ablation, ClaimRecord
 from headmech.classification.montecarlo import ControlTest
+from headmech.classification.records import ControlAccounting, TypeValidation
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.inactive import InactiveHead
 from headmech.probes import ProbeOptions, build_probe
@@ -150,11 +151,13 @@ def test_check_causal_fails_when_zeroing_costs_more_than_random(monkeypatch, mod
     classify_module = importlib.import_module("headmech.classification.classify")
 
     def record(effect, random_mean, relative):
-        v = {"n_heads": 2, "effect": effect, "random_mean": random_mean, "relative_effect": relative,
-             "tolerance": 0.01, "metric": "loss", "control_note": ""}  # fmt: skip
+        extra = {"relative_effect": relative, "tolerance": 0.01}
+        c = ClaimRecord("ablation", "", "loss", "zero", "little", 2, effect=effect, extra=extra)
+        c.shown_controls = [random_mean]  # one control set: its mean
+        v = TypeValidation(c, ControlAccounting("same_layers", "", 10, 45))
 
         class Fake:
-            details = {"validation": v}
+            validation = v
 
         return lambda *a, **k: {"inactive": Fake()}
 

@@ -145,8 +145,10 @@ def test_ablating_a_dead_head_leaves_the_claims_unchanged(dead_head_model):
             SMALL,
             2,
             {"induction": []},
-        )
-        nm = type_validation(dead_head_model, get_head_type("name_mover")(), [DEAD], SMALL, 2)
+        ).to_json()
+        nm = type_validation(
+            dead_head_model, get_head_type("name_mover")(), [DEAD], SMALL, 2
+        ).to_json()
     # no induction head labelled: the primary claim (K-composition) cannot run, the
     # ablation on the induction task is the verdict shown, and the record says why
     assert prev["primary"] == "ablation" and prev["claims"] == ["k_composition", "ablation"]
@@ -224,11 +226,12 @@ def test_untestable_controls_on_toy_induction_are_said(capsys):
         v = type_validation(
             toy, get_head_type("induction")(), heads, ProbeOptions(n_sequences=4), 3
         )
+    line = validation_line(v)
+    v = v.to_json()
     assert (v["control"], v["control_pool"], v["n_possible_sets"]) == ("layers_within_1", 8, 69)
     assert v["verdict"] == "inconclusive" and v["test"]["n"] == 3
     assert v["test"]["p_min"] == pytest.approx(0.25)
     assert "only 0 distinct control set(s) exist in the labelled heads' layers" in v["control_note"]
-    line = validation_line(v)
     assert "n 3" in line and line.endswith("verdict: inconclusive")
 
 

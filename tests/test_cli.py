@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from headmech.classification.claims import control_space
+from headmech.classification.records import TypeValidation
 from headmech.cli import main
 
 
@@ -131,7 +132,10 @@ def test_classify_validate_and_evidence(capsys, tiny_dirs, tmp_path, model):
             assert len(control) == len(t["heads"])
             assert {tuple(h) for h in control} != {tuple(h) for h in t["heads"]}
             assert not {tuple(h) for h in control} & banned
-        assert f"\n{name}:\n" in out and validation_line(v).split(":")[0] in out
+        assert (
+            f"\n{name}:\n" in out
+            and validation_line(TypeValidation.from_json(v)).split(":")[0] in out
+        )
 
 
 def test_python_dash_m_headmech_runs_the_cli():

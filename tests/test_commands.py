@@ -24,6 +24,7 @@ import pytest
 
 import headmech
 from headmech.classification.claims import control_space
+from headmech.classification.records import TypeValidation, validation_of
 from headmech.cli import main
 from headmech.cli.report import validation_line
 
@@ -137,7 +138,7 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
     assert sorted(catalog["types"]) == sorted(asked)
     for name, t in catalog["types"].items():
         assert name in printed
-        line = validation_line(t["details"].get("validation"))
+        line = validation_line(validation_of(t))
         assert line is not None, name
         # the same line, up to the last digit (the catalog keeps 4 decimals)
         assert _shape(line) in _shape(printed), (name, line)
@@ -149,7 +150,7 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
         # no equal-sized set of non-sinks: the dose-response over sink-score bins, two sets a
         # bin at --n-random 2, its p by 999 permutations
         assert sink["validation"] == "sink_dose" and len(sink["dose"]) == 10
-        assert "999 permutations" in validation_line(sink)
+        assert "999 permutations" in validation_line(TypeValidation.from_json(sink))
     if model == "minilm-l6":  # BERT's bridge ignores pattern edits: the sink is untestable
         sink = catalog["types"]["attention_sink"]["details"]["validation"]
         assert sink["verdict"] == "untestable here" and "pattern edits" in sink["control_note"]
@@ -166,7 +167,9 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
             heads, m["n_layers"], m["n_heads"], v["control"], v.get("excluded_from_controls", [])
         )
         assert heads and len(v["random_effects"]) == min(2, possible)  # distinct sets
-        assert v["verdict"] == "inconclusive" and "p >= 0.33 at best" in validation_line(v)
+        assert v["verdict"] == "inconclusive" and "p >= 0.33 at best" in validation_line(
+            TypeValidation.from_json(v)
+        )
 
 
 IMPORTANCE = {

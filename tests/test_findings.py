@@ -31,7 +31,7 @@ def _type(name: str, threshold: float = 0.0):
 def test_controls_are_matched_per_layer_and_recorded(tiny_models):
     model = tiny_models["llama"]
     heads = [HeadIndex(0, 1), HeadIndex(1, 3)]  # 4 x 4 - 1 other same-layer sets
-    v = validate_heads(model, _type("duplicate_token"), heads, SMALL, n_random=4)
+    v = validate_heads(model, _type("duplicate_token"), heads, SMALL, n_random=4).to_json()
     assert v["control"] == "same_layers" and len(v["control_sets"]) == v["test"]["n"]
     assert len({frozenset(map(tuple, c)) for c in v["control_sets"]}) == len(v["control_sets"])
     for control in v["control_sets"]:
@@ -51,11 +51,11 @@ def test_controls_are_matched_per_layer_and_recorded(tiny_models):
 def test_a_full_layer_widens_and_every_head_labelled_has_no_control(tiny_models):
     model = tiny_models["llama"]  # 2 layers x 4 heads
     full = [HeadIndex(0, h) for h in range(4)]  # layer 0 whole: no other set there
-    v = validate_heads(model, _type("duplicate_token"), full, SMALL, n_random=3)
+    v = validate_heads(model, _type("duplicate_token"), full, SMALL, n_random=3).to_json()
     assert v["control"] == "layers_within_1" and len(v["control_sets"]) == 3
     assert any(h[0] == 1 for s in v["control_sets"] for h in s)
     every = [HeadIndex(la, h) for la in range(2) for h in range(4)]
-    v = validate_heads(model, _type("duplicate_token"), every, SMALL, n_random=3)
+    v = validate_heads(model, _type("duplicate_token"), every, SMALL, n_random=3).to_json()
     assert v["control"] == "none" and v["control_sets"] == [] and v["random_median"] is None
     assert "no control possible" in v["control_note"] and v["effect"] != 0.0
     assert v["verdict"] == "untestable here"
@@ -116,9 +116,9 @@ def test_smollm2_validates_every_type_without_crashing(smollm2, capsys):
         )
     sink = cat["attention_sink"]
     assert len(sink.heads) > 0.6 * 270  # Gu et al.'s ε = 0.3: most heads of an LM
-    dose = sink.details["validation"]
+    dose = sink.validation.to_json()
     assert dose["validation"] == "sink_dose" and dose["test"]["method"].startswith("permutation")
-    ind = cat["induction"].details["validation"]
+    ind = cat["induction"].validation.to_json()
     assert ind["control"] == "same_layers" and ind["test"]["n"] == 2
     assert ind["verdict"] == "inconclusive" and ind["test"]["p_min"] == pytest.approx(1 / 3)
     report.evidence(cat)  # what the command line prints next: it crashed here (issue 29)

@@ -416,7 +416,7 @@ class _BadSelectHead(_BadWeightsHead):
         return [HeadIndex(9, 0)]
 
 
-def _validate(m: dict, heads: list, n_random: int = 1) -> dict:
+def _validate(m: dict, heads: list, n_random: int = 1) -> object:
     t = headmech.get_head_type("induction")()
     return validate_heads(m["llama"], t, [HeadIndex(*h) for h in heads], RR, n_random=n_random)
 

@@ -52,7 +52,7 @@ def test_an_error_in_a_later_step_keeps_the_finished_types(llama, monkeypatch):
     partial = e.value.partial
     # validated before the failure: kept, with their validation; the failed type is not
     assert sorted(partial.types) == ["attention_sink", "previous_token"]
-    assert all("validation" in r.details for r in partial.types.values())
+    assert all(r.validation is not None for r in partial.types.values())
     assert partial.meta["incomplete"] == "boom"
     assert str(e.value) == "stopped after 2 of 3 type(s) (boom)"
     # the finished part equals the same types of an uninterrupted run
@@ -61,7 +61,7 @@ def test_an_error_in_a_later_step_keeps_the_finished_types(llama, monkeypatch):
     for name, r in partial.types.items():
         assert r.heads == whole[name].heads
         assert r.score.tolist() == whole[name].score.tolist()
-        assert r.details["validation"]["effect"] == whole[name].details["validation"]["effect"]
+        assert r.validation.primary.effect == whole[name].validation.primary.effect
 
 
 def test_nothing_finished_is_the_plain_error(llama, monkeypatch):

@@ -71,7 +71,7 @@ def test_no_control_set_holds_a_head_of_the_type(strict):
     out, layer 1 holds no other set, and the controls come from within one layer (saying
     so): the labelled head and layer 0's four, never the labelled set itself."""
     r = strict["induction"]
-    v = r.details["validation"]
+    v = r.validation.to_json()
     assert sorted(map(tuple, v["excluded_from_controls"])) == [(1, 1), (1, 2), (1, 3)]
     assert v["control"] == "layers_within_1" and "only 0 distinct control set" in v["control_note"]
     assert (v["control_pool"], v["n_possible_sets"]) == (5, 4)
@@ -88,10 +88,10 @@ def test_each_head_alone_is_the_effect_of_ablating_it_alone(toy, strict):
     t = InductionHead(copying_threshold=0.1)
     for name in ("L1H0", "L1H3"):
         alone = validate_heads(toy, t, [HeadIndex.parse(name)], ProbeOptions(**SIZE), n_random=0)
-        assert r.per_head[name]["effect"] == pytest.approx(alone["effect"], rel=1e-4, abs=1e-6)
+        assert r.per_head[name]["effect"] == pytest.approx(alone.primary.effect, rel=1e-4, abs=1e-6)
         lo, hi = r.per_head[name]["interval"]
         assert lo <= r.per_head[name]["effect"] <= hi
-    red = r.details["validation"]["redundancy"]  # the one labelled head: the set is the head
+    red = r.validation.to_json()["redundancy"]  # the one labelled head: the set is the head
     assert red["ratio"] == pytest.approx(1.0, rel=1e-4)
 
 
@@ -101,7 +101,7 @@ def test_the_whole_set_against_its_heads_alone_on_the_toy(toy):
     cat = headmech.classify(toy, ["induction"], validate=True, n_random=1, **SIZE)
     r = cat["induction"]
     assert len(r.heads) == 4 and r.not_labelled == []
-    red = r.details["validation"]["redundancy"]
+    red = r.validation.to_json()["redundancy"]
     assert red["sum_of_own_effects"] == pytest.approx(sum(e["effect"] for e in r.per_head.values()))
     assert red["ratio"] > 2
 
@@ -228,13 +228,13 @@ def test_redundancy_is_the_set_over_the_sum_and_none_across_signs():
     from headmech.classification.validation import _per_head
 
     a, b = HeadIndex(0, 0), HeadIndex(0, 1)
-    assert _per_head([a, b], [(a, 0.2, None), (b, 0.3, None)], 1.0)["redundancy"]["ratio"] == 2.0
-    mixed = _per_head([a, b], [(a, 0.05, None), (b, -0.09, None)], 0.14)["redundancy"]
-    assert mixed["ratio"] is None and mixed["sum_of_own_effects"] == pytest.approx(-0.04)
-    lower = _per_head([a], [(a, -0.5, [-0.7, -0.3])], -0.5)["redundancy"]  # negative movers
-    assert lower["ratio"] == 1.0
-    part = _per_head([a, b], [(a, 0.2, None)], 1.0)
-    assert "redundancy" not in part and part["per_head_note"].startswith("1 of 2 labelled")
+    assert _per_head([a, b], [(a, 0.2, None), (b, 0.3, None)], 1.0)[2].ratio == 2.0
+    mixed = _per_head([a, b], [(a, 0.05, None), (b, -0.09, None)], 0.14)[2]
+    assert mixed.ratio is None and mixed.sum_of_own_effects == pytest.approx(-0.04)
+    lower = _per_head([a], [(a, -0.5, [-0.7, -0.3])], -0.5)[2]  # negative movers
+    assert lower.ratio == 1.0
+    per, note, red = _per_head([a, b], [(a, 0.2, None)], 1.0)
+    assert red is None and note.startswith("1 of 2 labelled") and per["L0H0"].effect == 0.2
 
 
 def test_a_score_shown_at_the_threshold_is_at_the_threshold():
@@ -266,7 +266,7 @@ def test_validation_ablates_alone_at_most_as_many_heads_as_asked(toy):
     assert "alone" not in default.to_json()["provenance"]["settings"]
     two = headmech.classify(toy, ["induction"], validate=True, n_random=1, alone=(2, 0), **SIZE)
     assert sum("effect" in e for e in two["induction"].per_head.values()) == 2
-    assert two["induction"].details["validation"]["per_head_note"] == (
+    assert two["induction"].validation.per_head_note == (
         "2 of 4 labelled heads ablated alone (the highest scores)"
     )
 

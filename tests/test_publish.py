@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from headmech import publish
+from headmech.classification.montecarlo import ControlTest
+from headmech.classification.records import TypeValidation
 from headmech.publish.compare import BEGIN, END, LITERATURE, readme_block
 from headmech.publish.markdown import _heads_cell, _validation_cell, readme
 
@@ -18,27 +20,34 @@ SHA = "ab" * 32
 ENCODER = "needs a causal (decoder) model"
 NOT_APPLICABLE = "not validated: task 'induction' needs a causal (decoder) model"
 
-# validation records as classify writes them (only the keys the writer reads matter)
+
+def _test(p: float, controls: list[float]) -> dict[str, Any]:
+    """A Monte Carlo test's record (q = p: a family of one)."""
+    return ControlTest(1.0, controls, 0, p, 0.01, "n_max", 99, 5, 100, "u", q=p).to_json()
+
+
+# validation records as classify writes them
 SAME_LAYERS = {
-    "validation": "ablation", "primary": "ablation",
+    "validation": "ablation", "primary": "ablation", "claim": "",
     "metric": "next-token loss", "mode": "zero", "n_heads": 2, "effect": 1.5,
     "effect_interval": [1.25, 1.75], "expected": "raise", "control": "same_layers",
     "control_note": "", "random_effects": [0.1, 0.2, 0.3], "random_median": 0.2,
-    "random_range": [0.1, 0.3], "test": {"p": 0.25, "q": 0.25, "n": 3},
+    "random_range": [0.1, 0.3], "test": _test(0.25, [0.1, 0.2, 0.3]),
     "verdict": "inconclusive",
 }  # fmt: skip
 WIDENED = {
-    "validation": "ablation", "primary": "ablation",
+    "validation": "ablation", "primary": "ablation", "claim": "",
     "metric": "1 - cos", "mode": "zero", "n_heads": 1, "effect": 0.016726,
     "effect_interval": [0.015472, 0.017958], "expected": "raise", "control": "layers_within_1",
     "control_note": "only 3 distinct control set(s) exist in the labelled heads' layers: "
     "controls drawn from the eligible heads within 1 layer(s) of them",
     "random_effects": [0.004587, 0.005434, 0.004163, 0.00455, 0.004739],
     "random_median": 0.004587, "random_range": [0.004163, 0.005434],
-    "test": {"p": 1 / 6, "q": 1 / 6, "n": 5}, "verdict": "inconclusive",
+    "test": _test(1 / 6, [0.004587, 0.005434, 0.004163, 0.00455, 0.004739]),
+    "verdict": "inconclusive",
 }  # fmt: skip
 LOWER_NO_CONTROL = {
-    "validation": "direct_path", "primary": "direct_path",
+    "validation": "direct_path", "primary": "direct_path", "claim": "",
     "metric": "logit difference", "mode": "mean", "n_heads": 1, "effect": -0.5,
     "effect_interval": None, "expected": "lower", "control": "none", "control_note": "",
     "random_effects": [], "random_median": None, "random_range": None, "test": None,
@@ -47,9 +56,11 @@ LOWER_NO_CONTROL = {
 NOTED_NO_CONTROL = {**LOWER_NO_CONTROL, "expected": "raise", "effect": 0.25,
                     "effect_interval": [0.125, 0.375],
                     "control_note": "5 of 8 heads are labelled"}  # fmt: skip
-NO_HEADS = {"metric": "next-token loss", "mode": "mean", "n_heads": 0, "effect": 0.0,
+NO_HEADS = {"claim": "", "expected": "raise", "metric": "next-token loss", "mode": "mean",
+            "n_heads": 0, "effect": 0.0,
             "verdict": "no heads"}  # fmt: skip
-NOT_RUN = {"metric": "next-token loss", "mode": "zero", "n_heads": 1, "effect": None,
+NOT_RUN = {"claim": "", "expected": "raise", "metric": "next-token loss", "mode": "zero",
+           "n_heads": 1, "effect": None,
            "control_note": NOT_APPLICABLE, "verdict": "untestable here"}  # fmt: skip
 
 
@@ -57,7 +68,6 @@ NOT_RUN = {"metric": "next-token loss", "mode": "zero", "n_heads": 1, "effect": 
 # id, record, (effect cell, control cell)
 CELLS = [
     ("none", None, ("not validated", "")),
-    ("empty", {}, ("not validated", "")),
     ("no-heads", NO_HEADS, ("no labelled heads", "")),
     ("not-applicable", NOT_RUN, ("—", NOT_APPLICABLE)),
     ("same-layers", SAME_LAYERS, ("+1.5 [+1.25, +1.75]", "+0.2 (+0.1 … +0.3; 3 sets, same layers)")),
@@ -71,7 +81,9 @@ CELLS = [
 
 @pytest.mark.parametrize(("v", "want"), [pytest.param(*c[1:], id=c[0]) for c in CELLS])
 def test_validation_cell(v, want):
-    assert _validation_cell(v) == want
+    t = None if v is None else TypeValidation.from_json(v)
+    c = (t.primary, t.controls.kind, t.controls.note) if t is not None else (None,)
+    assert _validation_cell(*c) == want
 
 
 def test_heads_cell_best_first_and_cut_after_twelve():
@@ -167,7 +179,8 @@ def root(tmp_path) -> Path:
         "induction": _type(0.4, [[0.0] * 4, [0.0, 0.0, 0.8, 0.0]], [[1, 2]],
                            {**SAME_LAYERS, "n_heads": 1, "effect": 2.0, "effect_interval": None,
                             "random_effects": [0.01, 0.05, 0.1], "random_median": 0.05,
-                            "random_range": [0.01, 0.1], "verdict": "not validated"}),
+                            "random_range": [0.01, 0.1], "verdict": "not validated",
+                            "test": _test(0.25, [0.01, 0.05, 0.1])}),
     }, {"command": "headmech classify toy-induction --validate", "cpu_seconds": 60.0,
         "seconds": {"load": 1.0, "classify": 20.0, "check": 2.0}, "skipped": {}})  # fmt: skip
     return tmp_path

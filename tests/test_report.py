@@ -12,6 +12,7 @@ import torch
 
 from headmech.classification.classify import classify
 from headmech.classification.control_sets import draw_controls
+from headmech.classification.records import TypeValidation
 from headmech.classification.results import HeadCatalog, TypeResult
 from headmech.classification.validation import type_validation, validate_heads
 from headmech.cli import report
@@ -27,7 +28,7 @@ HEAD = f"validation (zero ablation, {METRIC}): "
 SMALL = ProbeOptions(n_sequences=4, half_len=6, batch_size=4)
 
 
-def _record(heads: list[HeadIndex], n_random: int, **over: object) -> dict:
+def _record(heads: list[HeadIndex], n_random: int, **over: object) -> TypeValidation:
     """A record shaped as :func:`headmech.classification.classify.validate_heads` writes it, its control
     sets drawn by the real ``draw_controls``; effects 0.5 + 0.1 per set."""
     with warnings.catch_warnings():  # the fallback's warning: tested in test_findings.py
@@ -35,7 +36,7 @@ def _record(heads: list[HeadIndex], n_random: int, **over: object) -> dict:
         controls, kind, note = draw_controls(INFO, heads, n_random, seed=0)
     rand = [0.1 * (i + 1) for i in range(len(controls))]
     v = {
-        "metric": METRIC, "mode": "zero", "control": kind, "control_note": note,
+        "claim": "", "metric": METRIC, "mode": "zero", "control": kind, "control_note": note,
         "clean": 3.0, "ablated": 5.5 if heads else 3.0, "effect": 2.5 if heads else 0.0,
         "effect_interval": [2.25, 2.75] if heads else None,
         "control_sets": [[[h.layer, h.head] for h in c] for c in controls],
@@ -44,15 +45,14 @@ def _record(heads: list[HeadIndex], n_random: int, **over: object) -> dict:
         "random_range": [min(rand), max(rand)] if rand else None,
         "n_heads": len(heads), "expected": "raise",
     }  # fmt: skip
-    return {**v, **over}
+    return TypeValidation.from_json({**v, **over})
 
 
-def _catalog(records: dict[str, dict | None]) -> HeadCatalog:
+def _catalog(records: dict[str, TypeValidation | None]) -> HeadCatalog:
     types = {}
     for name, v in records.items():
-        heads = [HeadIndex(0, 0)] * (v or {}).get("n_heads", 0)
-        details = {} if v is None else {"validation": v}
-        types[name] = TypeResult(name, "", 0.5, torch.zeros(2, 4), heads, details)
+        heads = [HeadIndex(0, 0)] * (v.primary.n_heads if v is not None else 0)
+        types[name] = TypeResult(name, "", 0.5, torch.zeros(2, 4), heads, validation=v)
     return HeadCatalog(INFO, types)
 
 
@@ -137,13 +137,13 @@ def test_real_records_of_every_shape_print(tiny_models):
         "encoder": type_validation(tiny_models["bert"], t, ONE_PER_LAYER, SMALL, 2),
     }
     lines = {k: report.validation_line(v) for k, v in real.items()}
-    v = real["same_layers"]
+    v = real["same_layers"].primary
     assert lines["same_layers"] == (
-        f"validation (zero ablation, {v['metric']}): labelled heads {v['effect']:+.4f} (95% "
-        f"interval {v['effect_interval'][0]:+.4f} to {v['effect_interval'][1]:+.4f}); 2 random "
-        f"sets of 2 from the same layers: {v['random_mean']:+.4f} on average (median "
-        f"{v['random_median']:+.4f}, range {v['random_range'][0]:+.4f} to "
-        f"{v['random_range'][1]:+.4f}); p {v['test']['p']:.2g}, n 2, p >= 0.33 at best; verdict: "
+        f"validation (zero ablation, {v.metric}): labelled heads {v.effect:+.4f} (95% "
+        f"interval {v.effect_interval[0]:+.4f} to {v.effect_interval[1]:+.4f}); 2 random "
+        f"sets of 2 from the same layers: {v.random_mean:+.4f} on average (median "
+        f"{v.random_median:+.4f}, range {v.random_range[0]:+.4f} to "
+        f"{v.random_range[1]:+.4f}); p {v.test.p:.2g}, n 2, p >= 0.33 at best; verdict: "
         "inconclusive"  # 2 sets asked for: p = 1/3 at best, and the line says so
     )
     assert "2 random sets of 4 from within 1 layer(s) of the labelled ones" in lines["widened"]

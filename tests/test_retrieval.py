@@ -236,8 +236,8 @@ def test_masking_retrieval_heads_hurts_recall_far_more_than_random_heads(smollm2
     # measured: answer NLL 0.119 clean; +1.72 with the 11 retrieval heads masked (uniform
     # attention); +0.17, +0.35, +0.88, +0.88 for 4 random relabellings of their layers
     # (which may hold some of the labelled heads: the exact test's controls), none as much
-    assert v["mode"] == "uniform" and v["n_heads"] >= 4
-    assert v["effect"] > 1.0 and v["test"]["exceedances"] == 0
+    assert v.primary.mode == "uniform" and v.primary.n_heads >= 4
+    assert v.primary.effect > 1.0 and v.primary.test.exceedances == 0
     assert v["effect"] > 1.5 * max(v["random_effects"])
 
 

@@ -117,14 +117,16 @@ def test_toy_induction_forms_the_circuit(toy):
 
     opts = ProbeOptions(n_sequences=32, half_len=40)
     T = headmech.get_head_type("induction")()
-    v = validate_heads(toy, T, cat.heads("induction"), opts, n_random=0)
+    v = validate_heads(toy, T, cat.heads("induction"), opts, n_random=0).to_json()
     assert v["clean"] < 0.1 and v["effect"] > 2.0, v
     # ... and so does ablating the previous-token head that feeds them (K-composition),
     # far more than ablating the layer-0 head least like a previous-token head
     prev_score = cat["previous_token"].score[0]
     best, worst = int(prev_score.argmax()), int(prev_score.argmin())
-    e_best = validate_heads(toy, T, [headmech.HeadIndex(0, best)], opts, n_random=0)["effect"]
-    e_worst = validate_heads(toy, T, [headmech.HeadIndex(0, worst)], opts, n_random=0)["effect"]
+    e_best = validate_heads(toy, T, [headmech.HeadIndex(0, best)], opts, n_random=0).primary.effect
+    e_worst = validate_heads(
+        toy, T, [headmech.HeadIndex(0, worst)], opts, n_random=0
+    ).primary.effect
     assert e_best > 1.0 and e_best > 3 * max(e_worst, 0.05), (e_best, e_worst)
 
 

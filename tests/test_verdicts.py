@@ -147,7 +147,7 @@ def test_small_control_spaces_are_listed_whole_and_large_ones_widened_to_n_max()
         info, [HeadIndex(3, 0)], 3, seed=0, excluded={HeadIndex(3, 1): "x (its circuit)"}
     )
     assert all(HeadIndex(3, 1) not in s for s in c.sets)
-    assert c.record()["circuit_excluded"] == {"x (its circuit)": [[3, 1]]}
+    assert c.record().circuit == {"x (its circuit)": [[3, 1]]}
 
 
 # --- the test tested: type I error and power at the published n ---------------------------
@@ -270,7 +270,7 @@ def test_the_sink_test_is_spearman_by_permutation_on_what_it_measured(wide):
         wide, ["attention_sink"], thresholds={"attention_sink": 0.17}, validate=True,
         n_random=24, progress=False, n_boot=0, **SMALL,
     )  # fmt: skip
-    v = cat["attention_sink"].details["validation"]
+    v = cat["attention_sink"].validation.to_json()
     assert v["validation"] == "sink_dose" and cat["attention_sink"].heads
     dose = v["dose"]  # quick work (n_random 24): two sets a bin
     assert len(dose) == 10 and {d["bin"] for d in dose} == set(range(5))
@@ -294,7 +294,7 @@ def test_circuit_heads_leave_the_controls_with_their_reason(wide):
         wide, list(th), thresholds=th, validate=True, n_random=5, progress=False, n_boot=0,
         **SMALL,
     )  # fmt: skip
-    v = cat["s_inhibition"].details["validation"]
+    v = cat["s_inhibition"].validation.to_json()
     movers = {tuple(h) for h in map(tuple, cat["name_mover"].not_controls())}
     excluded = {tuple(h) for h in v["circuit_excluded"].get("name_mover (its circuit)", [])}
     assert excluded == movers - {tuple(h) for h in cat["s_inhibition"].not_controls()}
@@ -326,14 +326,14 @@ def test_backups_restoration_is_the_difference_of_two_ablations(wide):
     ctx = ValidationContext(wide, t, labelled, options, test, controls)
     own = {h: (0.0, [-1.0, 1.0]) for h in rejected}
     rec = sufficiency(ctx, Ablation(), rejected, rejected, own)
-    every = validate_heads(wide, t, [*labelled, *rejected], options, n_random=0)["effect"]
+    every = validate_heads(wide, t, [*labelled, *rejected], options, n_random=0).primary.effect
     for h in rejected:
         rest = [x for x in [*labelled, *rejected] if x != h]
-        but = validate_heads(wide, t, rest, options, n_random=0)["effect"]
-        row = rec["tested"][str(h)]
-        assert row["restoration"] == pytest.approx(every - but, abs=1e-5)
-        e = sum(c >= row["restoration"] for c in rec["controls"]["costs"])
-        assert row["exceedances"] == e and row["p"] == pytest.approx((1 + e) / (1 + row["n"]))
-        assert row["backup"] == (row["q"] <= 0.05 and row["interval"][0] > 0)
-    assert rec["all_ablated_effect"] == pytest.approx(every, abs=1e-5)
-    assert all(HeadIndex(*c) not in {*labelled, *rejected} for c in rec["controls"]["heads"])
+        but = validate_heads(wide, t, rest, options, n_random=0).primary.effect
+        row = rec.tested[str(h)]
+        assert row.restoration == pytest.approx(every - but, abs=1e-5)
+        e = sum(c >= row.restoration for c in rec.controls["costs"])
+        assert row.exceedances == e and row.p == pytest.approx((1 + e) / (1 + row.n))
+        assert row.backup == (row.q <= 0.05 and row.interval[0] > 0)
+    assert rec.all_ablated_effect == pytest.approx(every, abs=1e-5)
+    assert all(HeadIndex(*c) not in {*labelled, *rejected} for c in rec.controls["heads"])

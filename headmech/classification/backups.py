@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from headmech.classification.montecarlo import benjamini_hochberg, exceeds, mc_p, measured_on
+from headmech.classification.records import BackupRow, BackupTest
 from headmech.core.head_index import HeadIndex
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def sufficiency(
     rejected: Sequence[HeadIndex],
     tested: Sequence[HeadIndex],
     own: dict[HeadIndex, tuple[float, list[float] | None]],
-) -> dict[str, Any]:
+) -> BackupTest:
     """The backup test of the module docstring for ``tested`` (a subset of ``rejected``,
     the heads above the threshold not labelled), the record ``validation.backups``."""
     from headmech.interventions import run_variants
@@ -116,25 +117,25 @@ def sufficiency(
         for i in range(n_t)
     ]
     rows = _rows(ctx, tested, own, restore, intervals, [n_exceeding(i) for i in range(n_t)], len(costs))  # fmt: skip
-    return {
-        "method": (
+    return BackupTest(
+        method=(
             "sufficiency: every candidate (labelled, or at or above the threshold) ablated "
             "but the tested head; its restoration against one more random head's cost on top "
             "(Monte Carlo p, Benjamini-Hochberg across the tested heads)"
         ),
-        "metric": metric,
-        "mode": mode,
-        "units": measured_on(used, batches, stride),
-        "ablated": [[h.layer, h.head] for h in knocked],
-        "all_ablated_effect": base - clean,
-        "controls": {
+        metric=metric,
+        mode=mode,
+        units=measured_on(used, batches, stride),
+        ablated=[[h.layer, h.head] for h in knocked],
+        all_ablated_effect=base - clean,
+        controls={
             "kind": kind,
             "heads": [[c.layer, c.head] for c in controls[: len(costs)]],
             "costs": costs,
         },
-        "tested": rows,
-        "heads": [list(HeadIndex.parse(k)) for k, r in rows.items() if r["backup"]],
-    }
+        tested=rows,
+        heads=[list(HeadIndex.parse(k)) for k, r in rows.items() if r.backup],
+    )
 
 
 def _rows(
@@ -145,26 +146,17 @@ def _rows(
     intervals: list[Any],
     exceedances: list[int],
     n: int,
-) -> dict[str, Any]:
+) -> dict[str, BackupRow]:
     """Each tested head's record: its own effect, its restoration with its paired
     interval, its Monte Carlo p over ``n`` controls, Benjamini-Hochberg's q across the
     tested heads, and whether it is a backup."""
-    rows: dict[str, Any] = {}
+    rows: dict[str, BackupRow] = {}
     ps = [mc_p(e, n) if n else 1.0 for e in exceedances]
     qs = benjamini_hochberg(ps)
     for i, h in enumerate(tested):
         paired = intervals[i]
         iv = None if paired is None else [float(paired[0]), float(paired[1])]
         effect, own_iv = own.get(h, (None, None))
-        rows[str(h)] = {
-            "own_effect": effect,
-            "own_interval": own_iv,
-            "restoration": restore[i],
-            "interval": iv,
-            "exceedances": exceedances[i],
-            "n": n,
-            "p": ps[i],
-            "q": qs[i],
-            "backup": bool(qs[i] <= ctx.test.alpha and iv is not None and iv[0] > 0),
-        }
+        backup = bool(qs[i] <= ctx.test.alpha and iv is not None and iv[0] > 0)
+        rows[str(h)] = BackupRow(effect, own_iv, restore[i], iv, exceedances[i], n, ps[i], qs[i], backup)  # fmt: skip
     return rows

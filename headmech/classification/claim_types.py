@@ -18,7 +18,6 @@ subclassing :class:`Claim` in their own file and naming it in their type's ``cla
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -26,11 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from headmech.classification.montecarlo import (
-    ControlTest,
     TestOptions,
     measured_on,
     sequential_test,
 )
+from headmech.classification.records import ClaimRecord
 from headmech.core.head_index import HeadIndex
 from headmech.core.registry import CLAIMS
 from headmech.stream.engine import ProbeBatch
@@ -79,79 +78,6 @@ class Measured:
     effects: list[float]
     clean: float
     interval: Callable[[int], list[float] | None] | None = None  # None: none drawn
-
-
-@dataclass
-class ClaimRecord:
-    """One claim's result: the labelled set's effect, its controls, its test and verdict
-    (flat in ``catalog.json``, as earlier records were, with the test under ``test``)."""
-
-    kind: str
-    claim: str
-    metric: str
-    mode: str
-    expected: str
-    n_heads: int
-    effect: float | None = None
-    effect_interval: list[float] | None = None
-    clean: float | None = None
-    control_sets: list[list[list[int]]] = field(default_factory=list)
-    test: ControlTest | None = None
-    verdict: str = "not run"
-    note: str = ""
-    shown_controls: list[float] | None = None  # shown as the controls (default: the test's)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """The flat record: the fields, the test, and the controls' summary under the
-        keys earlier readers use (``random_effects``, ``random_median``, ...)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out.pop("extra")
-        out["test"] = None if self.test is None else self.test.to_json()
-        rand = self.test.controls if self.test is not None else []
-        if self.shown_controls is not None:
-            rand = self.shown_controls
-        if out["shown_controls"] is None:
-            del out["shown_controls"]
-        s = sorted(rand)
-        out["validation"] = out.pop("kind")
-        out.update(
-            ablated=None if self.effect is None or self.clean is None else self.clean + self.effect,
-            random_effects=list(rand),
-            random_mean=sum(s) / len(s) if s else None,
-            random_median=float(torch.tensor(s).median()) if s else None,
-            random_range=[s[0], s[-1]] if s else None,
-        )
-        return {**out, **self.extra}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ClaimRecord:
-        """The record back from :meth:`to_json` (keys it does not know go to ``extra``)."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"kind", "extra", "test"}
-        derived = {"ablated", "random_effects", "random_mean", "random_median", "random_range"}
-        test = data.get("test")
-        known = {k: data[k] for k in names if k in data}
-        extra = {k: v for k, v in data.items() if k not in names | derived | {"validation", "test"}}
-        return cls(
-            kind=str(data.get("validation", "ablation")),
-            test=ControlTest.from_json(test) if isinstance(test, dict) else None,
-            extra=extra,
-            **known,
-        )
-
-    def decide(self, alpha: float) -> str:
-        """The verdict (:func:`headmech.classification.montecarlo.decide`), kept."""
-        from headmech.classification.montecarlo import decide
-
-        if not self.n_heads:
-            self.verdict = "no heads"
-        elif self.effect is None:  # the model cannot run the claim (the note says why)
-            self.verdict = "untestable here" if self.note else "not run"
-        else:
-            rel, tol = self.extra.get("relative_effect"), self.extra.get("tolerance", 0.01)
-            within = rel is not None and abs(rel) <= tol
-            self.verdict = decide(self.test, self.effect_interval, alpha, within_tolerance=within)
-        return self.verdict
 
 
 class Claim:

@@ -1,4 +1,4 @@
-"""Validation on each type's own claim, the control sets' accounting, and verdicts.
+"""Validation on each type's own claim: direct paths, K-composition, backups and the controls' space.
 
 :mod:`headmech.classification.validation` ablates a type's labelled heads and random control sets
 and measures the type's task; some types' papers test their claim another way, and a
@@ -40,23 +40,11 @@ if TYPE_CHECKING:
     from headmech.tasks import LogitDiffTask
 
 __all__ = [
-    "VERDICTS",
     "backup_heads",
     "control_space",
     "direct_path_values",
     "k_composition",
-    "verdict",
 ]
-
-VERDICTS = (
-    "validated",
-    "not validated",
-    "degenerate controls",
-    "no control",
-    "no heads",
-    "not run",
-)
-"""What :func:`verdict` says of a validation record."""
 
 BACKUP_SHARE = 0.1  # a backup's rise: at least this share of the labelled heads' direct effect
 MAX_BACKUPS = 8
@@ -103,38 +91,6 @@ def near_layers(layers: Collection[int], n_layers: int, distance: int) -> list[i
 def n_distinct(control_sets: Sequence[Sequence[Sequence[int]]]) -> int:
     """How many different head sets ``control_sets`` holds (order within a set ignored)."""
     return len({frozenset((int(a), int(b)) for a, b in s) for s in control_sets})
-
-
-def verdict(v: dict[str, Any] | None, n_possible: int | None = None) -> str:
-    """One of :data:`VERDICTS` for a validation record: ``validated`` when the labelled
-    effect lies beyond every control set's (in the expected direction) and its interval
-    excludes 0; ``degenerate controls`` when fewer distinct control sets exist than were
-    asked for (the record's ``n_controls_asked``, else as many as were drawn; possible:
-    ``n_possible``, else the record's ``n_possible_sets``; the labels are not judged
-    against them); ``no control`` when none could be drawn. ``little`` (inactive heads):
-    validated when the relative effect is within the tolerance and below every control."""
-    if not v:
-        return "not run"
-    if not v.get("n_heads"):
-        return "no heads"
-    if v.get("effect") is None:
-        return "not run"
-    rand = v.get("random_effects") or []
-    if not rand:
-        return "no control"
-    possible = v.get("n_possible_sets", n_possible)
-    if possible is not None and possible < int(v.get("n_controls_asked", len(rand))):
-        return "degenerate controls"
-    e, expected = float(v["effect"]), v.get("expected", "raise")
-    iv = v.get("effect_interval")
-    if expected == "little":
-        rel = v.get("relative_effect")
-        ok = rel is not None and abs(rel) <= v.get("tolerance", 0.01) and e < min(rand)
-        return "validated" if ok else "not validated"
-    sign = 1.0 if expected == "raise" else -1.0
-    beyond = sign * e > max(sign * r for r in rand)
-    excludes = iv is not None and (iv[0] > 0 if sign > 0 else iv[1] < 0)
-    return "validated" if beyond and excludes else "not validated"
 
 
 # --- direct paths to the logits -----------------------------------------------------------

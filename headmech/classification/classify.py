@@ -239,7 +239,7 @@ def classify(
             whose probe the tokenizer cannot spell, e.g. IOI prompts without single-token
             names, are skipped with the probe's reason in ``meta["skipped"]``).
         validate: also test each type's claims against random control sets
-            (``details["validation"]``: :mod:`headmech.classification.validation`), ablate
+            (``TypeResult.validation``: :mod:`headmech.classification.validation`), ablate
             each labelled and rejected head alone (``per_head``) and read them on ordinary
             text (:mod:`headmech.classification.broad`).
         n_random: control sets per claim at most (99: p can reach 0.01; fewer: quick work,
@@ -329,7 +329,7 @@ def _classify(
     except (Exception, KeyboardInterrupt) as e:
         # keep what is finished: the types scored (and validated, with validation)
         done = [t for t in runnable if t.name in results]
-        done = [t for t in done if not validate or "validation" in results[t.name].details]
+        done = [t for t in done if not validate or results[t.name].validation is not None]
         if not done:
             raise
         raise _incomplete(e, catalog, done, results, len(runnable)) from e

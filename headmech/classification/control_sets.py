@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from headmech.classification.records import ControlAccounting
 from headmech.core.head_index import HeadIndex
 from headmech.models import ModelInfo
 
@@ -46,23 +46,18 @@ class Controls:
     n_possible: int = 0
     excluded: dict[HeadIndex, str] = field(default_factory=dict)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> ControlAccounting:
         """The validation record's control accounting."""
-        out: dict[str, Any] = {
-            "control": self.kind,
-            "control_note": self.note,
-            "control_pool": self.pool,
-            "n_possible_sets": min(self.n_possible, 10**12),
-        }
+        excluded = circuit = None
         if self.excluded:
-            out["excluded_from_controls"] = [[h.layer, h.head] for h in sorted(self.excluded)]
-            circuit: dict[str, list[list[int]]] = {}
+            excluded = [[h.layer, h.head] for h in sorted(self.excluded)]
+            found: dict[str, list[list[int]]] = {}
             for h, why in sorted(self.excluded.items()):
                 if why != "of the type":
-                    circuit.setdefault(why, []).append([h.layer, h.head])
-            if circuit:
-                out["circuit_excluded"] = circuit
-        return out
+                    found.setdefault(why, []).append([h.layer, h.head])
+            circuit = found or None
+        n_possible = min(self.n_possible, 10**12)
+        return ControlAccounting(self.kind, self.note, self.pool, n_possible, excluded, circuit)
 
 
 def controls_for(

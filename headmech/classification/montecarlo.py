@@ -193,6 +193,10 @@ class ControlTest:
     family: int | None = None
     method: str = "Monte Carlo (Besag & Clifford 1991; North et al. 2002)"
     extra: dict[str, Any] = field(default_factory=dict)
+    # the summary as a file wrote it (None: computed from the controls)
+    written: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    SUMMARY = ("median", "range_90", "multiple")
 
     @property
     def n(self) -> int:
@@ -201,7 +205,10 @@ class ControlTest:
 
     def summary(self) -> dict[str, Any]:
         """The controls' median, 5-95% range and the statistic as a multiple of the
-        median (None where the median is 0)."""
+        median (None where the median is 0); as written where the test was read from a
+        file (computed from the unrounded values when it was measured)."""
+        if self.written is not None:
+            return dict(self.written)
         if not self.controls:
             return {"median": None, "range_90": None, "multiple": None}
         xs = sorted(self.controls)
@@ -216,15 +223,20 @@ class ControlTest:
     def to_json(self) -> dict[str, Any]:
         """The record in ``catalog.json`` (with :meth:`summary` and ``n``)."""
         out = asdict(self)
+        del out["written"]
         if not out["extra"]:
             del out["extra"]
         return {**out, "n": self.n, **self.summary()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ControlTest:
-        """The test from its record (the derived keys are recomputed, not read)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        """The test from its record (the summary kept as written)."""
+        names = {f.name for f in fields(cls)} - {"written"}
+        written = {k: data[k] for k in cls.SUMMARY if k in data}
+        return cls(
+            **{k: v for k, v in data.items() if k in names},
+            written=written if len(written) == len(cls.SUMMARY) else None,
+        )
 
 
 def sequential_test(
@@ -317,16 +329,15 @@ def decide(
     return "validated" if q <= alpha and ok else "not validated"
 
 
-def describe_test(test: dict[str, Any] | None) -> str:
-    """A test record in a few words: ``p 0.01, q 0.013, n 99`` (``n`` the control sets
-    drawn; a permutation test says ``999 permutations``)."""
-    if not test:
+def describe_test(test: ControlTest | None) -> str:
+    """A test in a few words: ``p 0.01, q 0.013, n 99`` (``n`` the control sets drawn; a
+    permutation test says ``999 permutations``)."""
+    if test is None:
         return ""
-    parts = [f"p {test['p']:.2g}"]
-    if test.get("q") is not None:
-        parts.append(f"q {test['q']:.2g}")
-    n = test.get("n", len(test.get("controls") or []))
-    parts.append(f"{n} permutations" if "permutation" in test.get("method", "") else f"n {n}")
-    if test.get("p_min", 0) > 0.05:  # quick work, or a small model: the best p it could give
-        parts.append(f"p >= {test['p_min']:.2g} at best")
+    parts = [f"p {test.p:.2g}"]
+    if test.q is not None:
+        parts.append(f"q {test.q:.2g}")
+    parts.append(f"{test.n} permutations" if "permutation" in test.method else f"n {test.n}")
+    if test.p_min > 0.05:  # quick work, or a small model: the best p it could give
+        parts.append(f"p >= {test.p_min:.2g} at best")
     return ", ".join(parts)

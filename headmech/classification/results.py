@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech.classification.records import TypeValidation
 from headmech.core.errors import CatalogFileError
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.base import at_or_above
@@ -94,7 +95,7 @@ class TypeResult:
         threshold: the decision threshold on ``score``.
         score: ``[n_layers, n_heads]``.
         heads: labelled heads, best first.
-        details: type-specific evidence (and ``validation`` when validated).
+        details: type-specific evidence (written with ``validation`` inside it).
         low, high: the bootstrap interval of ``score`` over probe examples (None when the
             probe kept no per-example statistics).
         borderline: heads whose interval contains the threshold and that no further
@@ -108,6 +109,8 @@ class TypeResult:
             own effect is within noise but which alone restore the type's metric when
             every other candidate is ablated, beyond random heads (the role *backup*:
             :mod:`headmech.classification.backups`).
+        validation: the causal validation, when validated
+            (:class:`~headmech.classification.records.TypeValidation`).
     """
 
     name: str
@@ -122,6 +125,14 @@ class TypeResult:
     not_labelled: list[dict[str, Any]] = field(default_factory=list)
     per_head: dict[str, dict[str, Any]] = field(default_factory=dict)
     backups: list[HeadIndex] = field(default_factory=list)
+    validation: TypeValidation | None = None
+
+    def set_validation(self, v: TypeValidation) -> None:
+        """Keep a validation: the record, each head measured alone (``per_head``, where
+        the broad readings join it) and the backups it found."""
+        self.validation = v
+        self.per_head = {k: e.to_json() for k, e in v.per_head.items()}
+        self.backups = [HeadIndex(a, b) for a, b in v.backup_heads()]
 
     def not_controls(self) -> set[HeadIndex]:
         """Heads that may be of this type, which no control set may hold: the labelled,
@@ -143,8 +154,10 @@ class TypeResult:
             "borderline": [[h.layer, h.head] for h in self.borderline],
             "not_labelled": self.not_labelled,
             "per_head": self.per_head,
-            "details": self.details,
+            "details": dict(self.details),
         }
+        if self.validation is not None:
+            out["details"]["validation"] = self.validation.to_json()
         if self.backups:  # heads found to back the type up (validation's sufficiency test)
             out["backups"] = [[h.layer, h.head] for h in self.backups]
         if self.low is not None and self.high is not None:
@@ -159,6 +172,9 @@ class TypeResult:
         score = _tensor(t["score"], shape, f"type '{name}' score")
         interval = t.get("interval")
         low = high = None
+        details = dict(t.get("details", {}))
+        v = details.pop("validation", None)
+        validation = None if v is None else TypeValidation.from_json(v)
         if interval is not None:
             low = _tensor(interval["low"], shape, f"type '{name}' interval")
             high = _tensor(interval["high"], shape, f"type '{name}' interval")
@@ -168,13 +184,14 @@ class TypeResult:
             float(t["threshold"]),
             score,
             _heads(t["heads"], shape, f"type '{name}'"),
-            dict(t.get("details", {})),
+            details,
             low,
             high,
             _heads(t.get("borderline", []), shape, f"type '{name}' borderline"),
             _not_labelled(t.get("not_labelled", []), shape, name),
             _per_head_record(t.get("per_head", {}), shape, name),
             _heads(t.get("backups", []), shape, f"type '{name}' backups"),
+            validation,
         )
 
 

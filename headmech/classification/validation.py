@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,12 @@ from headmech.classification.claim_types import (
 )
 from headmech.classification.control_sets import controls_for
 from headmech.classification.montecarlo import TestOptions, benjamini_hochberg
+from headmech.classification.records import (
+    BackupTest,
+    HeadEffect,
+    Redundancy,
+    TypeValidation,
+)
 from headmech.classification.results import TypeResult
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import HeadType
@@ -83,7 +89,7 @@ def validate_heads(
     excluded: Collection[HeadIndex] = (),
     one_by_one: Sequence[HeadIndex] | None = None,
     test: TestOptions | None = None,
-) -> dict[str, Any]:
+) -> TypeValidation:
     """The ablation claim for any head set: ablate ``heads``, and up to ``n_random``
     control sets of as many heads not of the type (neither labelled nor in ``excluded``)
     from the same layers (per-layer counts matched), and measure the type's task metric
@@ -92,9 +98,9 @@ def validate_heads(
     at most :data:`MAX_PER_HEAD`) is also ablated alone (``per_head``, ``redundancy``).
 
     Returns:
-        The record of :class:`headmech.classification.claim_types.ClaimRecord` (``effect``
-        is ablated minus clean; ``test``: n, exceedances, p; ``verdict`` on p alone) with
-        the controls' accounting (``control``, ``control_note``, ``control_pool``, ...).
+        A :class:`~headmech.classification.records.TypeValidation` of the one claim:
+        ``primary`` (``effect`` is ablated minus clean; ``test``: n, exceedances, p;
+        ``verdict`` on p alone), the controls' accounting, ``per_head``, ``redundancy``.
     """
     from headmech.core.head_index import check_heads
 
@@ -107,10 +113,9 @@ def validate_heads(
     ctx.alone = _one_by_one(heads, one_by_one)
     record, own = Ablation(task, mode).validate(ctx)
     record.decide(test.alpha)
-    out = {**record.to_json(), **ctx.controls.record()}
-    if record.effect is None and record.note:  # the claim cannot run here: why
-        out["control_note"] = record.note
-    return {**out, **_per_head(heads, own, record.effect)}
+    out = _record(ctx, [record])
+    out.per_head, out.per_head_note, out.redundancy = _per_head(heads, own, record.effect)
+    return out
 
 
 def claims_of(head_type: HeadType) -> list[Claim]:
@@ -134,7 +139,7 @@ def type_validation(
     test: TestOptions | None = None,
     score: torch.Tensor | None = None,
     own: Mapping[HeadIndex, tuple[float, list[float] | None]] | None = None,
-) -> dict[str, Any]:
+) -> TypeValidation:
     """Every claim of the type (:func:`claims_of`), the first that can run on the model
     its *primary* claim (the paper's own, where it can), each tested against the same
     control sets (``test``: the test's options; default ``n_max = n_random``); the
@@ -166,31 +171,26 @@ def type_validation(
         record.decide(test.alpha)
         records.append(record)
     out = _record(ctx, records)
-    out.update(_per_head(heads, measured, set_effect))
-    out.update(_backups(ctx, records, [h for h in rejected if h not in heads], measured, own))
+    out.per_head, out.per_head_note, out.redundancy = _per_head(heads, measured, set_effect)
+    out.backups = _backups(ctx, records, [h for h in rejected if h not in heads], measured, own)
     return out
 
 
-def _record(ctx: ValidationContext, records: list[ClaimRecord]) -> dict[str, Any]:
-    """The type's validation record: its primary claim (the first that ran) at the top
-    level with the controls' accounting, the claims that could not run before it
-    (``primary_unavailable``, with why), the others under ``secondary``."""
+def _record(ctx: ValidationContext, records: list[ClaimRecord]) -> TypeValidation:
+    """The type's validation record: its primary claim (the first that ran) with the
+    controls' accounting, the claims that could not run before it (with why), the others
+    as ``secondary``."""
     primary = next((r for r in records if r.effect is not None), records[0])
-    out: dict[str, Any] = {
-        **primary.to_json(),
-        **ctx.controls.record(),
-        "primary": primary.kind,
-        "claims": [r.kind for r in records],
-    }
+    controls = ctx.controls.record()
     if primary.effect is None and primary.note:  # the claim cannot run here: why
-        out["control_note"] = primary.note
-    skipped = {r.kind: r.note for r in records[: records.index(primary)]}
-    if skipped:
-        out["primary_unavailable"] = skipped
-    others = [r for r in records if r is not primary]
-    if others:
-        out["secondary"] = {r.kind: r.to_json() for r in others}
-    return out
+        controls.note = primary.note
+    return TypeValidation(
+        primary,
+        controls,
+        claims=[r.kind for r in records],
+        unavailable={r.kind: r.note for r in records[: records.index(primary)]},
+        secondary={r.kind: r for r in records if r is not primary},
+    )
 
 
 def validate_types(
@@ -204,7 +204,7 @@ def validate_types(
     meta: dict[str, Any],
 ) -> None:
     """Each type's validation (:func:`type_validation`), one resumable unit per type, into
-    ``details["validation"]``, ``per_head`` and ``backups``, its seconds into
+    ``TypeResult.validation`` (:meth:`TypeResult.set_validation`: also ``per_head`` and ``backups``), its seconds into
     ``meta["validation_seconds"]`` and the process's peak resident memory after it (MB,
     the peak so far: ``meta["validation_peak_mb"]``); then Benjamini-Hochberg across every
     claim (:func:`catalog_fdr`)."""
@@ -222,21 +222,24 @@ def validate_types(
             own=t.own_effects(r.details),
         )  # fmt: skip
         t0 = time.perf_counter()
-        v = unit(f"validate-{t.name}", run)
+        v = TypeValidation.from_json(unit(f"validate-{t.name}", partial(_stored, run)))
         seconds[t.name] = round(time.perf_counter() - t0, 1)
         peaks[t.name] = round(peak_memory_mb())
         missing = [c for c in t.circuit if c not in results]
         if missing:  # their heads could not be kept out of the controls
-            v["circuit_not_classified"] = missing
-        r.per_head = v.pop("per_head", {})
-        r.details["validation"] = v
-        r.backups = [HeadIndex(a, b) for a, b in (v.get("backups") or {}).get("heads", [])]
+            v.circuit_not_classified = missing
+        r.set_validation(v)
     catalog_fdr(results)
+
+
+def _stored(run: Callable[[], TypeValidation]) -> dict[str, Any]:
+    """A type's validation as a finished unit stores it (with each head measured alone)."""
+    return run().to_json(per_head=True)
 
 
 def catalog_fdr(results: Mapping[str, TypeResult]) -> None:
     """Benjamini-Hochberg across the validated types' claims (:func:`apply_fdr`)."""
-    apply_fdr({n: r.details["validation"] for n, r in results.items() if "validation" in r.details})
+    apply_fdr({n: r.validation for n, r in results.items()})
 
 
 def controls_excluded(t: HeadType, results: Mapping[str, TypeResult]) -> dict[HeadIndex, str]:
@@ -257,12 +260,12 @@ def _backups(
     rejected: Sequence[HeadIndex],
     measured: Sequence[tuple[HeadIndex, float, Any]],
     own: Mapping[HeadIndex, tuple[float, list[float] | None]] | None,
-) -> dict[str, Any]:
-    """``{"backups": ...}``: the heads the type rejected for their own effect (``own``,
+) -> BackupTest | None:
+    """The sufficiency test of the heads the type rejected for their own effect (``own``,
     the type's evidence: :meth:`HeadType.own_effects`, e.g. induction's measured copying)
     where it is within noise (measured alone here, else as the type measured it), tested
     for sufficiency under the ablation claim where the type has one that expects a raise;
-    else nothing. A head rejected for another reason (a syntactic head no better than the
+    else None. A head rejected for another reason (a syntactic head no better than the
     positional baseline) is not a candidate backup."""
     from headmech.classification.backups import backup_candidates, sufficiency
 
@@ -271,28 +274,22 @@ def _backups(
     known = {h: alone.get(h, v) for h, v in (own or {}).items()}
     tested = backup_candidates(known, rejected)
     if ablation is None or ablation.expected != "raise" or not tested or not ctx.heads:
-        return {}
+        return None
     claim = next(c for c in claims_of(ctx.head_type) if isinstance(c, Ablation))
-    return {"backups": sufficiency(ctx, claim, rejected, tested, known)}
+    return sufficiency(ctx, claim, rejected, tested, known)
 
 
-def apply_fdr(validations: Mapping[str, dict[str, Any]], alpha: float = 0.05) -> int:
+def apply_fdr(validations: Mapping[str, TypeValidation | None], alpha: float = 0.05) -> int:
     """Benjamini-Hochberg across every claim of a catalog with a Monte Carlo test (each
     type's primary and secondary claims): each test's ``q`` and ``family`` set, each
     claim's verdict decided again on q (:meth:`ClaimRecord.decide`), in place. Returns the
     family's size."""
-    found: list[tuple[dict[str, Any], ClaimRecord]] = []
-    for v in validations.values():
-        if not v:
-            continue
-        parts = [v, *(v.get("secondary") or {}).values()]
-        found += [(part, ClaimRecord.from_json(part)) for part in parts if part.get("test")]
-    qs = benjamini_hochberg([r.test.p for _, r in found if r.test is not None])
-    for (part, r), q in zip(found, qs, strict=True):
+    found = [r for v in validations.values() if v is not None for r in v.tested()]
+    qs = benjamini_hochberg([r.test.p for r in found if r.test is not None])
+    for r, q in zip(found, qs, strict=True):
         assert r.test is not None
         r.test.q, r.test.family = q, len(found)
-        part["test"] = r.test.to_json()
-        part["verdict"] = r.decide(alpha)
+        r.decide(alpha)
     return len(found)
 
 
@@ -308,28 +305,26 @@ def _per_head(
     heads: Sequence[HeadIndex],
     own: list[tuple[HeadIndex, float, list[float] | None]],
     set_effect: float | None,
-) -> dict[str, Any]:
-    """``per_head`` (each head's own effect, ablated alone, with its interval) and
-    ``redundancy``: the labelled set's effect against the sum of its heads' own effects,
-    where every labelled head was measured (ratio > 1: removed together they cost more
-    than one by one, so they back each other up, one compensating for another; < 1:
-    their effects overlap; None where the set and the sum differ in sign)."""
-    if not own:
-        return {}
+) -> tuple[dict[str, HeadEffect], str | None, Redundancy | None]:
+    """``(per_head, per_head_note, redundancy)``: each head's own effect, ablated alone,
+    with its interval; why not every labelled head was measured; and the labelled set's
+    effect against the sum of its heads' own effects, where every labelled head was
+    measured (ratio > 1: removed together they cost more than one by one, so they back
+    each other up, one compensating for another; < 1: their effects overlap; None where
+    the set and the sum differ in sign)."""
     labelled = set(heads)
-    per = {str(h): {"effect": e, "interval": iv, "labelled": h in labelled} for h, e, iv in own}
-    out: dict[str, Any] = {"per_head": per}
+    per = {str(h): HeadEffect(e, iv, h in labelled) for h, e, iv in own}
     measured = {h for h, _, _ in own} & labelled
+    if not own:
+        return per, None, None
     if len(measured) < len(labelled):
-        out["per_head_note"] = (
+        note = (
             f"{len(measured)} of {len(labelled)} labelled heads ablated alone (the highest scores)"
         )
-    elif set_effect is not None:
-        total = sum(e for h, e, _ in own if h in labelled)
-        same_sign = total != 0 and (total > 0) == (set_effect > 0)
-        out["redundancy"] = {
-            "set_effect": set_effect,
-            "sum_of_own_effects": total,
-            "ratio": set_effect / total if same_sign else None,  # opposite signs: no ratio
-        }
-    return out
+        return per, note, None
+    if set_effect is None:
+        return per, None, None
+    total = sum(e for h, e, _ in own if h in labelled)
+    same_sign = total != 0 and (total > 0) == (set_effect > 0)
+    ratio = set_effect / total if same_sign else None  # opposite signs: no ratio
+    return per, None, Redundancy(set_effect, total, ratio)

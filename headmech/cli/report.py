@@ -10,7 +10,10 @@ labelled heads, and not applicable (the type's task cannot run on the model).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from headmech.classification.records import ClaimRecord, TypeValidation
 
 __all__ = ["evidence", "pruning", "validation_line"]
 
@@ -24,60 +27,52 @@ def control_words(kind: str) -> str:
     return _CONTROL.get(kind, kind)
 
 
-def _effect(v: dict[str, Any]) -> str:
+def _effect(c: ClaimRecord) -> str:
     """The labelled heads' effect and its bootstrap interval, where there is one."""
-    text = f"labelled heads {v['effect']:+.4f}"
-    if v.get("effect_interval"):
-        lo, hi = v["effect_interval"]
+    text = f"labelled heads {c.effect:+.4f}"
+    if c.effect_interval:
+        lo, hi = c.effect_interval
         text += f" (95% interval {lo:+.4f} to {hi:+.4f})"
     return text
 
 
-def validation_line(v: dict[str, Any] | None) -> str | None:
-    """One line on a type's validation record (``details["validation"]``), or None when
-    the type was not validated.
-
-    Examples:
-        >>> validation_line({"effect": None, "control_note": "not validated: why"})
-        'validation: not validated: why'
-    """
-    if not v:
+def validation_line(v: TypeValidation | None) -> str | None:
+    """One line on a type's validation record (``TypeResult.validation``), or None when
+    the type was not validated."""
+    if v is None:
         return None
-    note = v.get("control_note") or ""
-    if v.get("effect") is None and (v.get("n_heads") or note.startswith("not validated")):
+    c, note = v.primary, v.controls.note
+    if c.effect is None and (c.n_heads or note.startswith("not validated")):
         return f"validation: {note or 'not validated'}"  # the task cannot run on this model
-    kind = v.get("primary") or v.get("validation") or "ablation"
-    how = (
-        f"{v.get('mode', '?')} ablation" if kind == "ablation" else f"{kind}, {v.get('mode', '?')}"
-    )
-    head = f"validation ({how}, {v.get('metric', '?')}): "
-    if not v.get("n_heads"):
+    how = f"{c.mode} ablation" if c.kind == "ablation" else f"{c.kind}, {c.mode}"
+    head = f"validation ({how}, {c.metric}): "
+    if not c.n_heads:
         return head + "no labelled heads, nothing to ablate"
-    k = len(v.get("random_effects") or [])
-    if v.get("random_mean") is None or not k:  # every head labelled, or no draw asked for
+    k = len(c.random_effects)
+    if c.random_mean is None or not k:  # every head labelled, or no draw asked for
         why = note if note.startswith("no control possible") else f"no control possible ({note})"
-        said = f"; verdict: {v['verdict']}" if v.get("verdict") else ""
-        return f"{head}{_effect(v)}; {why}{said}"
-    where = control_words(str(v.get("control")))
+        said = f"; verdict: {c.verdict}" if c.verdict != "not run" else ""
+        return f"{head}{_effect(c)}; {why}{said}"
+    kind = v.controls.kind
     text = (
-        f"{head}{_effect(v)}; {k} random set{'s' if k != 1 else ''} of {v['n_heads']} "
-        f"{where}: {v['random_mean']:+.4f} on average"
+        f"{head}{_effect(c)}; {k} random set{'s' if k != 1 else ''} of {c.n_heads} "
+        f"{control_words(kind)}: {c.random_mean:+.4f} on average"
     )
-    if v.get("random_median") is not None and v.get("random_range"):
-        lo, hi = v["random_range"]
-        text += f" (median {v['random_median']:+.4f}, range {lo:+.4f} to {hi:+.4f})"
-    if (v.get("control") == "any_layer" or str(v.get("control")).startswith("layers_")) and note:
+    if c.random_median is not None and c.random_range:
+        lo, hi = c.random_range
+        text += f" (median {c.random_median:+.4f}, range {lo:+.4f} to {hi:+.4f})"
+    if (kind == "any_layer" or kind.startswith("layers_")) and note:
         text += f"; {note}"
     elif "controls degenerate" in note:  # fewer distinct control sets than drawn
         text += "; " + note[note.index("controls degenerate") :]
-    if v.get("test"):
+    if c.test is not None:
         from headmech.classification.montecarlo import describe_test
 
-        text += f"; {describe_test(v['test'])}"
-    if v.get("verdict"):
-        text += f"; verdict: {v['verdict']}"
-    for other, c in (v.get("secondary") or {}).items():
-        text += f"; also {other}: {c.get('verdict', 'not run')}"
+        text += f"; {describe_test(c.test)}"
+    if c.verdict != "not run":
+        text += f"; verdict: {c.verdict}"
+    for other, o in v.secondary.items():
+        text += f"; also {other}: {o.verdict}"
     return text
 
 
@@ -122,17 +117,17 @@ def skipped_lines(skipped: dict[str, str]) -> list[str]:
     ]
 
 
-def per_head_lines(per_head: dict[str, Any], v: dict[str, Any]) -> list[str]:
+def per_head_lines(per_head: dict[str, Any], v: TypeValidation | None) -> list[str]:
     """The labelled heads' own effects in one line, and the set's against their sum."""
     own = [f"{h} {_own(e)}" for h, e in per_head.items() if e.get("labelled")]
     if not own:
         return []
     lines = [f"each labelled head ablated alone: {', '.join(own)}"]
-    if v.get("per_head_note"):
-        lines[0] += f" ({v['per_head_note']})"
-    red = v.get("redundancy") or {}
-    if red:
-        ratio = red.get("ratio")
+    if v is not None and v.per_head_note:
+        lines[0] += f" ({v.per_head_note})"
+    red = v.redundancy if v is not None else None
+    if red is not None:
+        ratio = red.ratio
         how = (
             "no ratio: opposite signs"
             if ratio is None
@@ -140,8 +135,8 @@ def per_head_lines(per_head: dict[str, Any], v: dict[str, Any]) -> list[str]:
             + ("> 1, they back each other up" if ratio > 1 else "<= 1, their effects overlap")
         )
         lines.append(
-            f"set {red['set_effect']:+.4f} vs the sum of its heads' own "
-            f"{red['sum_of_own_effects']:+.4f} ({how})"
+            f"set {red.set_effect:+.4f} vs the sum of its heads' own "
+            f"{red.sum_of_own_effects:+.4f} ({how})"
         )
     return lines
 
@@ -155,10 +150,10 @@ def evidence(catalog: Any) -> None:
     for name, r in catalog.types.items():
         lines = registry[name]().report(r.details) if name in registry else []
         lines += not_labelled_lines(r.not_labelled, r.per_head)
-        line = validation_line(r.details.get("validation"))
+        line = validation_line(r.validation)
         if line is not None:
             lines.append(line)
-        lines += per_head_lines(r.per_head, r.details.get("validation") or {})
+        lines += per_head_lines(r.per_head, r.validation)
         if lines:
             print(f"\n{name}:")
             for line in lines:

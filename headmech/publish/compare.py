@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from headmech.classification.records import TypeValidation, validation_of
+
 __all__ = [
     "BEGIN",
     "END",
@@ -129,21 +131,19 @@ def type_cell(data: dict[str, Any], run: dict[str, Any], name: str) -> Cell:
     t = data["types"][name]
     heads = t["heads"]
     depths = [la / max(m["n_layers"] - 1, 1) for la, _ in heads]
-    v = t["details"].get("validation") or {}
-    said = str(v.get("verdict", "not run")) if heads and v else ""
-    others = ", ".join(
-        f"{k}: {c.get('verdict', 'not run')}" for k, c in (v.get("secondary") or {}).items()
-    )
+    v = validation_of(t)
+    c = v.primary if v is not None and heads else None
+    others = ", ".join(f"{k}: {o.verdict}" for k, o in v.secondary.items()) if v else ""
     return Cell(
         len(heads),
         len(heads) / (m["n_layers"] * m["n_heads"]),
         statistics.median(depths) if depths else None,
-        v.get("effect") if heads else None,
-        v.get("random_median") if heads else None,
+        c.effect if c else None,
+        c.random_median if c else None,
         "",
-        said,
+        c.verdict if c else "",
         len(t.get("not_labelled") or []),
-        describe_test(v.get("test")) if heads else "",
+        describe_test(c.test) if c else "",
         others if heads else "",
         len(t.get("backups") or []),
     )
@@ -171,16 +171,13 @@ class ProbeSize:
         )
 
 
-def _n_max(record: Any) -> int:
+def _n_max(v: TypeValidation | None) -> int:
     """The largest ``n_max`` of any Monte Carlo test (control sets, not the permutations of
-    a dose-response) in a catalog's validation records."""
-    if isinstance(record, dict):
-        monte_carlo = str(record.get("method", "")).startswith("Monte Carlo")
-        here = record["n_max"] if monte_carlo and isinstance(record.get("n_max"), int) else 0
-        return max([here, *(_n_max(v) for v in record.values())])
-    if isinstance(record, list):
-        return max([0, *(_n_max(v) for v in record)])
-    return 0
+    a dose-response) of a type's claims."""
+    tests = [c.test for c in v.tested()] if v is not None else []
+    return max(
+        [0, *(t.n_max for t in tests if t is not None and t.method.startswith("Monte Carlo"))]
+    )
 
 
 def probe_size(data: dict[str, Any]) -> ProbeSize | None:
@@ -189,7 +186,7 @@ def probe_size(data: dict[str, Any]) -> ProbeSize | None:
     o = (data.get("provenance") or {}).get("probe_options")
     if not o:
         return None
-    n = _n_max([t["details"].get("validation") for t in data["types"].values()])
+    n = max([0, *(_n_max(validation_of(t)) for t in data["types"].values())])
     return ProbeSize(o["n_sentences"], o["n_sequences"], tuple(o["needle_lengths"]), n or None)
 
 

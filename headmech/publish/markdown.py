@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    pass
+from headmech.classification.records import ClaimRecord, validation_of
 
 __all__ = [
     "quote",
@@ -36,30 +35,31 @@ def _heads_cell(t: dict[str, Any], most: int = 12) -> str:
     return text + (f", … (+{len(heads) - most})" if len(heads) > most else "")
 
 
-def _validation_cell(v: dict[str, Any] | None) -> tuple[str, str]:
-    """``(labelled effect [interval], controls: median (range))`` of one type."""
-    if not v:
+def _validation_cell(c: ClaimRecord | None, control: str = "", note: str = "") -> tuple[str, str]:
+    """``(labelled effect [interval], controls: median (range))`` of one claim (``control``:
+    how its control sets were drawn; ``note``: the accounting's note, the primary's)."""
+    if c is None:
         return "not validated", ""
-    if not v.get("n_heads"):
+    if not c.n_heads:
         return "no labelled heads", ""
-    if v.get("effect") is None:
-        return "—", v.get("control_note", "")
-    effect = f"{v['effect']:+.3g}"
-    if v.get("expected") in ("lower", "little"):  # little: inactive heads, a pruning claim
-        effect += f" (expected: {v['expected']})"
-    if v.get("effect_interval"):
-        effect += " [{:+.3g}, {:+.3g}]".format(*v["effect_interval"])
-    if v.get("random_median") is None:
-        return effect, v.get("control_note") or "no control"
-    lo, hi = v["random_range"]
-    where = {"same_layers": "same layers", "any_layer": "any layer"}.get(v.get("control", ""), "")
-    if str(v.get("control", "")).startswith("layers_within_"):
-        where = f"within {v['control'].rsplit('_', 1)[1]} layer(s)"
-    n = len(v["random_effects"])
-    what = "set" if v.get("validation") != "sink_dose" else "lowest-bin set"
+    if c.effect is None:
+        return "—", note
+    effect = f"{c.effect:+.3g}"
+    if c.expected in ("lower", "little"):  # little: inactive heads, a pruning claim
+        effect += f" (expected: {c.expected})"
+    if c.effect_interval:
+        effect += " [{:+.3g}, {:+.3g}]".format(*c.effect_interval)
+    if c.random_median is None or c.random_range is None:
+        return effect, note or "no control"
+    lo, hi = c.random_range
+    where = {"same_layers": "same layers", "any_layer": "any layer"}.get(control, "")
+    if control.startswith("layers_within_"):
+        where = f"within {control.rsplit('_', 1)[1]} layer(s)"
+    n = len(c.random_effects)
+    what = "set" if c.kind != "sink_dose" else "lowest-bin set"
     return (
         effect,
-        f"{v['random_median']:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} {what}{'s' if n != 1 else ''}"
+        f"{c.random_median:+.3g} ({lo:+.3g} … {hi:+.3g}; {n} {what}{'s' if n != 1 else ''}"
         + (f", {where}" if where else "")
         + ")",
     )
@@ -69,14 +69,8 @@ def type_verdict(t: dict[str, Any], n_layers: int = 0, n_heads: int = 0) -> str:
     """A catalog entry's verdict: its primary claim's, as validation recorded it (a
     Monte Carlo test decided on Benjamini-Hochberg's q:
     :mod:`headmech.classification.montecarlo`); ``not run`` without validation."""
-    v = t["details"].get("validation")
-    return str(v.get("verdict", "not run")) if v else "not run"
-
-
-def _claims(v: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """A validation's claims, the primary first: ``(kind, record)``."""
-    kind = str(v.get("primary") or v.get("validation") or "ablation")
-    return [(kind, v), *((v.get("secondary") or {}).items())]
+    v = validation_of(t)
+    return v.verdict if v is not None else "not run"
 
 
 def quote(root: Path, model: str, name: str, part: str = "") -> str:
@@ -89,17 +83,15 @@ def quote(root: Path, model: str, name: str, part: str = "") -> str:
     from headmech.classification.montecarlo import describe_test
 
     data = json.loads((root / model / "catalog.json").read_text())
-    t = data["types"][name]
-    v = t["details"].get("validation") or {}
-    if part:
-        v = {**dict(_claims(v))[part], "control": v["control"]}
-    effect, control = _validation_cell(v)
+    v = validation_of(data["types"][name])
+    c = None if v is None else dict(v.parts())[part] if part else v.primary
+    note = v.controls.note if v is not None and not part else ""
+    effect, control = _validation_cell(c, v.controls.kind if v else "", note)
     text = f"{effect} vs controls {control}" if control else effect
-    test = describe_test(v.get("test"))
+    test = describe_test(c.test) if c is not None else ""
     text += f"; {test}" if test else ""
-    return (
-        f"catalog {model}/{name}{' ' + part if part else ''}: {text}: {v.get('verdict', 'not run')}"
-    )
+    said = c.verdict if c is not None else "not run"
+    return f"catalog {model}/{name}{' ' + part if part else ''}: {text}: {said}"
 
 
 def _verdict_rows(data: dict[str, Any]) -> list[str]:
@@ -125,22 +117,25 @@ def _verdict_rows(data: dict[str, Any]) -> list[str]:
     ]
     notes = []
     for name, t in data["types"].items():
-        v = t["details"].get("validation") or {}
-        for i, (kind, c) in enumerate(_claims(v) if v else []):
-            effect, control = _validation_cell({**c, "control": v.get("control", "")})
-            how = c.get("metric", "")
-            if kind == "ablation" and c.get("mode"):
-                how += f" ({c['mode']} ablation)"
+        v = validation_of(t)
+        if v is None:
+            continue
+        for i, (kind, c) in enumerate(v.parts()):
+            note = v.controls.note if i == 0 else ""
+            effect, control = _validation_cell(c, v.controls.kind, note)
+            how = c.metric
+            if kind == "ablation" and c.mode:
+                how += f" ({c.mode} ablation)"
             label = f"`{name}`" if i == 0 else f"`{name}` (also)"
             lines.append(
                 f"| {label} | {kind} | {how} | {effect} | {control} | "
-                f"{describe_test(c.get('test')) or '–'} | **{c.get('verdict', 'not run')}** |"
+                f"{describe_test(c.test) or '–'} | **{c.verdict}** |"
             )
-        for kind, why in (v.get("primary_unavailable") or {}).items():
+        for kind, why in v.unavailable.items():
             notes.append(f"- `{name}`: its primary claim ({kind}) could not be tested here: {why}.")
-        untested = v.get("verdict") in ("untestable here", "inconclusive")
-        if untested and v.get("effect") is not None and v.get("control_note"):
-            notes.append(f"- `{name}`: {v['verdict']}: {v['control_note']}.")
+        untested = v.verdict in ("untestable here", "inconclusive")
+        if untested and v.primary.effect is not None and v.controls.note:
+            notes.append(f"- `{name}`: {v.verdict}: {v.controls.note}.")
     return [*lines, *([""] + notes if notes else [])]
 
 
@@ -181,9 +176,9 @@ def _per_head_rows(data: dict[str, Any], most: int = 8) -> list[str]:
         per = t.get("per_head") or {}
         if not per:
             continue
-        v = t["details"].get("validation") or {}
-        red = v.get("redundancy") or {}
-        ratio = f"{red['ratio']:.2f}" if red.get("ratio") is not None else "–"
+        v = validation_of(t)
+        red = v.redundancy if v is not None else None
+        ratio = f"{red.ratio:.2f}" if red is not None and red.ratio is not None else "–"
         cells = []
         for la, h in t["heads"][:most]:
             e = per.get(f"L{la}H{h}", {})
@@ -231,11 +226,12 @@ def _model_section(folder: Path) -> list[str]:
     from headmech.classification.montecarlo import describe_test
 
     for name, t in data["types"].items():
-        v = t["details"].get("validation")
-        effect, control = _validation_cell(v)
-        metric = f"{v['metric']} ({v['mode']})" if v else ""
+        v = validation_of(t)
+        c = v.primary if v is not None else None
+        effect, control = _validation_cell(c, *((v.controls.kind, v.controls.note) if v else ()))
+        metric = f"{c.metric} ({c.mode})" if c is not None else ""
         said = type_verdict(t) if t["heads"] else ""
-        test = describe_test(v.get("test")) if v and t["heads"] else ""
+        test = describe_test(c.test) if c is not None and t["heads"] else ""
         lines.append(
             f"| [`{name}`]({m['name']}/heatmaps/{name}.png) | {t['threshold']:g} | "
             f"{len(t['heads'])} | {_heads_cell(t)} | {effect} | {control} | {test} | {said} | "

@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headmech.classification.records import TypeValidation, validation_of
 from headmech.core.errors import InputError
 from headmech.core.head_index import HeadIndex
 from headmech.runs.provenance import dumps
@@ -75,7 +76,6 @@ def update_validations(
         InputError: a type the catalog does not hold, a missing catalog, other weights.
     """
 
-    from headmech.classification.validation import apply_fdr
     from headmech.headtypes.registry import get_head_type
     from headmech.models import load_model
     from headmech.probes import ProbeOptions
@@ -101,7 +101,7 @@ def update_validations(
             t1 = time.perf_counter()
             _validate_one(model, data, head_type, options, n_random, alone, control_tokens)
             seconds[t] = round(time.perf_counter() - t1, 1)
-    apply_fdr({n: e["details"].get("validation") or {} for n, e in data["types"].items()})
+    _catalog_fdr(data)
     record = {"types": list(types), **_run_record(command, seconds, t0, c0)}
     data["provenance"].setdefault("validation_updates", []).append(record)
     (folder / "catalog.json").write_text(dumps(data))
@@ -163,28 +163,39 @@ def _validate_one(
         alone=alone, test=TestOptions(n_max=n_random, control_tokens=control_tokens),
         score=r.score, own=head_type.own_effects(r.details),
     )  # fmt: skip
-    v = unit(f"validate-{head_type.name}", run)
+    v = TypeValidation.from_json(unit(f"validate-{head_type.name}", lambda: run().to_json(per_head=True)))  # fmt: skip
     missing = [c for c in head_type.circuit if c not in results]
     if missing:
-        v["circuit_not_classified"] = missing
+        v.circuit_not_classified = missing
     _store_validation(data["types"][head_type.name], v)
 
 
-def _store_validation(entry: dict[str, Any], v: dict[str, Any]) -> None:
+def _catalog_fdr(data: dict[str, Any]) -> None:
+    """Benjamini-Hochberg across every claim of the catalog ``data``, in place."""
+    from headmech.classification.validation import apply_fdr
+
+    found = {n: validation_of(e) for n, e in data["types"].items()}
+    apply_fdr(found)
+    for n, v in found.items():
+        if v is not None:
+            data["types"][n]["details"]["validation"] = v.to_json()
+
+
+def _store_validation(entry: dict[str, Any], v: TypeValidation) -> None:
     """A validation record into a type's entry: ``per_head`` beside ``details``, each
     head's reading on ordinary text (``broad_*``, ``narrow``: not the validation's) kept."""
-    v = json.loads(dumps(v))
-    per_head = v.pop("per_head", {})
+    v = TypeValidation.from_json(json.loads(dumps(v.to_json(per_head=True))))  # as written
+    per_head = {k: e.to_json() for k, e in v.per_head.items()}
     for h, row in (entry.get("per_head") or {}).items():
         broad = {k: x for k, x in row.items() if k.startswith("broad_") or k == "narrow"}
         if broad:
             per_head.setdefault(h, {"labelled": row.get("labelled", False)}).update(broad)
     entry["per_head"] = per_head
-    backups = (v.get("backups") or {}).get("heads", [])
+    backups = v.backup_heads()
     entry.pop("backups", None)
     if backups:
         entry["backups"] = backups
-    entry["details"]["validation"] = v
+    entry["details"]["validation"] = v.to_json()
 
 
 def add_broad(name: str, root: Path, command: str = "") -> dict[str, Any]:
@@ -260,7 +271,6 @@ def _validate(
 ) -> dict[str, float]:
     """Each added type's validation, as a full run computes it (the labelled heads of
     every type in the catalog beside), into ``data``. Returns the seconds per type."""
-    from headmech.classification.validation import apply_fdr
     from headmech.headtypes.registry import get_head_type
     from headmech.probes import ProbeOptions
 
@@ -275,7 +285,7 @@ def _validate(
             model, data, head_type, options, size.n_random, size.alone, size.control_tokens
         )
         seconds[t] = round(time.perf_counter() - t1, 1)
-    apply_fdr({n: e["details"].get("validation") or {} for n, e in data["types"].items()})
+    _catalog_fdr(data)
     _read_broadly(model, data, instances)
     return seconds
 

@@ -46,6 +46,8 @@ from headmech.testing.controls import PLANTED, POSITIVE_CONTROLS
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+    from headmech.classification.records import TypeValidation
+
 __all__ = [
     "CHECKS",
     "applies",
@@ -283,7 +285,7 @@ def check_causal(
     model: TransformerBridge,
     options: ProbeOptions | None = None,
     n_random: int = 5,
-) -> dict[str, Any]:
+) -> TypeValidation:
     """On a real model: ablating the labelled heads hurts more than random heads (the set
     and its controls; no head is ablated alone: ``alone=(0, 0)``, each would be a pass of
     the task that nothing here reads)."""
@@ -293,26 +295,27 @@ def check_causal(
     cat = classify(
         model, [head_type], validate=True, n_random=n_random, alone=(0, 0), **vars(options)
     )
-    v = cat[head_type.name].details["validation"]
-    assert v["n_heads"] > 0, (
-        f"no {head_type.name} heads labelled on this model: nothing to validate"
-    )
-    assert v["effect"] is not None, f"{head_type.name}: {v['control_note']}"
-    assert v["random_mean"] is not None, (
-        f"{head_type.name}: nothing to compare the {v['n_heads']} labelled heads with "
-        f"({v['control_note']})"
+    v = cat[head_type.name].validation
+    assert v is not None, f"{head_type.name} was not validated"
+    c, note = v.primary, v.controls.note
+    assert c.n_heads > 0, f"no {head_type.name} heads labelled on this model: nothing to validate"
+    assert c.effect is not None, f"{head_type.name}: {note}"
+    mean = c.random_mean
+    assert mean is not None, (
+        f"{head_type.name}: nothing to compare the {c.n_heads} labelled heads with ({note})"
     )
     if head_type.expected() == "little":  # inactive heads: zeroing them costs little
-        assert v["effect"] < v["random_mean"] and v["relative_effect"] <= v["tolerance"], (
-            f"zeroing the {v['n_heads']} {head_type.name} heads changes {v['metric']} by "
-            f"{v['effect']:.4f} ({v['relative_effect']:+.2%} of clean), random heads by "
-            f"{v['random_mean']:.4f} (expected: less, within {v['tolerance']:.0%})"
+        rel, tol = c.extra["relative_effect"], c.extra["tolerance"]
+        assert c.effect < mean and rel <= tol, (
+            f"zeroing the {c.n_heads} {head_type.name} heads changes {c.metric} by "
+            f"{c.effect:.4f} ({rel:+.2%} of clean), random heads by {mean:.4f} (expected: "
+            f"less, within {tol:.0%})"
         )
         return v
     sign = 1.0 if head_type.helps_task else -1.0  # heads against the task should lower it
-    assert sign * v["effect"] > sign * v["random_mean"], (
-        f"ablating the {v['n_heads']} {head_type.name} heads changes {v['metric']} by {v['effect']:.4f}, "
-        f"random heads by {v['random_mean']:.4f} on average (expected: {v['expected']} it more)"
+    assert sign * c.effect > sign * mean, (
+        f"ablating the {c.n_heads} {head_type.name} heads changes {c.metric} by {c.effect:.4f}, "
+        f"random heads by {mean:.4f} on average (expected: {c.expected} it more)"
     )
     return v
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headmech.classification.records import validation_of
 from headmech.core.errors import HeadmechError, InputError
 from headmech.publish.attention_view import top_attended, view_html
 from headmech.publish.examples import ORDINARY, own_types
@@ -128,8 +129,8 @@ def verdict_counts(models: list[Model]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for m in models:
         for t in m.types.values():
-            v = validation(t, m.shape)
-            said = v["verdict"] if v else "not run"
+            v = validation_of(t)
+            said = v.verdict if v is not None else "not run"
             counts[said] = counts.get(said, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
@@ -167,43 +168,38 @@ def validation(t: dict[str, Any], shape: tuple[int, int] | None = None) -> dict[
     from headmech.classification.montecarlo import describe_test
     from headmech.publish.site.strips import strip_svg
 
-    v = t.get("details", {}).get("validation")
-    if not v:
+    v = validation_of(t)
+    if v is None:
         return None
-    test = v.get("test") or {}
-    dose = v.get("validation") == "sink_dose"
+    c, test = v.primary, v.primary.test
+    dose = c.kind == "sink_dose"
     strip = strip_svg(
-        v.get("random_effects") if dose else test.get("controls") or [],
-        v.get("effect") if dose else test.get("statistic"),
+        c.random_effects if dose else test.controls if test is not None else [],
+        c.effect if dose else test.statistic if test is not None else None,
         "lowest sink-score bin sets" if dose else "control sets",
     )
     return {
-        "verdict": v.get("verdict", "not run"),
-        "kind": v.get("primary") or v.get("validation", "ablation"),
-        "test": describe_test(test or None),
-        "units": test.get("units", ""),
+        "verdict": c.verdict,
+        "kind": c.kind,
+        "test": describe_test(test),
+        "units": test.units if test is not None else "",
         "strip": strip,
         "others": [
-            {
-                "kind": k,
-                "verdict": c.get("verdict"),
-                "effect": c.get("effect"),
-                "test": describe_test(c.get("test")),
-            }
-            for k, c in (v.get("secondary") or {}).items()
-        ],  # fmt: skip
-        "unavailable": v.get("primary_unavailable") or {},
-        "backups": [_name(h) for h in (v.get("backups") or {}).get("heads", [])],
-        "effect": v.get("effect"),
-        "interval": v.get("effect_interval"),
-        "median": v.get("random_median"),
-        "range": v.get("random_range"),
-        "control": v.get("control"),
-        "note": v.get("control_note") or "",
-        "metric": v.get("metric", ""),
-        "expected": v.get("expected", ""),
-        "n_heads": v.get("n_heads"),
-        "mode": v.get("mode", ""),
+            {"kind": k, "verdict": o.verdict, "effect": o.effect, "test": describe_test(o.test)}
+            for k, o in v.secondary.items()
+        ],
+        "unavailable": dict(v.unavailable),
+        "backups": [_name(h) for h in v.backup_heads()],
+        "effect": c.effect,
+        "interval": c.effect_interval,
+        "median": c.random_median,
+        "range": c.random_range,
+        "control": v.controls.kind,
+        "note": v.controls.note,
+        "metric": c.metric,
+        "expected": c.expected,
+        "n_heads": c.n_heads,
+        "mode": c.mode,
     }
 
 
