@@ -30,6 +30,7 @@ from headmech.core.errors import (
 )
 from headmech.models import bundled, packages
 from headmech.models import gguf as headmech_gguf
+from headmech.models.loaded import loaded
 
 QWEN = "qwen2.5-coder-0.5b"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -139,7 +140,7 @@ def test_gguf_path_loads_dequantised_and_equal(tiny_gguf, cache):
         torch.testing.assert_close(model(ids), original(ids).logits, atol=1e-5, rtol=1e-4)
     info = headmech.model_info(model)
     assert (info.name, info.n_layers, info.n_heads, info.n_kv_heads) == ("tiny-qwen2.gguf", 2, 4, 2)
-    source = model.headmech_source
+    source = loaded(model).source
     assert source == {
         "gguf": "tiny-qwen2.gguf",
         "gguf_sha256": sha,

@@ -110,3 +110,28 @@ def test_a_type_validation_writes_its_parts_where_readers_find_them():
 def test_a_malformed_record_is_a_value_error(bad):
     with pytest.raises(ValueError, match="validation record|not an object|secondary"):
         TypeValidation.from_json(bad)
+
+
+def test_headmech_keeps_its_model_state_off_the_model():
+    """A loaded model's name, weights hash and pattern-edit check live in headmech's
+    record (:mod:`headmech.models.loaded`), not as attributes of the bridge; the record
+    goes with the model."""
+    import gc
+    import weakref
+
+    import headmech
+    from headmech.interventions import pattern_edits_apply
+    from headmech.models.loaded import loaded
+    from headmech.runs.provenance import weights_hash
+
+    model = headmech.load_model("toy-induction")
+    before = set(vars(model))
+    assert headmech.model_info(model).name == "toy-induction" == loaded(model).name
+    digest = weights_hash(model)
+    assert loaded(model).weights_hash is not None and loaded(model).weights_hash[1] == digest
+    assert pattern_edits_apply(model) is loaded(model).pattern_edits_apply is True
+    assert set(vars(model)) == before and not any("headmech" in k for k in vars(model))
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None  # the record does not keep its model alive

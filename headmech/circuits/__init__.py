@@ -46,6 +46,7 @@ from torch import Tensor
 from headmech.circuits.path_patching import add_path_patching_edges, path_patch, path_patch_scores
 from headmech.core.errors import HeadmechError
 from headmech.core.head_index import HeadIndex, check_heads
+from headmech.models.loaded import model_name
 from headmech.models.weights import HeadWeights, head_weights
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ def graph(
         everyone = [HeadIndex(la, h) for la in range(n_layers) for h in range(n_heads)]
         receivers = list(labels) if labels else everyone
     receivers = check_heads(receivers, n_layers, n_heads, "receivers")  # pairs or "L18H6"
-    G = nx.MultiDiGraph(model=str(getattr(model, "headmech_name", "model")))
+    G = nx.MultiDiGraph(model=model_name(model))
 
     def add_node(h: HeadIndex) -> str:
         if str(h) not in G:
@@ -294,7 +295,7 @@ def circuit(
     prov = provenance(model, settings=settings)
     if catalog is not None:
         prov["catalog"] = catalog.provenance
-    return Circuit(G, str(getattr(model, "headmech_name", "model")), prov)
+    return Circuit(G, model_name(model), prov)
 
 
 def save_graph(G: nx.MultiDiGraph, out: str | os.PathLike) -> dict[str, str]:

@@ -21,6 +21,7 @@ from torch import Tensor
 from headmech.core.errors import HeadIndexError, HeadmechError
 from headmech.core.head_index import HeadIndex, check_heads
 from headmech.interventions.effects import SITES, Context, Effect, Uniform, heads_first
+from headmech.models.loaded import loaded
 from headmech.stream.engine import ProbeBatch, run_blocks
 
 if TYPE_CHECKING:
@@ -200,7 +201,8 @@ def pattern_edits_apply(model: TransformerBridge) -> bool:
     Some bridges (BERT's) let the wrapped Hugging Face attention consume the original
     pattern and discard hook edits; pattern interventions cannot work there.
     """
-    cached = getattr(model, "_headmech_pattern_edits_apply", None)
+    record = loaded(model)
+    cached = record.pattern_edits_apply
     if cached is not None:
         return bool(cached)
     ids = torch.tensor([[model.tokenizer.bos_token_id or 1, 5, 6, 7, 8]]).clamp(
@@ -215,7 +217,7 @@ def pattern_edits_apply(model: TransformerBridge) -> bool:
             warnings.simplefilter("ignore")
             edited = model(ids)
     ok = not torch.allclose(clean, edited)
-    model._headmech_pattern_edits_apply = ok
+    record.pattern_edits_apply = ok
     return ok
 
 

@@ -38,6 +38,7 @@ from headmech.models.files import (
     quiet,
     repair_cache_folder,
 )
+from headmech.models.loaded import loaded, model_name
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +72,7 @@ def model_info(model: TransformerBridge) -> ModelInfo:
     n_heads = int(cfg.n_heads)
     n_kv = getattr(cfg, "n_key_value_heads", None) or n_heads
     return ModelInfo(
-        name=str(getattr(model, "headmech_name", getattr(cfg, "model_name", "model"))),
+        name=model_name(model),
         n_layers=int(cfg.n_layers),
         n_heads=n_heads,
         n_kv_heads=int(n_kv),
@@ -344,11 +345,12 @@ def load_model(
     # read back by model_info(): the short name a catalog reports
     p = Path(str(name))
     short = p.is_dir() or (p.is_file() and is_gguf_path(name))
-    bridge.headmech_name = p.name if short else str(name)
-    if (record := getattr(hf_model, "headmech_source", None)) is not None:
+    record = loaded(bridge)
+    record.name = p.name if short else str(name)
+    if (origin := loaded(hf_model).source) is not None:
         # where the weights came from (read by provenance()), and what the tokenizer puts
         # before every text
-        bridge.headmech_source = {**record, "prepended": prepended_token(bridge.tokenizer)}
+        record.source = {**origin, "prepended": prepended_token(bridge.tokenizer)}
     return bridge
 
 

@@ -66,6 +66,7 @@ from headmech.models.gguf import (
     gguf_source,
     join_parts,
 )
+from headmech.models.loaded import loaded
 from headmech.models.packages import BUNDLED_MODELS, BundledModel, installed
 
 __all__ = [
@@ -289,14 +290,15 @@ def _dequantise_atomically(
 
 def _load_cached(folder: Path) -> tuple[Any, Any]:
     """A cached dequantised folder's model and tokenizer; where its weights came from
-    (``headmech_source.json``, if written) rides on the model as ``headmech_source``."""
+    (``headmech_source.json``, if written) goes in the model's record
+    (:func:`headmech.models.loaded.loaded`)."""
     model, tokenizer = load_hf_dir(folder)
     try:
         source = json.loads((folder / _SOURCE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         source = None
     if isinstance(source, dict):
-        model.headmech_source = source
+        loaded(model).source = source
     return model, tokenizer
 
 

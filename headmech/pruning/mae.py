@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from headmech.core.errors import HeadmechError
 from headmech.interventions import Gate, Intervention, applied, hooks
+from headmech.models.loaded import model_name
 from headmech.probes import ProbeOptions
 from headmech.pruning.l0 import frozen
 from headmech.pruning.result import PruningResult
@@ -330,7 +331,7 @@ def mae_prune(
     from headmech.runs.provenance import provenance
 
     result = PruningResult("mae", t.name, [], metric=t.description)
-    result.model = str(getattr(model, "headmech_name", "model"))
+    result.model = model_name(model)
     settings = {"method": "mae", "task": t.name, **asdict(MAEOptions(**options))}
     result.provenance = provenance(model, options=probe_options, settings=settings)
     result.extra = {

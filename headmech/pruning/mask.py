@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from headmech.core.errors import ArgumentError, HeadIndexError, HeadmechError
 from headmech.core.head_index import HeadIndex, check_heads
 from headmech.interventions import Intervention, Scale, applied, hooks
+from headmech.models.loaded import loaded
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -307,7 +308,7 @@ def _prune_gpt2(hf: Any, remove: list[set[int]]) -> nn.Module:
         attn.num_heads = len(kept)
         attn.split_size = len(kept) * d_head
         attn.head_dim = d_head
-    hf.headmech_pruned_n_head = n_heads - n_drop  # config.n_head cannot say it (see module doc)
+    loaded(hf).pruned_n_head = n_heads - n_drop  # config.n_head cannot say it (module doc)
     return hf
 
 

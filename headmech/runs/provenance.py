@@ -30,6 +30,7 @@ import torch
 
 from headmech._version import __version__
 from headmech.core.errors import HeadmechError
+from headmech.models.loaded import loaded
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -106,7 +107,8 @@ def weights_hash(model: torch.nn.Module) -> str:
     ]
     # inference tensors keep no version counter: such a model is rehashed every time
     key = tuple((name, -1 if t.is_inference() else t._version, id(t)) for name, _, t in named)
-    cached = getattr(model, "_headmech_weights_hash", None)
+    record = loaded(model)
+    cached = record.weights_hash
     if cached is not None and cached[0] == key:
         return str(cached[1])
     digests: dict[str, str] = {}
@@ -124,7 +126,7 @@ def weights_hash(model: torch.nn.Module) -> str:
     for name in sorted(digests):
         h.update(f"{name}={digests[name]};".encode())
     digest = h.hexdigest()
-    object.__setattr__(model, "_headmech_weights_hash", (key, digest))
+    record.weights_hash = (key, digest)
     return digest
 
 
@@ -213,7 +215,7 @@ def provenance(
             for name, b in (probes or {}).items()
         },
     }
-    if (source := getattr(model, "headmech_source", None)) is not None:
+    if (source := loaded(model).source) is not None:
         # where the weights came from (a bundled GGUF's packages and their versions, the
         # file's SHA-256, the licence) and what the tokenizer prepends to every text
         record["model"]["source"] = dict(source)
