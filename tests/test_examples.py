@@ -136,6 +136,9 @@ def test_show_escapes_tokens_and_refuses_bad_heads(toy):
     view = headmech.show(toy, "L1H0")
     assert 'class="hm-view"' in view.data and view._repr_html_() == view.data
     assert "<script>" in view.data  # the view's own script, inlined for a notebook
+    # under each view, what the head writes, with its shades inlined (no site.css here)
+    assert view.data.count('<div class="writes">') == view.data.count('class="hm-view"')
+    assert "<style>.writes-strip" in view.data
     assert headmech.show(toy, HeadIndex(1, 0)).data == headmech.show(toy, (1, 0)).data == view.data
     with pytest.raises(InputError, match="show: 'head 3' does not name a head: write it as L"):
         headmech.show(toy, "head 3")

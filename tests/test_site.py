@@ -37,7 +37,9 @@ def site(tmp_path_factory) -> Path:
     # view (80, 19 kB each): 11.8 MB of pages and assets in all, so the limit is 14 MB
     # (tutorials apart). data/ holds the copies of the published files (catalog.json,
     # examples.json, run.json, the heatmap PNGs: 10.2 MB), counted on their own.
-    assert summary.bytes < 14_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
+    # what each head writes (a shaded copy of each text, its promoted and suppressed
+    # tokens) adds about 5 kB a head page: 17 MB
+    assert summary.bytes < 17_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
     assert summary.data_bytes < 14_000_000, f"data/ is {summary.data_bytes / 1e6:.1f} MB"
     return out
 
@@ -666,3 +668,27 @@ def test_the_guides_are_pages_of_the_atlas(site):
     assert 'href="./guides/index.html"' in (site / "index.html").read_text()
     kv = (site / "guides" / "kv-compression.html").read_text()
     assert "<table>" in kv and "headmech head atlas" in kv
+
+
+def test_head_pages_show_what_the_head_writes(site):
+    """Under each view of a decoder's head: the text shaded by the head's direct effect on
+    each next token (the values of examples.json's ``writes`` on hover), and where that is
+    largest, the tokens its write raises and lowers; an encoder's pages say why not."""
+    from html import escape  # as writes_view.py escapes
+
+    ex = json.loads((CATALOG / "smollm2-135m" / "examples.json").read_text())
+    head = "L18H6"
+    text = (site / "heads" / "smollm2-135m" / f"{head}.html").read_text()
+    shown = [(t, w) for t, w in zip(ex["texts"], ex["writes"][head], strict=True) if w is not None]
+    assert shown and text.count('<div class="writes">') == len(shown)
+    for t, w in shown:
+        at = w["at"]
+        assert f"(position {at}; next token" in text
+        e = w["effects"][at]
+        assert e is not None and abs(e) == max(abs(x) for x in w["effects"] if x is not None)
+        tok, value = w["promoted"][0]
+        assert f'<code class="tok">{escape(tok)}</code> {value:+.3g}' in text
+        first = w["effects"][0]
+        assert first is None or f'title="{first:+.3g}">{escape(t["tokens"][0])}</i>' in text
+    minilm = (site / "heads" / "minilm-l6" / "L0H0.html").read_text()
+    assert "What it writes is not shown for this model" in minilm and "causal" in minilm

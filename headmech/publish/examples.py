@@ -55,7 +55,7 @@ MAX_PROBE_TOKENS = 112
 ORDINARY = ("prose", "repeated_random")
 """The texts every head is recorded on."""
 
-SCHEMA = 2
+SCHEMA = 3  # 3: what each head writes (``writes``)
 
 
 def _token(tokenizer: Any, i: int) -> str:
@@ -185,8 +185,9 @@ def record_examples(
 
     Returns:
         ``{"texts": [{"probe", "tokens", "ids"}], "causal", "heads": {"L1H0": [rows per
-        text, or None where not recorded]}}`` (``ids``: the token ids, which the views show
-        on hover).
+        text, or None where not recorded]}, "writes": {"L1H0": [per text, what the head
+        writes there, or None]}}`` (``ids``: the token ids, which the views show on hover;
+        ``writes``: :func:`writes_record`, or ``writes_note`` saying why there are none).
     """
     import torch
 
@@ -206,13 +207,53 @@ def record_examples(
         store = capture(model, ProbeBatch(t, ones, special), names) if names else {}
         tokens = [_token(model.tokenizer, i) for i in t[0].tolist()]
         out["texts"].append({"probe": probe, "tokens": tokens, "ids": t[0].tolist()})
+        here = [h for h in heads if on is None or i in set(on.get(h, ()))]
         for h in heads:
-            if on is not None and i not in set(on.get(h, ())):
+            if h not in here:
                 out["heads"][str(h)].append(None)
                 continue
             pattern = store[f"blocks.{h.layer}.attn.hook_pattern"][0, h.head]
             out["heads"][str(h)].append(_rows(pattern, causal))
+        _record_writes(model, out, t[0].tolist(), heads, here)
     return out
+
+
+def _record_writes(
+    model: TransformerBridge, out: dict[str, Any], ids: list[int], heads: list[HeadIndex],
+    here: list[HeadIndex],
+) -> None:  # fmt: skip
+    """Each head's writes on one text into ``out["writes"]`` (None where not recorded);
+    where the model allows none, ``out["writes_note"]`` says why, once."""
+    from headmech.attribution.writes import head_writes
+    from headmech.core.errors import HeadmechError
+
+    if "writes_note" not in out:
+        try:
+            found = head_writes(model, ids, here) if here else {}
+        except HeadmechError as e:
+            out["writes_note"] = str(e)
+            out.pop("writes", None)
+            return
+        writes = out.setdefault("writes", {str(h): [] for h in heads})
+        for h in heads:
+            w = found.get(h)
+            writes[str(h)].append(None if w is None else writes_record(model.tokenizer, w))
+
+
+def writes_record(tokenizer: Any, w: Any) -> dict[str, Any]:
+    """A :class:`headmech.attribution.writes.HeadWrite` as examples.json holds it: each
+    position's direct effect on its next token (3 decimals), where it is largest, and the
+    promoted and suppressed tokens there (as text, with their logit change)."""
+
+    def r3(x: float | None) -> float | None:
+        return None if x is None else round(float(x), 3)
+
+    return {
+        "effects": [r3(e) for e in w.effects],
+        "at": w.at,
+        "promoted": [[_token(tokenizer, i), r3(v)] for i, v in w.promoted],
+        "suppressed": [[_token(tokenizer, i), r3(v)] for i, v in w.suppressed],
+    }
 
 
 def labelled_heads(catalog: dict[str, Any]) -> list[HeadIndex]:
@@ -325,7 +366,9 @@ def _plan_key(catalog: dict[str, Any]) -> str:
 
 def show(model: TransformerBridge, head: Any, text: str | None = None) -> Any:
     """One head's attention on ``text`` (default: the model's example texts) as an
-    interactive token view in a notebook (rendered as ``IPython.display.HTML`` is): hover or click a token to see its weights.
+    interactive token view in a notebook (rendered as ``IPython.display.HTML`` is): hover or
+    click a token to see its weights; under it, on a decoder, what the head writes there
+    (:mod:`headmech.attribution.writes`).
 
     Args:
         model: a model from :func:`headmech.load_model`.
@@ -337,6 +380,7 @@ def show(model: TransformerBridge, head: Any, text: str | None = None) -> Any:
     """
     from headmech.core.head_index import check_heads
     from headmech.publish.attention_view import view_html
+    from headmech.publish.site.writes_view import WRITES_CSS, writes_html
 
     (h,) = check_heads([head], int(model.cfg.n_layers), int(model.cfg.n_heads), "show")
     if text is not None and not text.strip():
@@ -345,13 +389,18 @@ def show(model: TransformerBridge, head: Any, text: str | None = None) -> Any:
     if text is not None:
         texts = [("text", model.tokenizer(text, add_special_tokens=True)["input_ids"])]
     data = record_examples(model, [h], texts)
+    writes = data.get("writes", {}).get(str(h)) or [None] * len(data["texts"])
     parts = [
         view_html(
             t["tokens"], rows, title=f"{h} on {t['probe']}", view_id=f"hm-{h}-{i}", inline=True
         )
-        for i, (t, rows) in enumerate(zip(data["texts"], data["heads"][str(h)], strict=True))
+        + writes_html(t["tokens"], w)
+        for i, (t, rows, w) in enumerate(
+            zip(data["texts"], data["heads"][str(h)], writes, strict=True)
+        )
     ]
-    return HeadView("".join(parts))
+    style = f"<style>{WRITES_CSS}</style>" if any(writes) else ""
+    return HeadView(style + "".join(parts))
 
 
 class HeadView:

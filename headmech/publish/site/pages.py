@@ -14,6 +14,7 @@ from headmech.classification.records import validation_of
 from headmech.core.errors import HeadmechError, InputError
 from headmech.publish.attention_view import top_attended, view_html
 from headmech.publish.examples import ORDINARY, own_types
+from headmech.publish.site.writes_view import writes_html
 
 __all__ = [
     "Model",
@@ -317,6 +318,7 @@ def head_page(m: Model, head: str) -> dict[str, Any]:
         "effects": effects,
         "views": views,
         "tops": tops,
+        "writes_note": (m.examples or {}).get("writes_note"),
         "own": own,
         "own_labelled": bool(own) and all(h in {_key(x) for x in m.types[n]["heads"]} for n in own),
         "prev": f"L{layer}H{index - 1}" if index > 0 else None,
@@ -353,12 +355,14 @@ def _head_views(m: Model, head: str, own: list[str]) -> tuple[list[str], list[di
     views, tops = [], []
     ex = m.examples or {}
     patterns = ex.get("heads", {}).get(head, [])  # none: examples.json predates the head
+    writes = ex.get("writes", {}).get(head, [])
     probes = {name: str(getattr(_head_type(name), "probe", "")) for name in own}
     shown = [
         (i, text, rows)
         for i, (text, rows) in enumerate(zip(ex.get("texts", []), patterns, strict=False))
         if rows is not None
     ]
+    wrote = dict(enumerate(writes))
     shown.sort(
         key=lambda x: (x[1]["probe"] not in probes.values(), x[1]["probe"] in ORDINARY, x[0])
     )
@@ -376,6 +380,7 @@ def _head_views(m: Model, head: str, own: list[str]) -> tuple[list[str], list[di
                 ids=text.get("ids"),
                 text_ref=f"{m.name}/{i}",  # assets/texts.js: one copy of each text
             )
+            + writes_html(text["tokens"], wrote.get(i))
         )
         tops.append({"probe": text["probe"], "top": top_attended(text["tokens"], rows)})
     return views, tops
