@@ -107,7 +107,7 @@ def _path(url: str) -> Path:
 # a document's links (anchors, images, style sheets, scripts), its images that did not
 # load, and its attention views that did not start
 LINKS = """d => [[
-  ...[...d.querySelectorAll('a[href]')].map(a => a.href),
+  ...[...d.querySelectorAll('a[href]')].map(a => new URL(a.getAttribute('href'), d.baseURI).href),
   ...[...d.querySelectorAll('img')].map(i => i.src),
   ...[...d.querySelectorAll('link[href], script[src]')].map(e => e.href || e.src)],
   [...d.images].filter(i => !i.naturalWidth).map(i => i.src),
@@ -692,3 +692,34 @@ def test_head_pages_show_what_the_head_writes(site):
         assert first is None or f'title="{first:+.3g}">{escape(t["tokens"][0])}</i>' in text
     minilm = (site / "heads" / "minilm-l6" / "L0H0.html").read_text()
     assert "What it writes is not shown for this model" in minilm and "causal" in minilm
+
+
+def test_the_model_page_scatters_every_head_along_two_chosen_metrics(site, page):
+    """A point per head with a score on both axes, placed by its values (a higher score
+    higher up), coloured by its verdict on the y axis's type; the axes switch; a point
+    reaches its head's page."""
+    name = "smollm2-135m"
+    catalog = json.loads((CATALOG / name / "catalog.json").read_text())
+    n_layers, n_heads = catalog["model"]["n_layers"], catalog["model"]["n_heads"]
+    page.goto((site / "models" / f"{name}.html").as_uri())
+    plot = page.locator(".scatter svg")
+    assert plot.locator("circle").count() == n_layers * n_heads  # depth x a full score grid
+    page.select_option('.scatter select[data-axis="y"]', "induction")
+    page.select_option('.scatter select[data-axis="x"]', "previous_token")
+    score = catalog["types"]["induction"]["score"]
+    have = [(la, h) for la in range(n_layers) for h in range(n_heads)]
+    both = [x for x in have if score[x[0]][x[1]] is not None]
+    prev = catalog["types"]["previous_token"]["score"]
+    both = [x for x in both if prev[x[0]][x[1]] is not None]
+    assert plot.locator("circle").count() == len(both)
+    la, h = catalog["types"]["induction"]["heads"][0]
+    point = plot.locator(f'a[data-head="L{la}H{h}"] circle')
+    assert point.get_attribute("class") == "pt v1"  # labelled: red
+    assert "induction" in point.locator("title").text_content()
+    low = min(both, key=lambda x: score[x[0]][x[1]])
+    cy = float(point.get_attribute("cy"))
+    assert cy < float(plot.locator(f'a[data-head="L{low[0]}H{low[1]}"] circle').get_attribute("cy"))
+    plot.locator(f'a[data-head="L{la}H{h}"]').click()
+    page.wait_for_load_state()
+    assert _path(page.url) == site / "heads" / name / f"L{la}H{h}.html"
+    assert not page.errors

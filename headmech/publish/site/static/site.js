@@ -265,7 +265,92 @@
     select(data.tokens.length - 1);
   }
 
+  // every head of a model along two metrics (HeadVis's configurable scatter):
+  // <div class="scatter" data-model>; x and y from selects (relative depth or any type's
+  // score), colour: the head's verdict on the y axis's type; a point links to its head
+  var SVGNS = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs) {
+    var e = document.createElementNS(SVGNS, tag);
+    for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
+    return e;
+  }
+  function scatter(div) {
+    var m = model(div.dataset.model);
+    if (!m) return;
+    var names = Object.keys(m.types).sort(), depth = "relative depth (layer / (layers - 1))";
+    function values(metric) {
+      var out = [];
+      for (var i = 0; i < m.layers * m.heads; i++) {
+        out.push(metric === depth ? Math.floor(i / m.heads) / Math.max(m.layers - 1, 1) : m.types[metric].scores[i]);
+      }
+      return out;
+    }
+    var first = names.filter(function (n) { return m.types[n].verdicts.indexOf(1) >= 0; })[0] || names[0];
+    var controls = el("p", { "class": "scatter-axes" });
+    var sel = {};
+    ["x", "y"].forEach(function (axis) {
+      var label = el("label", {}, axis + ": ");
+      var s = el("select", { "data-axis": axis, "aria-label": axis + " axis" });
+      [depth].concat(names).forEach(function (n) { s.appendChild(el("option", { value: n }, n)); });
+      s.value = axis === "x" ? depth : first;
+      s.addEventListener("change", draw);
+      label.appendChild(s);
+      controls.appendChild(label);
+      controls.appendChild(document.createTextNode(" "));
+      sel[axis] = s;
+    });
+    div.appendChild(controls);
+    var W = 560, H = 340, P = 44;
+    var plot = svg("svg", { viewBox: "0 0 " + W + " " + H, width: "100%", role: "group", "class": "scatter-plot" });
+    div.appendChild(plot);
+    function draw() {
+      while (plot.firstChild) plot.removeChild(plot.firstChild);
+      var xm = sel.x.value, ym = sel.y.value, xs = values(xm), ys = values(ym);
+      var colour = ym === depth ? null : m.types[ym].verdicts;
+      function range(v) {
+        var lo = Infinity, hi = -Infinity;
+        v.forEach(function (a) { if (a !== null) { lo = Math.min(lo, a); hi = Math.max(hi, a); } });
+        if (!(hi > lo)) { lo -= 0.5; hi += 0.5; }
+        return [lo, hi];
+      }
+      var rx = range(xs), ry = range(ys);
+      function px(v) { return P + (v - rx[0]) / (rx[1] - rx[0]) * (W - 2 * P); }
+      function py(v) { return H - P - (v - ry[0]) / (ry[1] - ry[0]) * (H - 2 * P); }
+      plot.setAttribute("aria-label", m.name + ": every head, x " + xm + ", y " + ym);
+      plot.appendChild(svg("rect", { x: P, y: P, width: W - 2 * P, height: H - 2 * P, "class": "scatter-frame" }));
+      [[rx[0], P, H - P + 14, "start"], [rx[1], W - P, H - P + 14, "end"]].forEach(function (t) {
+        var e = svg("text", { x: t[1], y: t[2], "text-anchor": t[3], "class": "scatter-tick" });
+        e.textContent = t[0].toFixed(2);
+        plot.appendChild(e);
+      });
+      [[ry[0], H - P], [ry[1], P + 4]].forEach(function (t) {
+        var e = svg("text", { x: P - 4, y: t[1], "text-anchor": "end", "class": "scatter-tick" });
+        e.textContent = t[0].toFixed(2);
+        plot.appendChild(e);
+      });
+      var xl = svg("text", { x: W / 2, y: H - 8, "text-anchor": "middle", "class": "scatter-label" });
+      xl.textContent = xm;
+      plot.appendChild(xl);
+      var yl = svg("text", { x: 12, y: H / 2, "text-anchor": "middle", transform: "rotate(-90 12 " + H / 2 + ")", "class": "scatter-label" });
+      yl.textContent = ym;
+      plot.appendChild(yl);
+      for (var i = 0; i < xs.length; i++) {
+        if (xs[i] === null || ys[i] === null) continue;
+        var name = headName(m, i), v = colour ? colour[i] : 0;
+        var a = svg("a", { href: headHref(m.name, name), "data-head": name });
+        var c = svg("circle", { cx: px(xs[i]).toFixed(1), cy: py(ys[i]).toFixed(1), r: v === 1 ? 4.5 : 3, "class": "pt v" + v });
+        var tip = svg("title", {});
+        tip.textContent = name + ": " + xm + " " + fmt(xs[i]) + ", " + ym + " " + fmt(ys[i]) + (colour ? " (" + VERDICT[v] + ")" : "");
+        c.appendChild(tip);
+        a.appendChild(c);
+        plot.appendChild(a);
+      }
+    }
+    draw();
+  }
+
   document.querySelectorAll(".hmap").forEach(heatmap);
+  document.querySelectorAll(".scatter").forEach(scatter);
   document.querySelectorAll(".hm-layer").forEach(layerView);
   document.querySelectorAll("table.sortable").forEach(sortable);
   document.querySelectorAll("input.filter").forEach(filter);
