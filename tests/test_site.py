@@ -723,3 +723,24 @@ def test_the_model_page_scatters_every_head_along_two_chosen_metrics(site, page)
     page.wait_for_load_state()
     assert _path(page.url) == site / "heads" / name / f"L{la}H{h}.html"
     assert not page.errors
+
+
+def test_each_catalog_has_a_bibtex_entry_with_year_version_and_identifier(site):
+    """The index's "How to cite": one @misc per model with its year (from the files'
+    dates), the headmech version and a URN naming the model and the commit it was made at."""
+    import re
+    from html import unescape
+
+    text = unescape((site / "index.html").read_text())
+    for name in MODELS:
+        entry = re.search(
+            r"@misc\{headmech_" + re.sub(r"[^A-Za-z0-9]", "_", name) + r",\n(.*?)\n\}", text, re.S
+        )
+        assert entry, name
+        fields = dict(re.findall(r"^  (\w+) = \{(.*)\},?$", entry[1], re.M))
+        assert re.fullmatch(r"20\d\d", fields["year"]) and fields["version"]
+        commit = json.loads((CATALOG / name / "catalog.json").read_text())["provenance"][
+            "versions"
+        ]["headmech_git"]["commit"]
+        assert fields["url"] == f"urn:headmech:catalog:{name}:{commit[:12]}"
+        assert f"commit {commit}" in fields["note"]

@@ -130,6 +130,7 @@ def publish_model(
         "validation_peak_mb": catalog.meta.get("validation_peak_mb", {}),
         "cpu_seconds": round(c3 - c0, 1),  # all threads: above the wall time when idle
         "threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # when it finished (UTC)
     }
     (out / "run.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     (out / "catalog.partial.json").unlink(missing_ok=True)

@@ -85,16 +85,37 @@ def _environment() -> Any:
 
 
 def _cite(m: Model) -> str:
+    """A BibTeX entry of one published catalog: its year (when it was published or last
+    updated, as its files record it), the headmech version, and a URN naming the model and
+    the commit (else the weights) it was made at."""
     p = provenance(m)
-    git = p["git"] or {}
-    commit = git.get("commit", "") if isinstance(git, dict) else str(git)
+    git = (m.catalog.get("provenance", {}).get("versions", {}) or {}).get("headmech_git") or p["git"]
+    commit = git.get("commit", "") if isinstance(git, dict) else str(git or "")
+    key = commit[:12] or p["weights"][:16]
     return (
-        f"@misc{{headmech_{m.name.replace('-', '_')},\n"
+        f"@misc{{headmech_{re.sub(r'[^A-Za-z0-9]', '_', m.name)},\n"
+        f"  author = {{{{headmech contributors}}}},\n"
         f"  title = {{headmech head catalog of {m.name}}},\n"
+        f"  year = {{{_year(m)}}},\n"
+        f"  version = {{{p['headmech']}}},\n"
+        f"  url = {{urn:headmech:catalog:{m.name}:{key}}},\n"
         f"  note = {{headmech {p['headmech']}; weights sha256 {p['weights']}; "
         f"made by: {p['command']}{'; commit ' + commit if commit else ''}}},\n"
         f"  howpublished = {{catalog/{m.name}/catalog.json}}\n}}"
     )
+
+
+def _year(m: Model) -> str:
+    """The year of the newest date the catalog's files record (its publication, its
+    updates); the current year where they record none."""
+    import time
+
+    prov = m.catalog.get("provenance", {})
+    records = [m.run, *m.run.get("updates", [])]
+    for key in ("validation_updates", "type_additions", "broad_updates"):
+        records += list(prov.get(key) or [])
+    dates = [str(r["date"]) for r in records if isinstance(r, dict) and r.get("date")]
+    return max(dates)[:4] if dates else time.strftime("%Y", time.gmtime())
 
 
 def _write(path: Path, text: str) -> int:
