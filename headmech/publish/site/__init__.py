@@ -89,7 +89,9 @@ def _cite(m: Model) -> str:
     updated, as its files record it), the headmech version, and a URN naming the model and
     the commit (else the weights) it was made at."""
     p = provenance(m)
-    git = (m.catalog.get("provenance", {}).get("versions", {}) or {}).get("headmech_git") or p["git"]
+    git = (m.catalog.get("provenance", {}).get("versions", {}) or {}).get("headmech_git") or p[
+        "git"
+    ]
     commit = git.get("commit", "") if isinstance(git, dict) else str(git or "")
     key = commit[:12] or p["weights"][:16]
     return (
