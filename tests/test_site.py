@@ -178,8 +178,11 @@ def test_model_pages_show_every_type_with_its_labelled_heads_and_verdict(site, p
         for t, result in catalog["types"].items():
             section = page.locator(f"#type-{t}")
             assert section.count() == 1, f"{name}: no section for {t}"
-            shown = set(section.locator("table.heads a").all_inner_texts())
+            shown = set(section.locator("table.heads a").all_text_contents())
             assert shown == {f"L{la}H{h}" for la, h in result["heads"]}, (name, t)
+            folded = section.locator("details.big:not([open]) table.heads").count()
+            assert folded == (len(result["heads"]) > 12), (name, t)  # big tables start folded
+            assert section.locator(".hmap .hmap-bar .hmap-grad").count() == 1  # a colour bar
             n_layers, n_heads = catalog["model"]["n_layers"], catalog["model"]["n_heads"]
             assert section.locator(".hmap .hmap-cell").count() == n_layers * n_heads
             if (CATALOG / name / "heatmaps" / f"{t}.png").exists():  # the PNG, from data/
@@ -195,6 +198,10 @@ def test_model_pages_show_every_type_with_its_labelled_heads_and_verdict(site, p
             for e in result.get("not_labelled", []):  # every rejected head, with its reason
                 assert f"{e['head']} " in section.locator("p.rejected").inner_text()
                 assert e["reason"] in section.locator("p.rejected").inner_text()
+        # the specific types first: the sections by labelled heads, types labelling none last
+        order = page.locator("section.type").evaluate_all("s => s.map(x => x.id.slice(5))")
+        n = {t: len(r["heads"]) for t, r in catalog["types"].items()}
+        assert order == sorted(n, key=lambda t: (n[t] == 0, n[t], t)), name
 
 
 def test_hovering_a_token_shows_the_weights_of_examples_json(site, page):
@@ -408,6 +415,8 @@ def test_tables_sort_and_filter(site, page):
     name = MODELS[0]
     page.goto((site / "models" / f"{name}.html").as_uri())
     table = page.locator("#heads-table")
+    assert not table.is_visible()  # folded: the page opens with the types
+    page.locator("#all-heads + details > summary").click()
     n = table.locator("tbody tr").count()
     table.locator("th", has_text="layer").click()
     table.locator("th", has_text="layer").click()  # descending: the last layer first

@@ -205,7 +205,8 @@ def validation(t: dict[str, Any], shape: tuple[int, int] | None = None) -> dict[
 
 
 def model_types(m: Model, page_dir: Path) -> list[dict[str, Any]]:
-    """Per type of ``m``: threshold, labelled and borderline heads, validation, heatmap."""
+    """Per type of ``m``: threshold, labelled and borderline heads, validation, heatmap; the
+    types that label the fewest heads first."""
     n_layers, n_heads = m.shape
     out = []
     for name, t in sorted(m.types.items()):
@@ -229,7 +230,9 @@ def model_types(m: Model, page_dir: Path) -> list[dict[str, Any]]:
                 "depth": _depth([r["layer"] for r in heads], n_layers),
             }
         )
-    return out
+    # the specific types first (the fewest heads labelled), those that label none last: a
+    # type labelling most heads (attention sinks) no longer opens the page
+    return sorted(out, key=lambda r: (not r["heads"], len(r["heads"]), r["name"]))
 
 
 def _depth(layers: list[int], n_layers: int) -> float | None:

@@ -52,6 +52,20 @@
       grid.appendChild(row);
     }
     div.appendChild(grid);
+    div.appendChild(colourBar(max, t.scores.some(function (v) { return v !== null && v < 0; })));
+  }
+
+  // a heatmap's colour bar: blue for positive scores, red for negative, by size
+  function colourBar(max, negative) {
+    var bar = el("div", { "class": "hmap-bar", role: "img",
+      "aria-label": "colour scale: " + (negative ? "red -" + fmt(max) + " to " : "") + "white 0 to blue " + fmt(max) });
+    var grad = el("span", { "class": "hmap-grad" });
+    grad.style.background = "linear-gradient(to right, " + (negative ? "rgba(214,39,40,1), rgba(214,39,40,0.05), " : "") +
+      "rgba(31,119,180,0.05), rgba(31,119,180,1))";
+    bar.appendChild(el("span", { "class": "hmap-lo" }, negative ? "-" + fmt(max) : "0"));
+    bar.appendChild(grad);
+    bar.appendChild(el("span", { "class": "hmap-hi" }, fmt(max)));
+    return bar;
   }
 
   // sortable tables: click (or Enter on) a column header
