@@ -38,8 +38,8 @@ def site(tmp_path_factory) -> Path:
     # (tutorials apart). data/ holds the copies of the published files (catalog.json,
     # examples.json, run.json, the heatmap PNGs: 10.2 MB), counted on their own.
     # what each head writes (a shaded copy of each text, its promoted and suppressed
-    # tokens) adds about 5 kB a head page: 17 MB
-    assert summary.bytes < 17_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
+    # tokens) adds about 5 kB a head page, the layer views' second text 15 kB a layer: 18 MB
+    assert summary.bytes < 18_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
     assert summary.data_bytes < 14_000_000, f"data/ is {summary.data_bytes / 1e6:.1f} MB"
     return out
 
@@ -623,6 +623,28 @@ def test_the_layer_view_shows_every_head_of_a_layer_on_one_text(site, page):
     every = {f"L{layer}H{h}" for h in range(catalog["model"]["n_heads"])}
     assert {h for h in examples["heads"] if h.startswith(f"L{layer}H")} == every
     assert set(page.locator("a.hm-lname").all_inner_texts()) == every
+    # each head with the types that label it
+    assert "induction" in row.locator(".hm-llab").inner_text()
+    # the ordinary texts, every head recorded on them, one at a time
+    whole = [
+        i
+        for i in range(len(examples["texts"]))
+        if all(examples["heads"][h][i] is not None for h in every)
+    ]
+    pick = page.locator("select.hm-text")
+    assert pick.locator("option").count() == len(whole) >= 2
+    pick.select_option("1")
+    i = whole[1]
+    assert page.locator("#layer-view").get_attribute("data-text") == "1"
+    tokens = page.locator(".hm-lquery .hm-ltok")
+    assert tokens.count() == len(examples["texts"][i]["tokens"])
+    q = tokens.count() - 1
+    tokens.nth(q).click()
+    shown = row.locator(".hm-ltok").evaluate_all(
+        f"es => es.slice(0, {q + 1}).map(e => e.dataset.w)"
+    )
+    assert [float(x) for x in shown] == pytest.approx(examples["heads"][head][i][q], abs=5e-4)
+    pick.select_option("0")
     assert not page.errors
     out = Path(os.environ.get("HEADMECH_SCREENSHOTS") or site / "screenshots")
     out.mkdir(parents=True, exist_ok=True)

@@ -41,28 +41,43 @@ def atlas_index(models: list[Model]) -> dict[str, Any]:
     return out
 
 
-def layer_page(m: Model, layer: int, text: int = 0) -> dict[str, Any]:
-    """Every head of ``layer`` on one recorded text (``examples.json``'s text ``text``;
-    the heads it records): the tokens and, per head, its rows of weights in integer
-    thousandths, as the layer view of the site reads them."""
+def layer_page(m: Model, layer: int) -> dict[str, Any]:
+    """Every head of ``layer`` on each text examples.json records all of them on (the
+    ordinary texts; the first where none is whole): the tokens and, per head, its rows of
+    weights in integer thousandths, with the types that label each head, as the layer view
+    of the site reads them (a text per ``texts`` entry; the view switches between them)."""
     ex = m.examples or {}
     texts = ex.get("texts", [])
     if not texts:
-        return {"layer": layer, "probe": None, "data": None, "missing": []}
-    t = texts[min(text, len(texts) - 1)]
+        return {"layer": layer, "texts": [], "missing": []}
     n_heads = m.shape[1]
-    heads, missing = {}, []
-    for h in range(n_heads):
-        rows = ex.get("heads", {}).get(f"L{layer}H{h}")
-        if rows and len(rows) > text and rows[text] is not None:
-            heads[f"L{layer}H{h}"] = [[round(float(w) * 1000) for w in r] for r in rows[text]]
-        else:
-            missing.append(f"L{layer}H{h}")
-    data = json.dumps({"tokens": t["tokens"], "heads": heads}, separators=(",", ":"))
-    return {
-        "layer": layer,
-        "probe": t["probe"],
-        "n_tokens": len(t["tokens"]),
-        "data": data.replace("</", "<\\/"),
-        "missing": missing,
+    names = [f"L{layer}H{h}" for h in range(n_heads)]
+    recorded = ex.get("heads", {})
+
+    def whole(i: int) -> bool:
+        return all(len(recorded.get(n) or []) > i and recorded[n][i] is not None for n in names)
+
+    chosen = [i for i in range(len(texts)) if whole(i)] or [0]
+    labels = {
+        n: sorted(t for t, r in m.types.items() if [layer, int(n.split("H")[1])] in r["heads"])
+        for n in names
     }
+    out, missing = [], []
+    for i in chosen:
+        heads = {}
+        for n in names:
+            rows = recorded.get(n)
+            if rows and len(rows) > i and rows[i] is not None:
+                heads[n] = [[round(float(w) * 1000) for w in r] for r in rows[i]]
+            elif n not in missing:
+                missing.append(n)
+        t = texts[i]
+        data = {"probe": t["probe"], "tokens": t["tokens"], "heads": heads, "labels": labels}
+        out.append(
+            {
+                "probe": t["probe"],
+                "n_tokens": len(t["tokens"]),
+                "data": json.dumps(data, separators=(",", ":")).replace("</", "<\\/"),
+            }
+        )
+    return {"layer": layer, "texts": out, "missing": missing}

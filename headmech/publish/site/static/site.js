@@ -224,8 +224,33 @@
   }
 
   // layer view: every head of a layer on one text, for the query picked on the first line
+  // the layer view: a select switches between the texts (one <script class="hm-data"> each)
   function layerView(box) {
-    var data = JSON.parse(box.querySelector("script.hm-data").textContent);
+    var scripts = [].slice.call(box.querySelectorAll("script.hm-data"));
+    var view = el("div", { "class": "hm-lview" });
+    if (scripts.length > 1) {
+      var p = el("p", {}), label = el("label", {}, "text: ");
+      var pick = el("select", { "class": "hm-text", "aria-label": "the text the heads are shown on" });
+      scripts.forEach(function (sc, i) {
+        var d = JSON.parse(sc.textContent);
+        pick.appendChild(el("option", { value: String(i) }, d.probe + " (" + d.tokens.length + " tokens)"));
+      });
+      pick.addEventListener("change", function () { render(+pick.value); });
+      label.appendChild(pick);
+      p.appendChild(label);
+      box.appendChild(p);
+    }
+    box.appendChild(view);
+    function render(i) {
+      while (view.firstChild) view.removeChild(view.firstChild);
+      box.dataset.text = String(i);
+      box.dataset.pinned = "-1";
+      layerText(box, view, JSON.parse(scripts[i].textContent));
+    }
+    render(0);
+  }
+
+  function layerText(box, view, data) {
     var names = Object.keys(data.heads).sort(function (a, b) {
       return +a.split("H")[1] - +b.split("H")[1];
     });
@@ -238,16 +263,18 @@
       strip.appendChild(s);
       return s;
     });
-    box.appendChild(strip);
+    view.appendChild(strip);
     var lines = names.map(function (name) {
       var row = el("div", { "class": "hm-lrow" });
       row.appendChild(el("a", { "class": "hm-lname", href: headHref(document.body.dataset.model, name) }, name));
+      var labels = (data.labels || {})[name] || [];
+      if (labels.length) row.appendChild(el("span", { "class": "hm-llab" }, labels.join(", ")));
       var cells = data.tokens.map(function (t) { var s = el("span", { "class": "hm-ltok" }, t || "\u200b"); row.appendChild(s); return s; });
-      box.appendChild(row);
+      view.appendChild(row);
       return { name: name, cells: cells, rows: data.heads[name] };
     });
     var status = el("p", { "class": "small", role: "status" });
-    box.appendChild(status);
+    view.appendChild(status);
     var pinned = -1;
 
     var ink = headmechInk;  // assets/site.js begins with INK_JS (headmech/publish/attention_view.py)
