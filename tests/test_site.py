@@ -775,3 +775,30 @@ def test_each_catalog_has_a_bibtex_entry_with_year_version_and_identifier(site):
         ]["headmech_git"]["commit"]
         assert fields["url"] == f"urn:headmech:catalog:{name}:{commit[:12]}"
         assert f"commit {commit}" in fields["note"]
+
+
+def test_addresses_keep_the_search_and_the_pinned_query(site, page):
+    """A search or a pinned query is in the page's address; opening that address shows
+    the same results, or the same view with that query pinned."""
+    name = "smollm2-135m"
+    page.goto((site / "index.html").as_uri())
+    page.fill("#search", f"{name} induction")
+    assert page.evaluate("location.hash") == "#q=" + f"{name} induction".replace(" ", "%20")
+    got = sorted(page.locator("#results tbody tr td:nth-child(2)").all_inner_texts())
+    shared = page.evaluate("location.href")  # (page.url lags a replaceState)
+    page.goto("about:blank")
+    page.goto(shared)
+    assert page.locator("#search").input_value() == f"{name} induction"
+    assert sorted(page.locator("#results tbody tr td:nth-child(2)").all_inner_texts()) == got
+    head = "L18H6"
+    page.goto((site / "heads" / name / f"{head}.html").as_uri())
+    page.locator("#view-0 .hm-tok").nth(4).click()
+    address = page.evaluate("location.href")
+    assert address.endswith("#view-0=4")
+    page.goto("about:blank")
+    page.goto(address)
+    assert page.locator("#view-0").get_attribute("data-pinned") == "4"
+    assert page.locator("#view-0 .hm-tok").nth(4).get_attribute("aria-pressed") == "true"
+    page.locator("#view-0 .hm-tok").nth(4).click()  # unpinned: the address forgets it
+    assert "#view-0" not in page.evaluate("location.href")
+    assert not page.errors

@@ -161,6 +161,12 @@ VIEW_JS = (
       });
       root.dataset.pinned = String(pinned);
       if (pinned >= 0) select(pinned); else select(q);
+      // an atlas page's address keeps the pinned query (#view-2=14), so a view can be shared
+      if (document.body.dataset.root && root.id && window.history.replaceState) {
+        var here = location.hash.slice(1), mine = here.split("=")[0] === root.id;
+        if (pinned >= 0) history.replaceState(null, "", "#" + root.id + "=" + pinned);
+        else if (mine) history.replaceState(null, "", location.pathname + location.search);
+      }
     }
     toks.forEach(function (t, q) {
       t.addEventListener("mouseenter", function () { if (pinned < 0) select(q); });
@@ -236,6 +242,11 @@ VIEW_JS = (
       if (q >= 0 && q < n) pin(q);
     });
     root.insertBefore(details, status.nextSibling);
+    var shared = /^#([\w-]+)=(\d+)$/.exec(location.hash);  // an address that pins a query
+    if (shared && shared[1] === root.id && +shared[2] < toks.length) {
+      pin(+shared[2]);
+      root.scrollIntoView();
+    }
   }
   window.headmechView = init;
   document.querySelectorAll(".hm-view").forEach(init);

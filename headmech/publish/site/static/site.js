@@ -160,7 +160,14 @@
       });
       count.textContent = input.value.trim() ? found.length + " heads" + (found.length > 300 ? " (first 300 shown)" : "") : "";
     }
-    input.addEventListener("input", run);
+    // the address keeps the search (index.html#q=smollm2%20induction): a result list can be shared
+    input.addEventListener("input", function () {
+      run();
+      if (window.history.replaceState) {
+        history.replaceState(null, "", input.value.trim() ? "#q=" + encodeURIComponent(input.value) : location.pathname);
+      }
+    });
+    if (/^#q=/.test(location.hash)) input.value = decodeURIComponent(location.hash.slice(3));
     if (input.value) run();
   }
 
