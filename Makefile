@@ -115,9 +115,10 @@ catalog: setup
 site: setup
 	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.publish.site --examples --catalog catalog
 
-# docs/screenshots/{index,head,head-own-probe,layer}.png for the README, taken by the browser test
-site-screenshots: setup browser
-	HEADMECH_SCREENSHOTS=docs/screenshots $(PY) -m pytest -n 0 -q tests/test_site.py -k "hovering or layer_view"
+# docs/screenshots/{index,head,head-own-probe,layer}.png for the README, each pinned at the query
+# its caption describes (docs/screenshots.py prints the captions; tests/test_site.py checks them)
+site-screenshots: site browser
+	$(PY) docs/screenshots.py catalog/site docs/screenshots
 
 # BENCH_ARGS reach every script, e.g. make bench BENCH_ARGS="--device cuda"
 BENCH_ARGS ?=

@@ -4,8 +4,9 @@ The site is built into a temporary folder from the committed catalogs and opened
 file system, as a reader opens it. The browser is found by :func:`find_chromium`
 ($HEADMECH_CHROMIUM, then chromium / chromium-browser / google-chrome on PATH, then
 Playwright's own download); with none these tests skip with one line saying how to install
-one, unless HEADMECH_REQUIRE_BROWSER=1 (CI's ``.ci/run``), where they fail. Screenshots of the index and of one head's page go to the test's
-temporary folder, or to $HEADMECH_SCREENSHOTS (``make site-screenshots``: docs/screenshots).
+one, unless HEADMECH_REQUIRE_BROWSER=1 (CI's ``.ci/run``), where they fail. The README's
+screenshots are taken by docs/screenshots.py (``make site-screenshots``), each at the query
+its caption describes; a test here checks that the pinned views show what the captions say.
 """
 
 from __future__ import annotations
@@ -232,25 +233,6 @@ def test_hovering_a_token_shows_the_weights_of_examples_json(site, page):
         view.locator(".hm-tok").nth(2).click()  # another query: its own row
         assert len(view.locator(".hm-w").all_inner_texts()) == len(examples["heads"][head][v][2])
     assert not page.errors
-    out = Path(os.environ.get("HEADMECH_SCREENSHOTS") or site / "screenshots")
-    out.mkdir(parents=True, exist_ok=True)
-    # the repeated tokens: an induction head's stripe
-    (last,) = [v for v in recorded if examples["texts"][v]["probe"] == "repeated_random"]
-    page.locator(f"#view-{last} .hm-tok").nth(len(examples["texts"][last]["tokens"]) - 1).hover()
-    page.screenshot(path=str(out / "head.png"))
-    if name == "smollm2-135m":  # a name mover on its own probe: an IOI prompt, first
-        page.goto((site / "heads" / name / "L23H0.html").as_uri())
-        first = page.locator(".hm-view").first
-        assert "L23H0 on ioi (" in first.locator(".hm-title").inner_text()
-        first.locator(".hm-tok").last.click()  # the end: where the name mover reads the IO
-        first.scroll_into_view_if_needed()
-        page.screenshot(path=str(out / "head-own-probe.png"))
-        assert (out / "head-own-probe.png").stat().st_size > 10_000
-    page.goto((site / "index.html").as_uri())
-    page.screenshot(path=str(out / "index.png"))
-    assert (out / "head.png").stat().st_size > 10_000 and (
-        out / "index.png"
-    ).stat().st_size > 10_000
 
 
 def test_token_text_is_escaped(page):
@@ -646,10 +628,6 @@ def test_the_layer_view_shows_every_head_of_a_layer_on_one_text(site, page):
     assert [float(x) for x in shown] == pytest.approx(examples["heads"][head][i][q], abs=5e-4)
     pick.select_option("0")
     assert not page.errors
-    out = Path(os.environ.get("HEADMECH_SCREENSHOTS") or site / "screenshots")
-    out.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(out / "layer.png"), full_page=True)
-    assert (out / "layer.png").stat().st_size > 10_000
 
 
 def test_token_ids_show_on_hover_where_recorded(site, page):
@@ -721,6 +699,9 @@ def test_head_pages_show_what_the_head_writes(site):
         assert f'<code class="tok">{escape(tok)}</code> {value:+.3g}' in text
         first = w["effects"][0]
         assert first is None or f'title="{first:+.3g}">{escape(t["tokens"][0])}</i>' in text
+        if w["at"] != len(t["tokens"]) - 1:  # the last token's write, where an answer is read
+            up = w["end"][0][0]
+            assert f'its write raises <code class="tok">{escape(up[0])}</code> {up[1]:+.3g}' in text
     minilm = (site / "heads" / "minilm-l6" / "L0H0.html").read_text()
     assert "What it writes is not shown for this model" in minilm and "causal" in minilm
 
@@ -801,4 +782,43 @@ def test_addresses_keep_the_search_and_the_pinned_query(site, page):
     assert page.locator("#view-0 .hm-tok").nth(4).get_attribute("aria-pressed") == "true"
     page.locator("#view-0 .hm-tok").nth(4).click()  # unpinned: the address forgets it
     assert "#view-0" not in page.evaluate("location.href")
+    assert not page.errors
+
+
+def _screenshots():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "screenshots.py"
+    spec = importlib.util.spec_from_file_location("screenshots", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_screenshots_show_what_their_captions_say(site, page):
+    """Each README screenshot (docs/screenshots.py) carries the caption its pinned view
+    earns: opened at the shot's address, the view has that query pinned and shows the
+    weights the caption states on the tokens it names; the induction head's largest weight
+    is on the token after the earlier copy; where the caption says another token gets more,
+    it does."""
+    shots = _screenshots()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for shot in shots.SHOTS:
+        assert f"![{shots.caption(shot)}](docs/screenshots/{shot.file})" in readme, shot.file
+        if shot.probe is None:
+            continue
+        address = shots.address(shot)
+        page.goto((site / address.split("#")[0]).as_uri() + "#" + address.split("#")[1])
+        view_id, q = address.split("#")[1].split("=")
+        view = page.locator(f"#{view_id}")
+        assert view.get_attribute("data-pinned") == q
+        shown = [float(x) for x in view.locator(".hm-w").all_inner_texts()]
+        c = shots.claim(shot)
+        for k, w in c["named"].items():
+            assert shown[k] == pytest.approx(w, abs=5e-4), (shot.file, k)
+        top = max(range(len(shown)), key=shown.__getitem__)
+        if c["top"] is not None:
+            assert top == c["top"], shot.file
+        else:  # the caption says another token gets more than the one it is about
+            assert top == c["max"] and top != c["io"], shot.file
     assert not page.errors

@@ -50,6 +50,9 @@ def test_effects_and_tokens_equal_a_hand_computation(tiny_models):
             low = (-diff[g.at]).topk(3)
             assert [i for i, _ in g.suppressed] == low.indices.tolist()
             assert g.suppressed[0][1] == pytest.approx(float(diff[g.at].min()), abs=1e-5)
+            end = diff[-1].topk(3)  # the last position: no next token, its write all the same
+            assert [i for i, _ in g.end[0]] == end.indices.tolist()
+            assert g.end[1][0][1] == pytest.approx(float(diff[-1].min()), abs=1e-5)
     assert any(abs(e) > 1e-4 for e in got[heads[0]].effects[:-1])  # a live head moves logits
 
 

@@ -10,9 +10,10 @@ path to the logits; for a pre-norm model without a post-attention norm, the dire
 attribution of Elhage et al. 2021 but for the final norm's change of scale, which freezing
 would ignore). Logits are centred, the mean over the vocabulary subtracted: the part the
 softmax reads. :func:`head_writes` gives, per head, the direct effect on each position's
-next token and, at the position where that is largest in size, the ``k`` tokens the write
-raises and lowers most over the whole vocabulary: what the head writes, measured on the
-text rather than read from its weights alone.
+next token and, at the position where that is largest in size and at the last position
+(where a prompt's answer is read), the ``k`` tokens the write raises and lowers most over
+the whole vocabulary: what the head writes, measured on the text rather than read from its
+weights alone.
 
 References:
     Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits".
@@ -52,12 +53,16 @@ class HeadWrite:
         promoted: there, the ``k`` tokens its write raises most: ``(token id, centred
             logit change)``, the largest first.
         suppressed: the ``k`` it lowers most, the most lowered first.
+        end: the same two lists at the last position (where a prompt's answer is read:
+            an IOI prompt's end, where name movers write the indirect object), which has
+            no next token to score.
     """
 
     effects: list[float | None]
     at: int
     promoted: list[tuple[int, float]]
     suppressed: list[tuple[int, float]]
+    end: tuple[list[tuple[int, float]], list[tuple[int, float]]] = ([], [])
 
 
 @torch.no_grad()
@@ -101,12 +106,17 @@ def head_writes(
         diff = normed - without  # [pos, d_model]: what the head's write adds after the norm
         eff = (diff[:-1] * nxt.T).sum(-1)  # [pos - 1]
         at = int(eff.abs().argmax())
-        change = diff[at] @ centred  # [d_vocab]
-        up, down = change.topk(k), (-change).topk(k)
         out[h] = HeadWrite(
-            [float(e) for e in eff] + [None],
-            at,
-            [(int(i), float(v)) for v, i in zip(up.values, up.indices, strict=True)],
-            [(int(i), -float(v)) for v, i in zip(down.values, down.indices, strict=True)],
-        )
+            [float(e) for e in eff] + [None], at, *_extremes(diff[at] @ centred, k),
+            end=_extremes(diff[-1] @ centred, k),
+        )  # fmt: skip
     return out
+
+
+def _extremes(change: Tensor, k: int) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """The ``k`` tokens a change of the centred logits raises most and lowers most."""
+    up, down = change.topk(k), (-change).topk(k)
+    return (
+        [(int(i), float(v)) for v, i in zip(up.values, up.indices, strict=True)],
+        [(int(i), -float(v)) for v, i in zip(down.values, down.indices, strict=True)],
+    )

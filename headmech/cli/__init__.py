@@ -298,7 +298,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prune(sub)
     _add_discover(sub)
     kv.add_parser(sub, _add_placement)
+    _add_serve(sub)
     return parser
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="any text, any head or layer, in the browser (a local server)",
+        description="Load MODEL once and serve a page on this machine: type a text, name a head "
+        "(L3H1) or a layer (L3), and see its attention, what it writes and its pattern scores.",
+    )
+    p.add_argument("model", metavar="MODEL", help="a bundled, toy or local Hugging Face model")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="the address to bind (default: this machine only)"
+    )
+    p.add_argument(
+        "--port", type=int, default=8765, help="the port (default 8765; 0: any free one)"
+    )
+    p.set_defaults(func=commands.cmd_serve)
 
 
 def _one_line(text: str) -> str:

@@ -10,6 +10,7 @@ second, not after a minute of loading) and writes its files through the result o
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -37,6 +38,7 @@ __all__ = [
     "cmd_kv_plan",
     "cmd_models",
     "cmd_prune",
+    "cmd_serve",
     "cmd_types",
 ]
 
@@ -320,4 +322,25 @@ def cmd_prune(args: argparse.Namespace) -> int:
     report.pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")
     print(f"next: open {out / 'pruning.png'}   (the metric as heads are removed)")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``headmech serve``: the page in the foreground until Ctrl-C."""
+    from headmech.cli.base import model_name
+
+    model_name(args.model)  # a mistyped name: one line, before anything loads
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"--port must be between 0 and 65535, got {args.port}")
+    from headmech.models import load_model
+    from headmech.models.packages import first_load
+    from headmech.publish.serve import start
+
+    print(first_load(args.model) or f"loading {args.model} ...", file=sys.stderr)
+    server = start(load_model(args.model), args.model, args.host, args.port)
+    print(f"serving {args.model} at {server.url} (Ctrl-C to stop)", flush=True)
+    try:
+        server.thread.join()
+    except KeyboardInterrupt:
+        server.stop()
     return 0

@@ -55,7 +55,7 @@ MAX_PROBE_TOKENS = 112
 ORDINARY = ("prose", "repeated_random")
 """The texts every head is recorded on."""
 
-SCHEMA = 3  # 3: what each head writes (``writes``)
+SCHEMA = 4  # 3: what each head writes (``writes``); 4: and at the last token (``end``)
 
 
 def _token(tokenizer: Any, i: int) -> str:
@@ -243,7 +243,8 @@ def _record_writes(
 def writes_record(tokenizer: Any, w: Any) -> dict[str, Any]:
     """A :class:`headmech.attribution.writes.HeadWrite` as examples.json holds it: each
     position's direct effect on its next token (3 decimals), where it is largest, and the
-    promoted and suppressed tokens there (as text, with their logit change)."""
+    promoted and suppressed tokens there and at the last position (``end``: as text, with
+    their logit change)."""
 
     def r3(x: float | None) -> float | None:
         return None if x is None else round(float(x), 3)
@@ -253,6 +254,7 @@ def writes_record(tokenizer: Any, w: Any) -> dict[str, Any]:
         "at": w.at,
         "promoted": [[_token(tokenizer, i), r3(v)] for i, v in w.promoted],
         "suppressed": [[_token(tokenizer, i), r3(v)] for i, v in w.suppressed],
+        "end": [[[_token(tokenizer, i), r3(v)] for i, v in side] for side in w.end],
     }
 
 

@@ -55,5 +55,16 @@ def writes_html(tokens: list[str], w: dict[str, Any] | None) -> str:
         f'value):</p><p class="writes-strip">{strip}</p><p>Largest at '
         f'<code class="tok">{escape(here)}</code> (position {at}; next token '
         f'<code class="tok">{escape(nxt)}</code> {effects[at]:+.3g}): its write raises '
-        f"{_tokens(w['promoted'])}; lowers {_tokens(w['suppressed'])}.</p></div>"
+        f"{_tokens(w['promoted'])}; lowers {_tokens(w['suppressed'])}.</p>{_end(tokens, w)}</div>"
+    )
+
+
+def _end(tokens: list[str], w: dict[str, Any]) -> str:
+    """The last token's write (where a prompt's answer is read; no next token to score)."""
+    up, down = w.get("end") or ([], [])
+    if not up or int(w["at"]) == len(tokens) - 1:
+        return ""
+    return (
+        f'<p>At the last token, <code class="tok">{escape(tokens[-1])}</code> (where a '
+        f"prompt's answer is read), its write raises {_tokens(up)}; lowers {_tokens(down)}.</p>"
     )
