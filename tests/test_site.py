@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -39,8 +40,9 @@ def site(tmp_path_factory) -> Path:
     # (tutorials apart). data/ holds the copies of the published files (catalog.json,
     # examples.json, run.json, the heatmap PNGs: 10.2 MB), counted on their own.
     # what each head writes (a shaded copy of each text, its promoted and suppressed
-    # tokens) adds about 5 kB a head page, the layer views' second text 15 kB a layer: 18 MB
-    assert summary.bytes < 18_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
+    # tokens, there and at the last token) adds about 6 kB a head page, the layer views'
+    # second text 15 kB a layer: 17.9 MB, so the limit is 20 MB
+    assert summary.bytes < 20_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
     assert summary.data_bytes < 14_000_000, f"data/ is {summary.data_bytes / 1e6:.1f} MB"
     return out
 
@@ -791,6 +793,7 @@ def _screenshots():
     path = Path(__file__).resolve().parents[1] / "docs" / "screenshots.py"
     spec = importlib.util.spec_from_file_location("screenshots", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["screenshots"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

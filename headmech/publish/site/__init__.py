@@ -55,7 +55,15 @@ from headmech.publish.site.type_info import type_info
 if TYPE_CHECKING:
     import jinja2
 
-__all__ = ["TUTORIAL_SIZE", "SiteSummary", "build_site", "main"]
+__all__ = [
+    "RENDERED",
+    "TUTORIAL_SIZE",
+    "TUTORIAL_SOURCE",
+    "SiteSummary",
+    "build_site",
+    "main",
+    "notebook_digest",
+]
 
 HERE = Path(__file__).resolve().parent
 
@@ -242,6 +250,35 @@ def _write_guides(env: Any, repo: Path, out: Path, common: dict[str, Any]) -> in
 
 
 _FRAME = re.compile(r"<!--headmech-atlas-->.*?<!--/headmech-atlas-->\n?", re.S)
+RENDERED = Path("docs") / "tutorials"
+"""Where ``make tutorials`` commits the tutorials' renderings (small size), relative to the
+repository: ``make site`` puts them in the atlas without running the suite."""
+
+TUTORIAL_SOURCE = "headmech-tutorial-source"
+"""The ``<meta>`` naming the notebook a rendering was made from (:func:`notebook_digest`)."""
+
+
+def notebook_digest(path: str | os.PathLike) -> str:
+    """A notebook's cells (their types and sources, not outputs) as 16 hex digits: a
+    rendering whose digest differs was made from another version of it."""
+    import hashlib
+
+    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+    text = json.dumps([[c["cell_type"], "".join(c["source"])] for c in cells])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _committed_tutorials(rendered: Path, out: Path) -> None:
+    """The committed renderings (``docs/tutorials``) into the site where the site has none
+    of its own (``make test`` renders fresh ones into ``catalog/site/tutorials``)."""
+    if not rendered.is_dir():
+        return
+    for page in sorted(rendered.glob("*.html")):
+        if not (out / page.name).exists():
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(page, out / page.name)
+
+
 TUTORIAL_SIZE = "headmech-tutorial-size"
 """The ``<meta>`` a rendered tutorial carries: ``small`` (run with
 ``HEADMECH_TUTORIAL_SMALL=1``, as the tests run them) or ``published``."""
@@ -292,6 +329,7 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
     _write_assets(out, models)
     pages = 0
     types = sorted({t for m in models for t in m.types})
+    _committed_tutorials(catalog_dir.parent / RENDERED, out / "tutorials")
     tutorials = sorted(p.name for p in (out / "tutorials").glob("*.html"))
     # a classify --out folder has no guides: its pages do not link them
     common = {"models": models, "types": types, "guides_here": _has_guides(catalog_dir.parent)}
