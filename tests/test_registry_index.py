@@ -117,3 +117,20 @@ def test_entries_load_what_the_index_only_names():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-800:]
     assert out.stdout.strip() == str(len(INDEX["head_types"]))
+
+
+def test_the_plugin_scan_runs_once_a_group(monkeypatch):
+    """A command asks the registries several times; the installed entry points of a group
+    are scanned once (a fake finder gets its own scan)."""
+    from headmech.core import registry
+
+    calls = []
+
+    def finder(group):
+        calls.append(group)
+        return []
+
+    monkeypatch.setattr(registry, "entry_points", finder)
+    for _ in range(3):
+        assert registry._has_plugins("headmech.test_group", registry.entry_points) is False
+    assert calls == ["headmech.test_group"]
