@@ -24,7 +24,7 @@ PYTEST_WORKERS ?= 2
 COVERAGE ?=
 COV_ARGS := $(if $(COVERAGE),--cov=headmech --cov-report=term-missing:skip-covered --cov-report=json:coverage.json)
 
-.PHONY: setup demo test test-fast lint docs format index bench catalog site site-screenshots browser mutation clean kv-peers-env
+.PHONY: setup demo test test-fast lint docs format index bench catalog site site-screenshots tutorials browser mutation clean kv-peers-env
 
 setup: $(STAMP)
 
@@ -114,6 +114,13 @@ catalog: setup
 # stale (seconds a model), then the pages
 site: setup
 	env -u HEADMECH_CATALOG_PATH $(PY) -m headmech.publish.site --examples --catalog catalog
+
+# docs/tutorials/*.html: every tutorial executed at the small size and rendered, committed so
+# that `make site` shows them without the suite (the notebooks stay without outputs): 6:45 on 2
+# cores (2-core AMD EPYC, shared with a publish run). tests/test_tutorials.py fails when a
+# notebook changed since.
+tutorials: setup
+	HEADMECH_TUTORIAL_RENDER=docs/tutorials $(PY) -m pytest -n $(PYTEST_WORKERS) --dist load -q -p no:cacheprovider tests/test_tutorials.py -k test_tutorial_runs
 
 # docs/screenshots/{index,head,head-own-probe,layer}.png for the README, each pinned at the query
 # its caption describes (docs/screenshots.py prints the captions; tests/test_site.py checks them)

@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from headmech.publish.site import TUTORIAL_SIZE
+from headmech.publish.site import RENDERED, TUTORIAL_SIZE, TUTORIAL_SOURCE, notebook_digest
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
@@ -138,8 +138,12 @@ def _render(nb, path: Path) -> None:
     # the probe size it ran at, which the atlas's frame states (headmech.publish.site)
     size = "small" if os.environ.get("HEADMECH_TUTORIAL_SMALL") == "1" else "published"
     body = body.replace("<head>", f'<head>\n<meta name="{TUTORIAL_SIZE}" content="{size}">', 1)
-    SITE_TUTORIALS.mkdir(parents=True, exist_ok=True)
-    out = SITE_TUTORIALS / f"{path.stem}.html"
+    # which notebook it renders (make tutorials' copies in docs/tutorials are checked with it)
+    digest = notebook_digest(path)
+    body = body.replace("<head>", f'<head>\n<meta name="{TUTORIAL_SOURCE}" content="{digest}">', 1)
+    where = Path(os.environ.get("HEADMECH_TUTORIAL_RENDER") or SITE_TUTORIALS)
+    where.mkdir(parents=True, exist_ok=True)
+    out = where / f"{path.stem}.html"
     out.write_text(body, encoding="utf-8")
     pngs = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
     assert body.count('src="data:image/png') >= pngs, f"{out}: figures not embedded"
@@ -148,3 +152,33 @@ def _render(nb, path: Path) -> None:
     assert not re.search(r'(src|href)="https?://', body.split("<body")[0]), (
         f"{out} loads from the web"
     )
+
+
+def test_the_committed_renderings_are_of_the_notebooks_as_they_are():
+    """docs/tutorials holds a rendering of every tutorial (``make tutorials``, small size),
+    each made from the notebook's current cells: ``make site`` shows them without the
+    suite running."""
+    rendered = TUTORIALS.parent / RENDERED
+    for path in NOTEBOOKS:
+        page = rendered / f"{path.stem}.html"
+        assert page.is_file(), f"{page} is missing: run `make tutorials`"
+        head = page.read_text(encoding="utf-8").split("<body")[0]
+        found = re.search(rf'<meta name="{TUTORIAL_SOURCE}" content="([0-9a-f]+)"', head)
+        assert found and found[1] == notebook_digest(path), (
+            f"{page} was rendered from another version of {path.name}: run `make tutorials`"
+        )
+        assert f'<meta name="{TUTORIAL_SIZE}" content="small">' in head
+
+
+def test_make_site_alone_shows_every_tutorial(tmp_path):
+    """A site built into an empty folder (``make site``, no suite run) has every tutorial,
+    from the committed renderings, framed with the atlas's navigation and linked from the
+    index."""
+    from headmech.publish.site import build_site
+
+    build_site(TUTORIALS.parent / "catalog", tmp_path)
+    index = (tmp_path / "index.html").read_text(encoding="utf-8")
+    for path in NOTEBOOKS:
+        page = tmp_path / "tutorials" / f"{path.stem}.html"
+        assert page.is_file() and f"tutorials/{path.stem}.html" in index, path.name
+        assert 'href="../index.html"' in page.read_text(encoding="utf-8")  # the atlas's frame
