@@ -175,6 +175,7 @@ class ControlAccounting:
     circuit: dict[str, Pairs] | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The accounting's keys, flat beside the primary claim's."""
         out: dict[str, Any] = {
             "control": self.kind,
             "control_note": self.note,
@@ -276,6 +277,7 @@ class BackupTest:
     heads: Pairs  # the backups: tested heads whose restoration passes, in the order tested
 
     def to_json(self) -> dict[str, Any]:
+        """The test's record (``validation.backups``), each tested head's row by name."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["tested"] = {k: r.to_json() for k, r in self.tested.items()}
         return out

@@ -148,6 +148,7 @@ class Server:
     thread: threading.Thread
 
     def stop(self) -> None:
+        """Stop serving and wait for the thread."""
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
 

@@ -297,6 +297,13 @@ def _frame_tutorials(env: jinja2.Environment, out: Path, common: dict[str, Any])
         if body is None:
             continue  # not an nbconvert page: left as it is
         page = page[: body.end()] + frame + page[body.end() :]
+        # a tutorial's link to another notebook: its rendering, where the site has one
+        rendered = {p.stem for p in path.parent.glob("*.html")}
+        page = re.sub(
+            r'href="(?:\./)?([\w-]+)\.ipynb"',
+            lambda m: f'href="{m[1]}.html"' if m[1] in rendered else m[0],  # noqa: B023
+            page,
+        )
         path.write_text(page, encoding="utf-8")
 
 

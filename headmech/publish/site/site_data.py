@@ -37,7 +37,13 @@ def atlas_index(models: list[Model]) -> dict[str, Any]:
                 "verdicts": v,
                 "reasons": reasons,
             }
-        out["models"].append({"name": m.name, "layers": n_layers, "heads": n_heads, "types": types})
+        texts = [
+            {"probe": t["probe"], "tokens": len(t["tokens"])}
+            for t in (m.examples or {}).get("texts", [])
+        ]  # the compare view shows two heads on the same text (their head pages' views)
+        out["models"].append(
+            {"name": m.name, "layers": n_layers, "heads": n_heads, "types": types, "texts": texts}
+        )
     return out
 
 

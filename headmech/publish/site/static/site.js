@@ -228,6 +228,20 @@
     wrap.appendChild(table);
     box.appendChild(wrap);
     sortable(table);
+    // the two heads' patterns side by side on the same text (an ordinary one both models
+    // recorded), the last token pinned: each head page's own view, framed
+    var probe = ["prose", "repeated_random"].filter(function (p) {
+      return sides.every(function (s) { return (model(s.model).texts || []).some(function (t) { return t.probe === p; }); });
+    })[0];
+    if (!probe) return;
+    box.appendChild(el("h2", {}, "On the same text: " + probe + " (the last token pinned)"));
+    var pair = el("div", { "class": "compare-views" });
+    sides.forEach(function (s) {
+      var texts = model(s.model).texts, i = texts.map(function (t) { return t.probe; }).indexOf(probe);
+      pair.appendChild(el("iframe", { src: headHref(s.model, s.head) + "#view-" + i + "=" + (texts[i].tokens - 1),
+        title: s.model + " " + s.head + " on " + probe, "class": "compare-view", "data-side": s.key }));
+    });
+    box.appendChild(pair);
   }
 
   // layer view: every head of a layer on one text, for the query picked on the first line
