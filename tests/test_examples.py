@@ -216,3 +216,15 @@ def test_tutorial_pages_get_the_atlas_navigation_and_their_size(tmp_path):
     assert small.index("hm-atlas") > small.index("<body class='jp'>")  # inside the body
     index = (out / "index.html").read_text()
     assert 'id="tutorials"' in index and 'href="tutorials/01_a.html"' in index
+
+
+def test_top_pairs_are_the_largest_weights_without_the_first_token():
+    from headmech.publish.attention_view import top_pairs
+
+    tokens = ["<s>", "a", "b", "a", "b"]
+    rows = [[1.0], [0.9, 0.1], [0.5, 0.4, 0.1], [0.2, 0.1, 0.6, 0.1], [0.1, 0.05, 0.05, 0.7, 0.1]]
+    assert top_pairs(tokens, rows, k=3) == [
+        (4, "b", 3, "a", 0.7),
+        (3, "a", 2, "b", 0.6),
+        (2, "b", 1, "a", 0.4),
+    ]

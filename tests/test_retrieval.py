@@ -238,7 +238,7 @@ def test_masking_retrieval_heads_hurts_recall_far_more_than_random_heads(smollm2
     # (which may hold some of the labelled heads: the exact test's controls), none as much
     assert v.primary.mode == "uniform" and v.primary.n_heads >= 4
     assert v.primary.effect > 1.0 and v.primary.test.exceedances == 0
-    assert v["effect"] > 1.5 * max(v["random_effects"])
+    assert v.primary.effect > 1.5 * max(v.primary.random_effects)
 
 
 def test_cli_context_and_depths_reach_the_needle_probe(bpe_tokenizer, tmp_path, capsys):

@@ -724,6 +724,12 @@ def test_head_pages_show_what_the_head_writes(site):
         if w["at"] != len(t["tokens"]) - 1:  # the last token's write, where an answer is read
             up = w["end"][0][0]
             assert f'its write raises <code class="tok">{escape(up[0])}</code> {up[1]:+.3g}' in text
+    # on its own probe (induction's: the repeated tokens), the strongest query -> key pair:
+    # the last token on the token after its earlier copy
+    rr = next(k for k, t in enumerate(ex["texts"]) if t["probe"] == "repeated_random")
+    row = ex["heads"][head][rr][-1]
+    k = max(range(1, len(row)), key=row.__getitem__)
+    assert f"@{len(row) - 1} → " in text and f"@{k} {row[k]:.3f}" in text
     minilm = (site / "heads" / "minilm-l6" / "L0H0.html").read_text()
     assert "What it writes is not shown for this model" in minilm and "causal" in minilm
 

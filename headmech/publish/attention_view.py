@@ -16,7 +16,7 @@ import html
 import json
 from collections.abc import Sequence
 
-__all__ = ["INK_JS", "VIEW_CSS", "VIEW_JS", "top_attended", "view_html"]
+__all__ = ["INK_JS", "VIEW_CSS", "VIEW_JS", "top_attended", "top_pairs", "view_html"]
 
 VIEW_CSS = """
 .hm-view { --hm-fg: #1a1a1a; --hm-border: #bbb; --hm-q: #c01f20; --hm-shade: 22, 94, 166;
@@ -321,3 +321,14 @@ def top_attended(
             total[key] += float(w)
     means = [(i, tokens[i], round(total[i] / max(len(rows), 1), 3)) for i in range(n)]
     return sorted(means, key=lambda x: (-x[2], x[0]))[:k]
+
+
+def top_pairs(
+    tokens: Sequence[str], rows: Sequence[Sequence[float]], k: int = 5
+) -> list[tuple[int, str, int, str, float]]:
+    """The ``k`` query -> key pairs with the largest weights, the first token left out as a
+    key (where most heads park attention: a sink, not a pair that drives a pattern score):
+    ``(query, its token, key, its token, weight)``, largest first."""
+    pairs = [(q, k_, float(w)) for q, row in enumerate(rows) for k_, w in enumerate(row) if k_ > 0]
+    pairs.sort(key=lambda x: (-x[2], x[0], x[1]))
+    return [(q, tokens[q], k_, tokens[k_], round(w, 3)) for q, k_, w in pairs[:k]]

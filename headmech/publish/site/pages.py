@@ -12,7 +12,7 @@ from typing import Any
 
 from headmech.classification.records import validation_of
 from headmech.core.errors import HeadmechError, InputError
-from headmech.publish.attention_view import top_attended, view_html
+from headmech.publish.attention_view import top_attended, top_pairs, view_html
 from headmech.publish.examples import ORDINARY, own_types
 from headmech.publish.site.writes_view import writes_html
 
@@ -385,5 +385,11 @@ def _head_views(m: Model, head: str, own: list[str]) -> tuple[list[str], list[di
             )
             + writes_html(text["tokens"], wrote.get(i))
         )
-        tops.append({"probe": text["probe"], "top": top_attended(text["tokens"], rows)})
+        tops.append(
+            {
+                "probe": text["probe"],
+                "top": top_attended(text["tokens"], rows),
+                "pairs": top_pairs(text["tokens"], rows) if of else [],  # on its own probe
+            }
+        )
     return views, tops
