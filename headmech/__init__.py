@@ -32,7 +32,7 @@ _LAZY = {
     "load_hf": "headmech.models",
     "load_model": "headmech.models",
     "model_info": "headmech.models",
-    "show": "headmech.publish.examples",
+    "show": "headmech.publish.show",
     "HeadStats": "headmech.stream.engine",
     "ProbeBatch": "headmech.stream.engine",
     "Reducer": "headmech.stream.engine",
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from headmech.core.head_index import HeadIndex
     from headmech.headtypes.registry import HeadType, get_head_type, head_types
     from headmech.models import ModelInfo, list_models, load_hf, load_model, model_info
-    from headmech.publish.examples import show
+    from headmech.publish.show import show
     from headmech.stream.engine import (
         HeadStats,
         ProbeBatch,

@@ -11,8 +11,7 @@ sufficiency test of its backups (:class:`BackupTest`). Every record is written b
 key; the published catalogs load and re-save byte for byte (tests/test_records.py).
 
 Values derived from the measured ones (the controls' mean, median and range, the ablated
-metric) were computed from unrounded numbers when they were measured; a record read back
-keeps them as written rather than recomputing them from the rounded file.
+metric) are computed once from unrounded numbers; a record read back keeps them as written.
 """
 
 from __future__ import annotations

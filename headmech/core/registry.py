@@ -11,12 +11,10 @@ through the Python entry-point group ``headmech.<kind>`` (for example
 register (a head-type class, a task factory, ...).
 
 Importing the built-ins imports torch and transformers (seconds). What the command line
-shows before any work (names, summaries, ``headmech types``, a mistyped name's "did you
-mean") is read from :mod:`headmech.core.registry_index`, a committed index of the built-in
-entries, while nothing else can have been added (no entry point in the group, no
-``$HEADMECH_CATALOG_PATH`` folder for head types); the first lookup of an object loads
-the registry as before. :func:`headmech.core.index.build_index` writes the index again;
-tests/test_registry_index.py checks it is current.
+shows before any work (names, summaries, a mistyped name's "did you mean") is read from
+:mod:`headmech.core.registry_index`, a committed index of the built-ins (written by
+:func:`headmech.core.index.build_index`), while nothing else can have been added (no entry
+point, no ``$HEADMECH_CATALOG_PATH``); the first lookup of an object loads the registry.
 
 Examples:
     >>> from headmech.core.registry import Registry
@@ -77,9 +75,8 @@ class Entry(Generic[T]):
 
 @functools.lru_cache(maxsize=32)
 def _has_plugins(group: str, finder: Any) -> bool:
-    """Whether any entry point is installed in ``group`` (scanned once a process per
-    group and finder: a command's checks ask several times, 8 ms a scan; a test that
-    swaps ``entry_points`` for a fake gets a scan of its own)."""
+    """Whether an entry point is installed in ``group``: scanned once a process (8 ms a
+    scan; a command's checks ask several times), a swapped finder gets a scan of its own."""
     return any(True for _ in finder(group=group))
 
 
@@ -93,14 +90,11 @@ class Registry(Generic[T]):
         loader: called with the registry on first lookup, after ``builtins``, for entries
             found at run time (head-type files in folders; a built-in module may set it
             when imported: :meth:`set_loader`).
-        error: the :class:`~headmech.core.errors.HeadmechError` subclass raised for an
-            unknown name.
+        error: the :class:`~headmech.core.errors.HeadmechError` raised for an unknown name.
         on_load: called with each object an entry point loads, returning ``(name, obj,
             summary)`` to register (default: the entry point's own name and object).
-        describe: an entry's fields beyond its summary for :meth:`metadata` (and the
-            committed index), from its object.
-        extra_env: an environment variable naming more places entries come from (the
-            index is not used while it is set).
+        describe: an entry's fields beyond its summary (:meth:`metadata`, the index).
+        extra_env: a variable naming more places entries come from (no index while set).
     """
 
     def __init__(

@@ -14,7 +14,7 @@ the needle for a retrieval head).
 
 ``catalog/<model>/examples.json`` holds them for every head (:func:`update_examples`, run
 by ``make catalog`` and ``make site``), and the site's head and layer pages draw them with
-:mod:`headmech.publish.attention_view`. :func:`show` draws the same view in a notebook, on
+:mod:`headmech.publish.attention_view`. :func:`headmech.publish.show.show` draws the same view in a notebook, on
 any text.
 """
 
@@ -26,8 +26,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from headmech.core.errors import InputError
-
 if TYPE_CHECKING:
     import torch
     from transformer_lens.model_bridge import TransformerBridge
@@ -36,12 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_TOKENS",
-    "HeadView",
     "example_texts",
     "labelled_heads",
     "own_types",
     "record_examples",
-    "show",
     "update_examples",
 ]
 
@@ -364,56 +360,3 @@ def _plan_key(catalog: dict[str, Any]) -> str:
 
     own = {str(h): own_types(catalog, h) for h in every_head(catalog)}
     return hashlib.sha256(json.dumps(own, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def show(model: TransformerBridge, head: Any, text: str | None = None) -> Any:
-    """One head's attention on ``text`` (default: the model's example texts) as an
-    interactive token view in a notebook (rendered as ``IPython.display.HTML`` is): hover or
-    click a token to see its weights; under it, on a decoder, what the head writes there
-    (:mod:`headmech.attribution.writes`).
-
-    Args:
-        model: a model from :func:`headmech.load_model`.
-        head: ``(layer, head)``, a :class:`~headmech.HeadIndex` or ``"L1H0"``.
-        text: the text to run (with the model's special tokens).
-
-    Returns:
-        A :class:`HeadView`: a notebook displays it (its ``_repr_html_``), ``.data`` is the HTML.
-    """
-    from headmech.core.head_index import check_heads
-    from headmech.publish.attention_view import view_html
-    from headmech.publish.site.writes_view import WRITES_CSS, writes_html
-
-    (h,) = check_heads([head], int(model.cfg.n_layers), int(model.cfg.n_heads), "show")
-    if text is not None and not text.strip():
-        raise InputError("show() needs a non-empty text")
-    texts = None
-    if text is not None:
-        texts = [("text", model.tokenizer(text, add_special_tokens=True)["input_ids"])]
-    data = record_examples(model, [h], texts)
-    writes = data.get("writes", {}).get(str(h)) or [None] * len(data["texts"])
-    parts = [
-        view_html(
-            t["tokens"], rows, title=f"{h} on {t['probe']}", view_id=f"hm-{h}-{i}", inline=True
-        )
-        + writes_html(t["tokens"], w)
-        for i, (t, rows, w) in enumerate(
-            zip(data["texts"], data["heads"][str(h)], writes, strict=True)
-        )
-    ]
-    style = f"<style>{WRITES_CSS}</style>" if any(writes) else ""
-    return HeadView(style + "".join(parts))
-
-
-class HeadView:
-    """HTML that a notebook displays as it is (as ``IPython.display.HTML`` does, without
-    needing IPython)."""
-
-    def __init__(self, data: str) -> None:
-        self.data = data
-
-    def _repr_html_(self) -> str:
-        return self.data
-
-    def __repr__(self) -> str:
-        return f"<HeadView: {len(self.data)} characters of HTML>"

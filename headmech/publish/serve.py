@@ -124,18 +124,22 @@ def render(model: TransformerBridge, text: str, what: str) -> dict[str, Any]:
             + (writes_html(tokens, writes_record(model.tokenizer, w)) if w is not None else "")
         )
         scores[f"L{layer}H{h}"] = text_scores(ids, p)
-    table = "".join(
+    return {"html": _score_table(scores) + "".join(parts), "tokens": tokens, "scores": scores}
+
+
+_SCORED = ("previous_token", "duplicate_token", "induction", "attention_sink")
+
+
+def _score_table(scores: dict[str, dict[str, float]]) -> str:
+    """The heads' pattern scores on the text as an HTML table (a row per head)."""
+    rows = "".join(
         f"<tr><td>{html.escape(k)}</td>"
         + "".join(f"<td>{s.get(t, float('nan')):.3f}</td>" for t in _SCORED)
         + "</tr>"
         for k, s in scores.items()
     )
     head = "".join(f"<th>{t}</th>" for t in _SCORED)
-    summary = f'<table class="scores"><tr><th>head</th>{head}</tr>{table}</table>'
-    return {"html": summary + "".join(parts), "tokens": tokens, "scores": scores}
-
-
-_SCORED = ("previous_token", "duplicate_token", "induction", "attention_sink")
+    return f'<table class="scores"><tr><th>head</th>{head}</tr>{rows}</table>'
 
 
 @dataclass

@@ -37,7 +37,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from headmech.core.errors import HeadmechError
 from headmech.publish.attention_view import INK_JS, VIEW_CSS, VIEW_JS
@@ -50,10 +50,15 @@ from headmech.publish.site.pages import (
     verdict_counts,
 )
 from headmech.publish.site.site_data import atlas_index, layer_page
+from headmech.publish.site.tutorials import (
+    RENDERED,
+    TUTORIAL_SIZE,
+    TUTORIAL_SOURCE,
+    committed_tutorials,
+    frame_tutorials,
+    notebook_digest,
+)
 from headmech.publish.site.type_info import type_info
-
-if TYPE_CHECKING:
-    import jinja2
 
 __all__ = [
     "RENDERED",
@@ -249,64 +254,6 @@ def _write_guides(env: Any, repo: Path, out: Path, common: dict[str, Any]) -> in
     )
 
 
-_FRAME = re.compile(r"<!--headmech-atlas-->.*?<!--/headmech-atlas-->\n?", re.S)
-RENDERED = Path("docs") / "tutorials"
-"""Where ``make tutorials`` commits the tutorials' renderings (small size), relative to the
-repository: ``make site`` puts them in the atlas without running the suite."""
-
-TUTORIAL_SOURCE = "headmech-tutorial-source"
-"""The ``<meta>`` naming the notebook a rendering was made from (:func:`notebook_digest`)."""
-
-
-def notebook_digest(path: str | os.PathLike) -> str:
-    """A notebook's cells (their types and sources, not outputs) as 16 hex digits: a
-    rendering whose digest differs was made from another version of it."""
-    import hashlib
-
-    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
-    text = json.dumps([[c["cell_type"], "".join(c["source"])] for c in cells])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _committed_tutorials(rendered: Path, out: Path) -> None:
-    """The committed renderings (``docs/tutorials``) into the site where the site has none
-    of its own (``make test`` renders fresh ones into ``catalog/site/tutorials``)."""
-    if not rendered.is_dir():
-        return
-    for page in sorted(rendered.glob("*.html")):
-        if not (out / page.name).exists():
-            out.mkdir(parents=True, exist_ok=True)
-            shutil.copy(page, out / page.name)
-
-
-TUTORIAL_SIZE = "headmech-tutorial-size"
-"""The ``<meta>`` a rendered tutorial carries: ``small`` (run with
-``HEADMECH_TUTORIAL_SMALL=1``, as the tests run them) or ``published``."""
-
-
-def _frame_tutorials(env: jinja2.Environment, out: Path, common: dict[str, Any]) -> None:
-    """Put the atlas's navigation and the size the notebook was run at (its
-    :data:`TUTORIAL_SIZE` meta; unknown counts as reduced) at the top of each rendered
-    tutorial in ``out/tutorials/`` (replacing an earlier frame)."""
-    template = env.get_template("tutorial_frame.html")
-    for path in sorted((out / "tutorials").glob("*.html")):
-        page = _FRAME.sub("", path.read_text(encoding="utf-8"))
-        size = re.search(rf'<meta name="{TUTORIAL_SIZE}" content="([a-z]+)"', page)
-        frame = template.render(root="..", reduced=not size or size[1] != "published", **common)
-        body = re.search(r"<body[^>]*>\n?", page)
-        if body is None:
-            continue  # not an nbconvert page: left as it is
-        page = page[: body.end()] + frame + page[body.end() :]
-        # a tutorial's link to another notebook: its rendering, where the site has one
-        rendered = {p.stem for p in path.parent.glob("*.html")}
-        page = re.sub(
-            r'href="(?:\./)?([\w-]+)\.ipynb"',
-            lambda m: f'href="{m[1]}.html"' if m[1] in rendered else m[0],  # noqa: B023
-            page,
-        )
-        path.write_text(page, encoding="utf-8")
-
-
 def _scale(catalog_dir: Path) -> dict[str, Any] | None:
     """The cross-scale table of the one family published at two sizes
     (:func:`headmech.publish.scale.cross_scale_rows`), where both are published."""
@@ -336,7 +283,7 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
     _write_assets(out, models)
     pages = 0
     types = sorted({t for m in models for t in m.types})
-    _committed_tutorials(catalog_dir.parent / RENDERED, out / "tutorials")
+    committed_tutorials(catalog_dir.parent / RENDERED, out / "tutorials")
     tutorials = sorted(p.name for p in (out / "tutorials").glob("*.html"))
     # a classify --out folder has no guides: its pages do not link them
     common = {"models": models, "types": types, "guides_here": _has_guides(catalog_dir.parent)}
@@ -364,7 +311,7 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
             ),
         )
     pages += _write_guides(env, catalog_dir.parent, out, common)
-    _frame_tutorials(env, out, common)
+    frame_tutorials(env, out, common)
     files = [
         p for p in out.rglob("*") if p.is_file() and "tutorials" not in p.relative_to(out).parts
     ]

@@ -20,7 +20,7 @@ WRITES_CSS = "".join(
     + [f".wp{k}{{background:rgba(214,39,40,{0.12 * k:.2f})}}"
        f".wn{k}{{background:rgba(31,119,180,{0.12 * k:.2f})}}" for k in range(1, 6)]
 )  # fmt: skip
-"""The shades as a style sheet, for a notebook (:func:`headmech.publish.examples.show`);
+"""The shades as a style sheet, for a notebook (:func:`headmech.publish.show.show`);
 the atlas has them in site.css."""
 
 
