@@ -56,7 +56,10 @@ def test_classify_takes_a_threshold_per_type(capsys, tmp_path):
     """``--threshold TYPE=VALUE``, repeatable or comma-separated, as ``thresholds=`` in
     Python; recorded in the catalog's provenance. On the toy, previous_token (measured on
     prose) is skipped by default, and so is its threshold."""
-    from headmech.cli.checks import _thresholds
+    from headmech.classification.spec import PARAMETERS
+
+    def _thresholds(values, _):
+        return PARAMETERS["thresholds"].parse(values, "--threshold")
 
     code, out, err = run(
         capsys, "classify", "toy-induction", "--n-sequences", "4", "--out", str(tmp_path),
@@ -145,21 +148,27 @@ def test_python_dash_m_headmech_runs_the_cli():
     assert out.returncode == 0 and "previous_token" in out.stdout
 
 
-def test_checks_return_what_they_parsed_and_leave_the_arguments_alone():
-    """The command line's checks hand back typed values (ClassifyInput, the task) rather
-    than writing them into the parsed arguments: what was typed stays what was typed."""
+def test_the_spec_is_what_was_parsed_and_leaves_the_arguments_alone():
+    """The command line's flags become one checked ClassifySpec (the same object Python's
+    keywords make) rather than being written into the parsed arguments: what was typed
+    stays what was typed."""
     import copy
 
+    from headmech.classification.spec import ClassifySpec, ValidationOptions
     from headmech.cli import build_parser
-    from headmech.cli.checks import ClassifyInput, check_classify
 
     args = build_parser().parse_args(
         ["classify", "toy-induction", "--types", "induction,duplicate_token", "--validate",
          "--threshold", "induction=0.5", "--alone", "2,1", "--out", "unused"]
     )  # fmt: skip
     before = copy.deepcopy(vars(args))
-    given = check_classify(args, "classify")
+    spec = ClassifySpec.from_args(args)
     assert vars(args) == before
-    assert given == ClassifyInput(
-        ["induction", "duplicate_token"], None, {"induction": 0.5}, (2, 1)
-    )
+    assert [t.name for t in spec.types] == ["induction", "duplicate_token"]
+    assert spec.types[0].threshold == 0.5 and spec.named
+    assert spec.validation == ValidationOptions(99, 0, (2, 1))
+    same = ClassifySpec.create(
+        types=["induction", "duplicate_token"], validate=True, thresholds={"induction": 0.5},
+        alone=(2, 1),
+    )  # fmt: skip
+    assert same.to_json() == spec.to_json()

@@ -8,13 +8,13 @@ paths (``TINY`` a tiny GPT-2 folder, ``SMALL`` a three-sentence corpus, ...).
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
 import re
 import shlex
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -454,7 +454,7 @@ API = [
      ("unknown head type 'nope' (have: ", " induction,", " previous_token,")),
     ("classify-blank-types", lambda m, p, t: classify(m["gpt2"], ""), "no head type given"),
     ("classify-probe-option", lambda m, p, t: classify(m["gpt2"], bogus=1),
-     ("unknown probe option: ", "unexpected keyword argument 'bogus'")),
+     ("classify() got an unknown keyword 'bogus' (it takes ", " n_sentences,")),
     ("classify-causal-on-bert", lambda m, p, t: classify(m["bert"], ["induction"]),
      "head type 'induction' needs a causal (decoder) model"),
     ("classify-empty-corpus", lambda m, p, t: classify(m["gpt2"], corpus=[]),
@@ -539,9 +539,9 @@ API = [
     ("classify-nan-threshold-instance", lambda m, p, t: classify(m["llama"],
      [headmech.get_head_type("induction")(math.inf)], **SIZES), "must be a finite number, got inf"),
     ("classify-n-random-0", lambda m, p, t: classify(m["llama"], ["induction"], validate=True,
-     n_random=0, **SIZES), "n_random must be a positive integer with validate=True, got 0"),
+     n_random=0, **SIZES), "n_random must be a positive integer, got 0"),
     ("classify-n-random-float", lambda m, p, t: classify(m["llama"], ["induction"], validate=True,
-     n_random=2.5, **SIZES), "n_random must be a positive integer with validate=True, got 2.5"),
+     n_random=2.5, **SIZES), "n_random must be a positive integer, got 2.5"),
     ("classify-n-random-past-limit", lambda m, p, t: classify(m["llama"], ["induction"],
      validate=True, n_random=10**9, **SIZES), "n_random must be at most 1000"),
     ("classify-n-boot-negative", lambda m, p, t: classify(m["llama"], ["induction"], n_boot=-1,
@@ -839,7 +839,7 @@ def classify_saving(monkeypatch, tiny_models, inputs):
     monkeypatch.setattr(headmech.models, "load_model", lambda *a, **k: tiny_models["llama"])
 
     def run(out: Path, error: BaseException | None = None, *flags: str) -> int:
-        monkeypatch.setattr(sys.modules["headmech.classification.classify"], "classify",
+        monkeypatch.setattr(importlib.import_module("headmech.classification.runner"), "run_spec",
                             lambda *a, **k: _Result(error))  # fmt: skip
         return main(["classify", inputs["LLAMA"], "--types", "previous_token", "--out", str(out),
                      *flags])  # fmt: skip

@@ -16,7 +16,7 @@ from headmech.cli import main
 from headmech.core.errors import IncompleteRunError
 
 classify_module = importlib.import_module(
-    "headmech.classification.classify"
+    "headmech.classification.runner"
 )  # the module, not the function
 validation_module = importlib.import_module(
     "headmech.classification.validation"

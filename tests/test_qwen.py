@@ -579,7 +579,7 @@ def test_qwen25_classify_stopped_and_resumed_writes_the_same_bytes(
     from headmech.cli import main
     from headmech.runs.resume import STAGING
 
-    classify_module = importlib.import_module("headmech.classification.classify")
+    classify_module = importlib.import_module("headmech.classification.runner")
     monkeypatch.setattr(headmech.models, "load_model", lambda *a, **k: qwen25)
     real, calls, stop = classify_module._classify_probe, [], []
 

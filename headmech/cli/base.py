@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -33,7 +34,6 @@ __all__ = [
     "RESULT_FILES",
     "catalog_file",
     "config_shape",
-    "corpus_file",
     "head_type_names",
     "model_name",
 ]
@@ -120,46 +120,13 @@ def config_shape(name: str) -> tuple[int, int] | None:
     return (layers, heads) if isinstance(layers, int) and isinstance(heads, int) else None
 
 
-def _regular_file(path: str, flag: str) -> Path:
-    """An existing, regular (not a folder, FIFO or device), readable file."""
-    if not path.strip():
-        raise InputError(f"{flag} is empty")
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{flag}: no such file: {path}")
-    if p.is_dir():
-        raise InputError(f"{flag}: {path} is a folder, not a file")
-    if not p.is_file():
-        raise InputError(f"{flag}: {path} is not a regular file (a device or pipe?)")
-    if not os.access(p, os.R_OK):
-        raise InputError(f"{flag}: {path} is not readable")
-    return p
-
-
-def corpus_file(path: str) -> list[str]:
-    """``--corpus``: a readable UTF-8 text file of prose with at least
-    :data:`headmech.core.checks.MIN_SENTENCES` sentences; its sentences."""
-    from headmech.probes.corpus import read_corpus
-
-    p = _regular_file(path, "--corpus")
-    if (size := p.stat().st_size) > V.MAX_CORPUS_BYTES:
-        raise InputError(f"--corpus {path} is {size / 1e6:.0f} MB; give at most 100 MB of prose")
-    with open(p, "rb") as f:
-        if b"\x00" in f.read(65536):
-            raise InputError(f"--corpus {path} looks like a binary file (NUL bytes), not text")
-    sentences = read_corpus(p)
-    if (problem := V.too_few_sentences(len(sentences))) is not None:
-        raise InputError(f"--corpus {path} {problem}")
-    return sentences
-
-
 def catalog_file(path: str, model: str | None = None) -> Any:
     """``--catalog``: a readable ``catalog.json`` (or a folder holding one), loaded; a
     model of another shape than ``model`` (where known without loading) is refused."""
     from headmech.classification.classify import HeadCatalog
 
     p = Path(path)
-    _regular_file(str(p / "catalog.json") if p.is_dir() else path, "--catalog")
+    V.regular_file(str(p / "catalog.json") if p.is_dir() else path, "--catalog")
     catalog = HeadCatalog.load(p)
     shape = config_shape(model) if model is not None else None
     if shape is not None and shape != (catalog.model.n_layers, catalog.model.n_heads):
@@ -179,18 +146,31 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
 }
 
 
-def check_run(args: argparse.Namespace, command: str) -> None:
+def check_run(args: argparse.Namespace, command: str, *, sizes: bool = True) -> None:
     """The checks every analysis command shares, cheapest first, before the model loads:
-    sizes, seed, device, output folder, model name."""
-    for name in ("n_sentences", "n_sequences", "batch_size"):
-        V.count(getattr(args, name, None), "--" + name.replace("_", "-"))
-    V.count(getattr(args, "half_len", None), "--half-len", minimum=2)
-    V.seed(args.seed)
-    if hasattr(args, "batch_size"):
-        probe_options(args)  # --context / --depths and the options' own checks
+    probe sizes and seed (``sizes``; a command with a spec checks them in it), device,
+    output folder, model name."""
+    if sizes:
+        for name in ("n_sentences", "n_sequences", "batch_size"):
+            V.count(getattr(args, name, None), "--" + name.replace("_", "-"))
+        V.count(getattr(args, "half_len", None), "--half-len", minimum=2)
+        V.seed(args.seed)
+        if hasattr(args, "batch_size"):
+            probe_options(args)  # --context / --depths and the options' own checks
     V.device(args.device)
     V.out_dir(args.out, RESULT_FILES[command], args.force)
     model_name(args.model)
+
+
+def fit_before_load(spec: Any, name: str) -> None:
+    """The spec's types against the model's tokenizer where it can be read without loading
+    the model (:meth:`~headmech.classification.spec.ClassifySpec.fit`): types measured on
+    prose fail here, in a second, on a tokenizer that knows no English."""
+    from headmech.core.registry import MODELS
+
+    source = MODELS.get(name) if name in MODELS else None
+    if source is not None and source.tokenizer is not None:  # e.g. a toy not trained yet
+        spec.fit(source.tokenizer(), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,14 +232,54 @@ def save_result(
     return Path(args.out)
 
 
-def staging(args: argparse.Namespace, command: str) -> Any:
+_NOT_SETTINGS = {"out", "force", "resume", "func", "argv"}  # where, not what, a run computes
+LOAD_SETTINGS = ("model", "dtype", "device", "device_map", "max_memory", "offload_folder")
+
+
+def flag(key: str) -> str:
+    """The flag of a parsed argument's name (``n_random`` -> ``--n-random``)."""
+    return "MODEL" if key == "model" else "--" + key.replace("_", "-")
+
+
+def _file_hash(path: Any) -> str | None:
+    p = Path(str(path))
+    p = p / "catalog.json" if p.is_dir() else p
+    try:
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def arguments_json(args: argparse.Namespace) -> dict[str, Any]:
+    """A command's parsed arguments as its resume manifest records them (``--out``,
+    ``--force`` and ``--resume`` left out; a ``--corpus`` or ``--catalog`` file by its
+    SHA-256 too), for the commands without a spec of their own."""
+    raw = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS}
+    for key in ("corpus", "catalog"):
+        if raw.get(key) is not None:
+            raw[f"{key}_sha256"] = _file_hash(raw[key])
+    return raw
+
+
+def staging(args: argparse.Namespace, command: str, spec: Any = None) -> Any:
     """The run's store of finished units in ``--out`` (:mod:`headmech.runs.resume`), checked
-    before the model loads: ``--resume`` needs a stopped run of the same arguments; an
-    unfinished run is not started over without ``--force``."""
+    before the model loads: ``--resume`` needs a stopped run of the same settings (``spec``'s
+    JSON and the model's loading, else every argument); an unfinished run is not started
+    over without ``--force``."""
+    from headmech.classification.spec import PARAMETERS
+    from headmech.core.constraints import label
     from headmech.runs.resume import for_command
 
+    def name(key: str) -> str:
+        return label(PARAMETERS, key, "cli") if key in PARAMETERS else flag(key)
+
+    if spec is None:
+        settings = arguments_json(args)
+    else:
+        load = {k: getattr(args, k, None) for k in LOAD_SETTINGS}
+        settings = {**spec.to_json(), **load}
     resume = bool(getattr(args, "resume", False))
-    return for_command(args.out, command, args, resume=resume, force=args.force)
+    return for_command(args.out, command, settings, resume=resume, force=args.force, label=name)
 
 
 @contextlib.contextmanager

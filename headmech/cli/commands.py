@@ -19,6 +19,7 @@ from headmech.cli.base import (
     RESULT_FILES,
     catalog_file,
     check_run,
+    fit_before_load,
     load_model_of,
     probe_options,
     resumable,
@@ -26,7 +27,6 @@ from headmech.cli.base import (
     save_result,
     staging,
 )
-from headmech.cli.checks import check_classify, fit_types
 from headmech.cli.kv import cmd_kv_plan
 from headmech.core import checks as V
 from headmech.core.errors import IncompleteRunError, InputError
@@ -89,35 +89,24 @@ def cmd_types(args: argparse.Namespace) -> int:
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    """``headmech classify``."""
-    given = check_classify(args, "classify")  # fail fast, before loading (and torch)
-    from headmech.classification.classify import classify
+    """``headmech classify``: spec (every setting checked once) -> load -> run -> save."""
+    from headmech.classification.spec import ClassifySpec
+
+    check_run(args, "classify", sizes=False)  # fail fast, before loading (and torch)
+    spec = ClassifySpec.from_args(args)
+    fit_before_load(spec, args.model)
     from headmech.models import model_info
     from headmech.runs.resume import bind_weights
 
-    names, sentences = given.names, given.sentences
-    units = staging(args, "classify")
+    units = staging(args, "classify", spec)
     t0 = time.perf_counter()
     loaded = load_model_of(args)
-    model = loaded.model
-    bind_weights(units, model)  # --resume: the same weights
+    bind_weights(units, loaded.model)  # --resume: the same weights
     t1 = time.perf_counter()
-    types, skipped = fit_types(model.tokenizer, names, sentences, model_info(model).causal)
-    options = dict(vars(probe_options(args)), corpus=args.corpus)
-    n_random = 99 if args.n_random is None else args.n_random
-    stride = getattr(args, "control_tokens", None) or 0
-    thresholds = given.thresholds
-    if thresholds is not None and types is not None:  # not the types skipped for their prose
-        run = {t if isinstance(t, str) else t.name for t in types}
-        thresholds = {n: v for n, v in thresholds.items() if n in run} or None
+    fitted, skipped = spec.fit(loaded.model.tokenizer, model_info(loaded.model).causal)
     with resumable(args, units):
         try:
-            catalog = classify(
-                model, types, validate=args.validate, n_random=n_random, progress=True,
-                control_tokens=stride,
-                units=units, alone=given.alone, thresholds=thresholds,
-                **options,
-            )  # fmt: skip
+            catalog = fitted.run(loaded.model, units=units, progress=True)
         except IncompleteRunError as e:  # keep the finished types, then fail in one line
             save_partial(args, e, "catalog")
             raise
@@ -221,15 +210,19 @@ def cmd_importance(args: argparse.Namespace) -> int:
 
 def cmd_circuit(args: argparse.Namespace) -> int:
     """``headmech circuit``."""
+    from headmech.classification.spec import ClassifySpec
+
     kinds = V.kinds(args.kinds)
     V.count(args.top_k, "--top-k")
-    names = check_classify(args, "circuit").names  # fail fast, before loading
+    check_run(args, "circuit", sizes=False)  # fail fast, before loading
+    spec = ClassifySpec.from_args(args)
+    fit_before_load(spec, args.model)
     from headmech.circuits import circuit
-    from headmech.classification.classify import classify
     from headmech.models import model_info
 
     given = catalog_file(args.catalog, args.model) if args.catalog is not None else None
-    if given is not None and names is not None:
+    if given is not None and spec.named:
+        names = [t.name for t in spec.types]
         if missing := [n for n in names if n not in given.types]:
             raise InputError(
                 f"--types {','.join(missing)}: not in the --catalog (it has: "
@@ -242,8 +235,7 @@ def cmd_circuit(args: argparse.Namespace) -> int:
         _check_catalog(given, model, args.force)
         catalog = given
     else:
-        types, _ = fit_types(model.tokenizer, names, None, model_info(model).causal)
-        catalog = classify(model, types, progress=True, seed=args.seed)
+        catalog = spec.fit(model.tokenizer, model_info(model).causal)[0].run(model, progress=True)
     result = circuit(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
     out = save_result(args, "circuit", result, loaded)
     G = result.graph

@@ -9,10 +9,17 @@ varies from run to run, so ``--force`` also removes an earlier run's ``cluster_*
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from headmech.cli.base import RESULT_FILES, config_shape, load_model_of, probe_options, save_result
-from headmech.cli.checks import check_classify, fit_types
+from headmech.cli.base import (
+    RESULT_FILES,
+    check_run,
+    config_shape,
+    fit_before_load,
+    load_model_of,
+    save_result,
+)
 from headmech.core import checks as V
 from headmech.core.errors import InputError
 
@@ -31,23 +38,27 @@ def _check_clusters(k: int | None, shape: tuple[int, int] | None) -> None:
 
 def cmd_discover(args: argparse.Namespace) -> int:
     """``headmech discover``."""
+    from headmech.classification.spec import ClassifySpec
+
     V.count(args.clusters, "--clusters", minimum=2)
-    given = check_classify(args, "discover")  # fail fast, before loading
+    check_run(args, "discover", sizes=False)  # fail fast, before loading
+    spec = ClassifySpec.from_args(args)
+    fit_before_load(spec, args.model)
     from headmech.discover import discover
     from headmech.models import model_info
 
-    names, sentences = given.names, given.sentences
     V.out_dir(args.out, _cluster_files(args.out), args.force)
     _check_clusters(args.clusters, config_shape(args.model))
     loaded = load_model_of(args)
     model = loaded.model
     info = model_info(model)
     _check_clusters(args.clusters, (info.n_layers, info.n_heads))
-    types, _ = fit_types(model.tokenizer, names, sentences, info.causal)
-    prose = V.prose_problem(model.tokenizer, sentences) is None
-    options = dict(vars(probe_options(args)), corpus=args.corpus)
+    spec, skipped = spec.fit(model.tokenizer, info.causal)
+    prose = spec.prose_problem(model.tokenizer) is None
+    options = dataclasses.asdict(spec.probe)
     result = discover(
-        model, types, n_clusters=args.clusters, attention_probe="prose" if prose else "repeated_random",
+        model, list(spec.types) if spec.named or skipped else None,
+        n_clusters=args.clusters, attention_probe="prose" if prose else "repeated_random",
         progress=True, **options,
     )  # fmt: skip
     out = save_result(args, "discover", result, loaded, _cluster_files(args.out))

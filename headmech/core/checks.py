@@ -29,7 +29,7 @@ from headmech.core.placement import DTYPES, device, dtype
 __all__ = [
     "DTYPES", "MAX_N_RANDOM", "MIN_SENTENCES", "HeadmechWarning", "count", "device", "dtype",
     "fraction", "kinds", "lams", "lookup", "method_options", "number_list", "out_dir",
-    "probe_options", "prose_problem", "seed", "staged_output", "stream_arguments",
+    "probe_options", "prose_problem", "regular_file", "seed", "staged_output", "stream_arguments",
     "suggestion", "too_few_sentences", "warn",
 ]
 # fmt: on
@@ -120,6 +120,22 @@ def number_list(
     if not values or bad:
         raise InputError(f"{flag} {text!r}: every value must lie in [{low}, {high}]")
     return values
+
+
+def regular_file(path: str, flag: str) -> Path:
+    """An existing, regular (not a folder, FIFO or device), readable file."""
+    if not path.strip():
+        raise InputError(f"{flag} is empty")
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{flag}: no such file: {path}")
+    if p.is_dir():
+        raise InputError(f"{flag}: {path} is a folder, not a file")
+    if not p.is_file():
+        raise InputError(f"{flag}: {path} is not a regular file (a device or pipe?)")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"{flag}: {path} is not readable")
+    return p
 
 
 def too_few_sentences(n: int) -> str | None:

@@ -34,7 +34,7 @@ from headmech.classification.results import HeadCatalog, TypeResult
 from headmech.core.errors import InputError
 from headmech.core.head_index import HeadIndex
 from headmech.discover.clusters import Cluster, DiscoveryResult, add_examples
-from headmech.headtypes.registry import HeadType, collect_statistics
+from headmech.headtypes.registry import HeadType, collect_statistics, resolve_types
 from headmech.models import model_info
 from headmech.probes import Probe, ProbeOptions, build_probe
 from headmech.stream import blockwise
@@ -131,11 +131,11 @@ def _measure(
 ) -> tuple[HeadCatalog, HeadStats, Probe]:
     """Every type's score and labels, and the attention statistics on ``attention_probe``,
     which ride in the same passes as that probe's types."""
-    from headmech.classification.classify import build_or_skip, runnable_types, score_type
+    from headmech.classification.runner import build_or_skip, runnable_types, score_type
     from headmech.runs.provenance import provenance
 
     info = model_info(model)
-    runnable, skipped = runnable_types(types, info)
+    runnable, skipped = runnable_types(resolve_types(types), types is not None, info)
     groups: dict[str, list[HeadType]] = {attention_probe: []}
     for t in runnable:
         groups.setdefault(t.probe, []).append(t)

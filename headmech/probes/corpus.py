@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SPACY_MODEL",
     "CorpusError",
+    "corpus_file",
     "default_corpus",
     "parser_available",
     "read_corpus",
@@ -323,3 +324,21 @@ def sample_sentences(sentences: Sequence[str], n: int, seed: int) -> list[str]:
         return list(sentences)
     chosen = sorted(random.Random(seed).sample(range(len(sentences)), n))
     return [sentences[i] for i in chosen]
+
+
+def corpus_file(path: str, flag: str = "--corpus") -> list[str]:
+    """A corpus file given on the command line: a readable UTF-8 text file of prose (at
+    most :data:`headmech.core.checks.MAX_CORPUS_BYTES`) with at least
+    :data:`headmech.core.checks.MIN_SENTENCES` sentences; its sentences."""
+    from headmech.core import checks as V
+
+    p = V.regular_file(path, flag)
+    if (size := p.stat().st_size) > V.MAX_CORPUS_BYTES:
+        raise InputError(f"{flag} {path} is {size / 1e6:.0f} MB; give at most 100 MB of prose")
+    with open(p, "rb") as f:
+        if b"\x00" in f.read(65536):
+            raise InputError(f"{flag} {path} looks like a binary file (NUL bytes), not text")
+    sentences = read_corpus(p)
+    if (problem := V.too_few_sentences(len(sentences))) is not None:
+        raise InputError(f"{flag} {path} {problem}")
+    return sentences

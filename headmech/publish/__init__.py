@@ -72,7 +72,7 @@ def _store(name: str, out: Path, *, resume: bool, force: bool) -> Any:
 
     if resume and Units(out / STAGING / "publish").read_manifest() is None:
         resume, force = False, True  # this model's run finished (or never started): afresh
-    sizes = argparse.Namespace(model=name, catalog_size=repr(FULL[name]), check_size=repr(CHECK))
+    sizes = {"catalog_size": repr(FULL[name]), "check_size": repr(CHECK), "model": name}
     return for_command(out, "publish", sizes, resume=resume, force=force)
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "data_hash",
     "dumps",
     "git_commit",
+    "options_json",
     "provenance",
     "weights_hash",
 ]
@@ -145,7 +146,9 @@ def n_tokens(batches: Iterable[ProbeBatch]) -> int:
     return int(sum(int(b.attention_mask.sum()) for b in batches))
 
 
-def _options(options: Any) -> dict[str, Any]:
+def options_json(options: Any) -> dict[str, Any]:
+    """Probe options (a dataclass or a mapping) as the provenance records them: lists for
+    tuples, a corpus by its path (or its size, given in Python) and its SHA-256."""
     if options is None:
         return {}
     is_instance = dataclasses.is_dataclass(options) and not isinstance(options, type)
@@ -209,7 +212,7 @@ def provenance(
             "dtype": str(p.dtype).removeprefix("torch."),
             "device": str(p.device),
         },
-        "probe_options": _options(options),
+        "probe_options": options_json(options),
         "probes": {
             name: {"data_sha256": data_hash(b), "n_tokens": n_tokens(b)}
             for name, b in (probes or {}).items()

@@ -35,12 +35,11 @@ and removed once the result files are written.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shlex
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
@@ -276,32 +275,7 @@ def sharded_units(
     return distributed.gather_rows(nums, len(batches)), distributed.gather_rows(dens, len(batches))
 
 
-# --- the command line ------------------------------------------------------------------
-
-_NOT_SETTINGS = {"out", "force", "resume", "func", "argv", "started", "loaded"}
-
-
-def _flag(key: str) -> str:
-    return "MODEL" if key == "model" else "--" + key.replace("_", "-")
-
-
-def _file_hash(path: Any) -> str | None:
-    p = Path(str(path))
-    p = p / "catalog.json" if p.is_dir() else p
-    try:
-        return hashlib.sha256(p.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def settings_of(args: Any) -> dict[str, Any]:
-    """A command's arguments as the manifest records them (``--out``, ``--force`` and
-    ``--resume`` left out; a ``--corpus`` or ``--catalog`` file by its SHA-256 too)."""
-    raw = {k: v for k, v in sorted(vars(args).items()) if k not in _NOT_SETTINGS}
-    for key in ("corpus", "catalog"):
-        if raw.get(key) is not None:
-            raw[f"{key}_sha256"] = _file_hash(raw[key])
-    return json.loads(json.dumps(raw, default=str))
+# --- a command's store ------------------------------------------------------------------
 
 
 def library_versions() -> dict[str, str]:
@@ -317,13 +291,35 @@ def library_versions() -> dict[str, str]:
     }
 
 
+def _first_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first setting (in name order) that differs, looked for inside nested settings
+    (a spec's ``probe_options``): its name and both values; None if none differs."""
+    for k in sorted({*old, *new}):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            return _first_change(a, b)
+        return k, a, b
+    return None
+
+
 def for_command(
-    out: str | os.PathLike, command: str, args: Any, *, resume: bool, force: bool
+    out: str | os.PathLike,
+    command: str,
+    settings: Mapping[str, Any],
+    *,
+    resume: bool,
+    force: bool,
+    label: Callable[[str], str] = str,
 ) -> Units | None:
     """The staging store of ``command`` in ``out``, checked before the model loads.
 
-    With ``resume``: the unfinished run must be there and have been started with the same
-    arguments and versions (else one line). Without: an unfinished run with finished units
+    ``settings`` is what the run's result depends on (JSON-ready: a command's spec
+    :meth:`~headmech.classification.spec.ClassifySpec.to_json` and the model it loads);
+    ``label`` names a setting in an error (the command line: its flag). With ``resume``:
+    the unfinished run must be there and have been started with the same settings and
+    versions (else one line). Without: an unfinished run with finished units
     is refused unless ``force`` (which starts over). Under ``torchrun`` there is none
     (``--resume`` is refused).
 
@@ -337,7 +333,7 @@ def for_command(
     store = Units(Path(out) / STAGING / command)
     manifest: dict[str, Any] = {
         "command": command,
-        "settings": settings_of(args),
+        "settings": json.loads(json.dumps(dict(settings), default=str)),
         "versions": library_versions(),
     }
     found, n = store.read_manifest(), store.count()
@@ -348,14 +344,13 @@ def for_command(
                 f"(no {Path(STAGING) / command / 'manifest.json'})"
             )
         for what in ("settings", "versions"):
-            old, new = found.get(what) or {}, manifest[what]
-            changed = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
-            if changed:
-                k = changed[0]
-                name = _flag(k) if what == "settings" else f"{k} version"
+            change = _first_change(found.get(what) or {}, manifest[what])
+            if change is not None:
+                k, was, now = change
+                name = label(k) if what == "settings" else f"{k} version"
                 raise InputError(
                     f"--resume: the unfinished run in {store.folder} was started with "
-                    f"{name} {old.get(k)!r}, this one has {new.get(k)!r}; rerun it as it was "
+                    f"{name} {was!r}, this one has {now!r}; rerun it as it was "
                     "started, or start over with --force instead of --resume"
                 )
         manifest["weights_sha256"] = found.get("weights_sha256")

@@ -1,0 +1,153 @@
+"""ClassifySpec: one checker for a classify run's settings, in Python and on the command line.
+
+The spec is made once (from keywords or parsed flags) against one table, names the flag or
+the keyword in its errors, is what the provenance and the resume manifest record, and a
+run resolves the types, checks each threshold and hashes the weights once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+import headmech
+from headmech.classification.spec import PARAMETERS, ClassifySpec, ValidationOptions
+from headmech.cli import build_parser
+from headmech.core.errors import HeadmechError
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return headmech.load_model("toy-induction")
+
+
+def _parse(*flags: str) -> argparse.Namespace:
+    return build_parser().parse_args(["classify", "toy-induction", "--out", "unused", *flags])
+
+
+def test_every_flag_of_the_table_is_a_flag_of_classify_and_back():
+    """The table and the command line agree: each parameter's flag is one of classify's
+    options, and each of classify's analysis options is in the table (the rest are where
+    and how the model loads and where the result goes)."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = {s for a in sub.choices["classify"]._actions for s in a.option_strings}
+    flags = {p.flag for p in PARAMETERS.values() if p.flag is not None}
+    # the repeated sequences' half length is a flag of importance and prune, not classify
+    assert flags - options == {"--half-len"}
+    where = {"--out", "--force", "--resume", "--device", "--dtype", "--device-map",
+             "--max-memory", "--offload-folder", "-h", "--help"}  # fmt: skip
+    assert options - where - flags == set()
+
+
+@pytest.mark.parametrize(
+    ("keywords", "flags", "python_says", "cli_says"),
+    [
+        ({"validate": True, "n_random": 0}, ("--validate", "--n-random", "0"),
+         "n_random must be a positive integer, got 0", "--n-random must be a positive integer, got 0"),
+        ({"validate": True, "n_random": 5000}, ("--validate", "--n-random", "5000"),
+         "n_random must be at most 1000", "--n-random must be at most 1000"),
+        ({"validate": True, "control_tokens": -1}, ("--validate", "--control-tokens", "-1"),
+         "control_tokens must be an integer of at least 0", "--control-tokens must be an integer of at least 0"),
+        ({"n_sequences": 0}, ("--n-sequences", "0"),
+         "n_sequences must be a positive integer", "--n-sequences must be a positive integer"),
+        ({"batch_size": 0}, ("--batch-size", "0"),
+         "batch_size must be a positive integer", "--batch-size must be a positive integer"),
+        ({"seed": -1}, ("--seed", "-1"),
+         "seed must be an integer from 0", "--seed must be an integer from 0"),
+        ({"types": ["induction"], "thresholds": {"induction": 2.0}},
+         ("--types", "induction", "--threshold", "induction=2"),
+         "the threshold of head type 'induction' must lie in its score's range",
+         "--threshold induction=2: the threshold of head type 'induction' must lie"),
+        ({"types": ["induction", "induction"]}, ("--types", "induction,induction"),
+         "head type induction given more than once", "--types lists induction more than once"),
+    ],
+)  # fmt: skip
+def test_one_checker_names_the_flag_or_the_keyword(keywords, flags, python_says, cli_says):
+    with pytest.raises(HeadmechError) as python:
+        ClassifySpec.create(**keywords)
+    with pytest.raises(HeadmechError) as cli:
+        ClassifySpec.from_args(_parse(*flags))
+    assert python_says in str(python.value) and "--" not in str(python.value).split(":")[0]
+    assert cli_says in str(cli.value)
+    assert "\n" not in str(python.value) + str(cli.value)
+
+
+def test_an_unknown_keyword_is_one_line_with_a_close_name():
+    with pytest.raises(
+        HeadmechError, match=r"unknown keyword 'n_sentence' \(did you mean 'n_sentences'\?\)"
+    ):
+        ClassifySpec.create(n_sentence=8)
+
+
+def test_validation_options_only_with_validate_and_settings_ignored_without_it_warn():
+    assert ClassifySpec.create().validation is None
+    spec = ClassifySpec.create(validate=True, control_tokens=64, alone=(3, 1))
+    assert spec.validation == ValidationOptions(99, 64, (3, 1))
+    assert spec.validation.test.n_max == 99 and spec.validation.test.control_tokens == 64
+    with pytest.warns(UserWarning, match="n_random is ignored without validate"):
+        ClassifySpec.create(n_random=5)
+    with pytest.warns(UserWarning, match="--alone is ignored without --validate"):
+        ClassifySpec.from_args(_parse("--alone", "1,1"))
+
+
+def test_to_json_is_the_provenance_settings_and_the_manifest(toy, tmp_path):
+    """What a run records as its settings is the spec's JSON (less the probe options,
+    which the provenance keeps under its own key, and with the types it skipped)."""
+    spec = ClassifySpec.create(
+        types=["induction"], thresholds={"induction": 0.3}, n_sequences=4, n_boot=0
+    )
+    catalog = spec.run(toy, progress=False)
+    j = spec.to_json()
+    assert catalog.provenance["probe_options"] == j.pop("probe_options")
+    assert catalog.provenance["settings"] == {**j, "skipped": {}}
+    assert j["thresholds"] == {"induction": 0.3} and "alone" not in j
+    assert dataclasses.replace(spec).to_json() == spec.to_json()  # plain data: equal specs
+
+
+def test_a_classify_resolves_types_checks_thresholds_and_hashes_weights_once(toy, monkeypatch):
+    import accelerate.utils
+
+    import headmech.headtypes.base as base
+    import headmech.headtypes.registry as registry
+
+    calls = {"resolve": 0, "threshold": 0, "hash": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+
+        return wrapper
+
+    monkeypatch.setattr(registry, "resolve_types", counted("resolve", registry.resolve_types))
+    monkeypatch.setattr(registry, "checked_threshold", counted("threshold", base.checked_threshold))
+    from headmech.models.loaded import loaded
+
+    loaded(toy).weights_hash = None  # hashed afresh by this run
+    align = accelerate.utils.align_module_device
+    monkeypatch.setattr(accelerate.utils, "align_module_device", counted("hash", align))
+    headmech.classify(
+        toy, ["induction", "duplicate_token"], thresholds={"induction": 0.3}, validate=True,
+        n_random=2, alone=(1, 0), n_sequences=4, half_len=8, n_boot=0, progress=False,
+    )  # fmt: skip
+    tensors = len({id(t) for t in [*toy.parameters(), *toy.buffers()]})
+    assert calls["resolve"] == 1 and calls["threshold"] == 1
+    assert 0 < calls["hash"] <= tensors  # one pass over the weights, not three
+
+
+def test_resume_names_the_flag_of_a_changed_setting(tmp_path):
+    """A resumed classify is compared on the spec's JSON: a changed probe size (nested in
+    probe_options) is named by its flag."""
+    from headmech.cli.base import staging
+
+    first = _parse("--n-sequences", "4")
+    first.out, first.resume = str(tmp_path), False
+    store = staging(first, "classify", ClassifySpec.from_args(first))
+    store.save(["scores-x"], {"done": True})  # one finished unit and the manifest
+    again = _parse("--n-sequences", "5", "--resume")
+    again.out = str(tmp_path)
+    with pytest.raises(HeadmechError, match=r"was started with --n-sequences 4, this one has 5"):
+        staging(again, "classify", ClassifySpec.from_args(again))
