@@ -121,7 +121,14 @@ def test_a_record_per_head_and_a_note_for_a_type_without_a_pattern(tiny_models):
     for h, r in rec["heads"].items():
         assert r["broad_share"] == pytest.approx(float(share[HeadIndex.parse(h)]), abs=1e-5)
         assert r["narrow"] == (max(r["broad_share"], r["broad_share_4x"]) < NARROW)
-    per = {"L1H2": {"effect": 0.5}}
-    meta = merge(per, rec)
-    assert per["L1H2"]["effect"] == 0.5 and "broad_share" in per["L1H2"] and "L0H0" in per
+    from headmech.classification.readings import HeadReading
+    from headmech.classification.records import HeadEffect
+
+    per = {"L1H2": HeadReading(True, HeadEffect(0.5, None, True))}
+    meta = merge(per, rec, [HeadIndex(1, 2)])
+    assert (
+        per["L1H2"].effect == 0.5
+        and per["L1H2"].broad.broad_share == rec["heads"]["L1H2"]["broad_share"]
+    )
+    assert "L0H0" in per and not per["L0H0"].labelled and per["L0H0"].alone is None
     assert "heads" not in meta and meta["lengths"] == list(LENGTHS)

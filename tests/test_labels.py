@@ -58,7 +58,7 @@ def test_every_head_above_the_threshold_is_labelled_or_listed_with_its_reason(st
         assert said and low <= 0.1, e["reason"]
         assert [float(x) for x in said.groups()] == pytest.approx([effect, low, high], abs=6e-4)
         # the same measurement as the validation's: each head ablated alone
-        assert r.per_head[e["head"]]["effect"] == pytest.approx(effect, abs=6e-5)
+        assert r.per_head[e["head"]].effect == pytest.approx(effect, abs=6e-5)
     assert [e["score"] for e in r.not_labelled] == sorted(
         (e["score"] for e in r.not_labelled), reverse=True
     )
@@ -84,13 +84,13 @@ def test_each_head_alone_is_the_effect_of_ablating_it_alone(toy, strict):
     against validate_heads on that head alone (same batches, same metric)."""
     r = strict["induction"]
     assert set(r.per_head) == {"L1H0", "L1H1", "L1H2", "L1H3"}
-    assert r.per_head["L1H0"]["labelled"] and not r.per_head["L1H3"]["labelled"]
+    assert r.per_head["L1H0"].labelled and not r.per_head["L1H3"].labelled
     t = InductionHead(copying_threshold=0.1)
     for name in ("L1H0", "L1H3"):
         alone = validate_heads(toy, t, [HeadIndex.parse(name)], ProbeOptions(**SIZE), n_random=0)
-        assert r.per_head[name]["effect"] == pytest.approx(alone.primary.effect, rel=1e-4, abs=1e-6)
-        lo, hi = r.per_head[name]["interval"]
-        assert lo <= r.per_head[name]["effect"] <= hi
+        assert r.per_head[name].effect == pytest.approx(alone.primary.effect, rel=1e-4, abs=1e-6)
+        lo, hi = r.per_head[name].interval
+        assert lo <= r.per_head[name].effect <= hi
     red = r.validation.to_json()["redundancy"]  # the one labelled head: the set is the head
     assert red["ratio"] == pytest.approx(1.0, rel=1e-4)
 
@@ -102,7 +102,7 @@ def test_the_whole_set_against_its_heads_alone_on_the_toy(toy):
     r = cat["induction"]
     assert len(r.heads) == 4 and r.not_labelled == []
     red = r.validation.to_json()["redundancy"]
-    assert red["sum_of_own_effects"] == pytest.approx(sum(e["effect"] for e in r.per_head.values()))
+    assert red["sum_of_own_effects"] == pytest.approx(sum(e.effect for e in r.per_head.values()))
     assert red["ratio"] > 2
 
 
@@ -186,7 +186,7 @@ def test_the_command_lines_table_and_report_name_the_heads_not_labelled(strict, 
     report.evidence(strict)
     out = capsys.readouterr().out
     for e in strict["induction"].not_labelled:
-        own = strict["induction"].per_head[e["head"]]["effect"]
+        own = strict["induction"].per_head[e["head"]].effect
         assert (
             f"not labelled {e['head']} {e['score']:.3f}: {e['reason']}; own effect {own:+.4f}"
             in out
@@ -256,16 +256,16 @@ def test_validation_ablates_alone_at_most_as_many_heads_as_asked(toy):
     )
     r = cat["induction"]
     assert len(r.heads) == 1 and len(r.not_labelled) == 3
-    alone = {h: e for h, e in r.per_head.items() if "effect" in e}  # (all are read broadly)
-    labelled = [h for h, e in alone.items() if e["labelled"]]
-    rejected = [h for h, e in alone.items() if not e["labelled"]]
+    alone = {h: e for h, e in r.per_head.items() if e.alone is not None}  # (all are read broadly)
+    labelled = [h for h, e in alone.items() if e.labelled]
+    rejected = [h for h, e in alone.items() if not e.labelled]
     assert labelled == ["L1H0"] and len(rejected) == 2
     assert set(rejected) == {e["head"] for e in r.not_labelled[:2]}  # the best first
     assert cat.to_json()["provenance"]["settings"]["alone"] == [1, 2]
     default = headmech.classify(toy, ["induction"], validate=True, n_random=1, **SIZE)
     assert "alone" not in default.to_json()["provenance"]["settings"]
     two = headmech.classify(toy, ["induction"], validate=True, n_random=1, alone=(2, 0), **SIZE)
-    assert sum("effect" in e for e in two["induction"].per_head.values()) == 2
+    assert sum(e.alone is not None for e in two["induction"].per_head.values()) == 2
     assert two["induction"].validation.per_head_note == (
         "2 of 4 labelled heads ablated alone (the highest scores)"
     )

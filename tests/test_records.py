@@ -135,3 +135,25 @@ def test_headmech_keeps_its_model_state_off_the_model():
     del model
     gc.collect()
     assert gone() is None  # the record does not keep its model alive
+
+
+def test_a_head_reading_is_what_per_head_holds_and_writes_it_back():
+    """per_head: a head measured alone, read on ordinary text, both or neither; written
+    back field for field, an unknown field kept; a measurement missing a field is a
+    one-line error."""
+    from headmech.classification.readings import HeadReading, readings_of
+
+    both = {"effect": 0.5, "interval": [0.1, 0.9], "labelled": True, "broad_share": 0.7,
+            "broad_share_4x": 0.6, "broad_score": 0.2, "broad_score_4x": 0.1, "narrow": False}  # fmt: skip
+    alone = {"effect": -0.1, "interval": None, "labelled": False}
+    broad = {k: v for k, v in both.items() if k.startswith("broad") or k == "narrow"}
+    broad["labelled"] = False
+    later = {**alone, "future_field": 3}
+    entry = {"per_head": {"L0H1": both, "L1H0": alone, "L1H2": broad, "L1H3": later}}
+    read = readings_of(entry)
+    assert {h: r.to_json() for h, r in read.items()} == entry["per_head"]
+    assert read["L0H1"].effect == 0.5 and read["L0H1"].broad.broad_share == 0.7
+    assert read["L1H2"].alone is None and read["L1H2"].effect is None
+    assert read["L1H0"].broad is None and read["L1H3"].extra == {"future_field": 3}
+    with pytest.raises(ValueError, match="lacks 'narrow'"):
+        HeadReading.from_json({k: v for k, v in both.items() if k != "narrow"})

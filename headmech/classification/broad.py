@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from headmech.classification.readings import BroadReading, HeadReading
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.registry import HeadType
 
@@ -127,14 +128,14 @@ def _num(x: torch.Tensor) -> float | None:
 
 
 def merge(
-    per_head: dict[str, dict[str, Any]], record: dict[str, Any], labelled: Any = ()
+    per_head: dict[str, HeadReading], record: dict[str, Any], labelled: Any = ()
 ) -> dict[str, Any]:
-    """A type's :func:`broad_behaviour` record into its ``per_head`` entries (a head
+    """A type's :func:`broad_behaviour` record into its ``per_head`` readings (a head
     without one gets one, saying whether it is ``labelled``, a head of ``labelled``);
     returns what goes to ``details["broad"]`` (the lengths and windows, or the note)."""
     names = {str(h) for h in labelled}
     for h, values in record.get("heads", {}).items():
-        per_head.setdefault(h, {"labelled": h in names}).update(values)
+        per_head.setdefault(h, HeadReading(h in names)).broad = BroadReading(**values)
     return {k: v for k, v in record.items() if k != "heads"}
 
 

@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech.classification.readings import HeadReading, readings_of
 from headmech.classification.records import TypeValidation
 from headmech.core.errors import CatalogFileError
 from headmech.core.head_index import HeadIndex
@@ -68,13 +69,16 @@ def _not_labelled(entries: Any, shape: tuple[int, int], name: str) -> list[dict[
     return out
 
 
-def _per_head_record(entries: Any, shape: tuple[int, int], name: str) -> dict[str, Any]:
+def _per_head_record(entries: Any, shape: tuple[int, int], name: str) -> dict[str, HeadReading]:
     """``per_head`` of a type's entry: keyed by heads inside the model."""
     if not isinstance(entries, dict):
         raise ValueError(f"type '{name}' per_head is not an object")
     for key in entries:
         _heads([HeadIndex.parse(key)], shape, f"type '{name}' per_head")
-    return dict(entries)
+    try:
+        return readings_of({"per_head": entries})
+    except ValueError as e:
+        raise ValueError(f"type '{name}' per_head: {e}") from None
 
 
 def score_ranges(names: Any) -> dict[str, tuple[float, float]]:
@@ -104,7 +108,8 @@ class TypeResult:
             first, as ``{"head": "L5H1", "score": ..., "reason": ...}``: the further
             criterion it failed, with its value (:meth:`HeadType.rejected`).
         per_head: with validation, each labelled head's own effect (ablated alone) and
-            each not-labelled head's: ``{"L18H6": {"effect", "interval", "labelled"}}``.
+            each not-labelled head's, and their readings on ordinary text, by head name
+            (:class:`~headmech.classification.readings.HeadReading`: ``per_head["L18H6"].effect``).
         backups: with validation, heads at or above the threshold, not labelled, whose
             own effect is within noise but which alone restore the type's metric when
             every other candidate is ablated, beyond random heads (the role *backup*:
@@ -123,7 +128,7 @@ class TypeResult:
     high: Float[Tensor, "n_layers n_heads"] | None = None
     borderline: list[HeadIndex] = field(default_factory=list)
     not_labelled: list[dict[str, Any]] = field(default_factory=list)
-    per_head: dict[str, dict[str, Any]] = field(default_factory=dict)
+    per_head: dict[str, HeadReading] = field(default_factory=dict)
     backups: list[HeadIndex] = field(default_factory=list)
     validation: TypeValidation | None = None
 
@@ -131,7 +136,7 @@ class TypeResult:
         """Keep a validation: the record, each head measured alone (``per_head``, where
         the broad readings join it) and the backups it found."""
         self.validation = v
-        self.per_head = {k: e.to_json() for k, e in v.per_head.items()}
+        self.per_head = {k: HeadReading(e.labelled, e) for k, e in v.per_head.items()}
         self.backups = [HeadIndex(a, b) for a, b in v.backup_heads()]
 
     def not_controls(self) -> set[HeadIndex]:
@@ -153,7 +158,7 @@ class TypeResult:
             "heads": [[h.layer, h.head] for h in self.heads],
             "borderline": [[h.layer, h.head] for h in self.borderline],
             "not_labelled": self.not_labelled,
-            "per_head": self.per_head,
+            "per_head": {k: r.to_json() for k, r in self.per_head.items()},
             "details": dict(self.details),
         }
         if self.validation is not None:

@@ -13,6 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from headmech.classification.readings import HeadReading
     from headmech.classification.records import ClaimRecord, TypeValidation
 
 __all__ = ["evidence", "pruning", "validation_line"]
@@ -76,17 +77,19 @@ def validation_line(v: TypeValidation | None) -> str | None:
     return text
 
 
-def _own(e: dict[str, Any] | None) -> str:
+def _own(e: HeadReading | None) -> str:
     """A head's own effect (ablated alone), with its interval."""
-    if not e or e.get("effect") is None:
+    if e is None or e.alone is None:
         return "not measured alone"
-    text = f"{e['effect']:+.4f}"
-    if e.get("interval"):
-        text += f" [{e['interval'][0]:+.4f}, {e['interval'][1]:+.4f}]"
+    text = f"{e.alone.effect:+.4f}"
+    if e.alone.interval:
+        text += f" [{e.alone.interval[0]:+.4f}, {e.alone.interval[1]:+.4f}]"
     return text
 
 
-def not_labelled_lines(entries: list[dict[str, Any]], per_head: dict[str, Any]) -> list[str]:
+def not_labelled_lines(
+    entries: list[dict[str, Any]], per_head: dict[str, HeadReading]
+) -> list[str]:
     """One line per head at or above the threshold that is not labelled: its score, the
     criterion it failed and, where validated, its own effect."""
     groups: dict[str, list[str]] = {}  # heads failing the same criterion share a line
@@ -117,9 +120,9 @@ def skipped_lines(skipped: dict[str, str]) -> list[str]:
     ]
 
 
-def per_head_lines(per_head: dict[str, Any], v: TypeValidation | None) -> list[str]:
+def per_head_lines(per_head: dict[str, HeadReading], v: TypeValidation | None) -> list[str]:
     """The labelled heads' own effects in one line, and the set's against their sum."""
-    own = [f"{h} {_own(e)}" for h, e in per_head.items() if e.get("labelled")]
+    own = [f"{h} {_own(e)}" for h, e in per_head.items() if e.labelled]
     if not own:
         return []
     lines = [f"each labelled head ablated alone: {', '.join(own)}"]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from headmech.classification.readings import HeadReading, readings_of
 from headmech.classification.records import ClaimRecord, validation_of
 
 __all__ = [
@@ -139,11 +140,12 @@ def _verdict_rows(data: dict[str, Any]) -> list[str]:
     return [*lines, *([""] + notes if notes else [])]
 
 
-def _own(e: dict[str, Any] | None) -> str:
-    if not e or e.get("effect") is None:
+def _own(e: HeadReading | None) -> str:
+    if e is None or e.alone is None:
         return "–"
-    text = f"{e['effect']:+.3g}"
-    return text + (" [{:+.3g}, {:+.3g}]".format(*e["interval"]) if e.get("interval") else "")
+    text = f"{e.alone.effect:+.3g}"
+    interval = e.alone.interval
+    return text + (" [{:+.3g}, {:+.3g}]".format(*interval) if interval else "")
 
 
 def _not_labelled_rows(data: dict[str, Any]) -> list[str]:
@@ -151,7 +153,7 @@ def _not_labelled_rows(data: dict[str, Any]) -> list[str]:
     failed and its own effect on the type's task."""
     rows = [
         f"| `{name}` | {e['head']} | {e['score']:.3f} | {e['reason']} | "
-        f"{_own((t.get('per_head') or {}).get(e['head']))} |"
+        f"{_own(readings_of(t).get(e['head']))} |"
         for name, t in data["types"].items()
         for e in t.get("not_labelled") or []
     ]
@@ -173,7 +175,7 @@ def _per_head_rows(data: dict[str, Any], most: int = 8) -> list[str]:
     first ``most``; catalog.json has every measured head), and the set against the sum."""
     rows = []
     for name, t in data["types"].items():
-        per = t.get("per_head") or {}
+        per = readings_of(t)
         if not per:
             continue
         v = validation_of(t)
@@ -181,10 +183,12 @@ def _per_head_rows(data: dict[str, Any], most: int = 8) -> list[str]:
         ratio = f"{red.ratio:.2f}" if red is not None and red.ratio is not None else "–"
         cells = []
         for la, h in t["heads"][:most]:
-            e = per.get(f"L{la}H{h}", {})
-            share = e.get("broad_share")
-            broad = "–" if share is None else f"{share:.2f} / {e.get('broad_share_4x', 0):.2f}"
-            cells.append(f"L{la}H{h} {_own(e)}, {broad}{' **narrow**' if e.get('narrow') else ''}")
+            e = per.get(f"L{la}H{h}")
+            b = e.broad if e is not None else None
+            share = None if b is None else b.broad_share
+            broad = "–" if share is None else f"{share:.2f} / {b.broad_share_4x or 0:.2f}"  # type: ignore[union-attr]
+            narrow = " **narrow**" if b is not None and b.narrow else ""
+            cells.append(f"L{la}H{h} {_own(e)}, {broad}{narrow}")
         if cells:
             more = f"; … (+{len(t['heads']) - most})" if len(t["heads"]) > most else ""
             rows.append(f"| `{name}` | {'; '.join(cells)}{more} | {ratio} |")

@@ -184,13 +184,14 @@ def _catalog_fdr(data: dict[str, Any]) -> None:
 def _store_validation(entry: dict[str, Any], v: TypeValidation) -> None:
     """A validation record into a type's entry: ``per_head`` beside ``details``, each
     head's reading on ordinary text (``broad_*``, ``narrow``: not the validation's) kept."""
+    from headmech.classification.readings import HeadReading, readings_of
+
     v = TypeValidation.from_json(json.loads(dumps(v.to_json(per_head=True))))  # as written
-    per_head = {k: e.to_json() for k, e in v.per_head.items()}
-    for h, row in (entry.get("per_head") or {}).items():
-        broad = {k: x for k, x in row.items() if k.startswith("broad_") or k == "narrow"}
-        if broad:
-            per_head.setdefault(h, {"labelled": row.get("labelled", False)}).update(broad)
-    entry["per_head"] = per_head
+    per_head = {k: HeadReading(e.labelled, e) for k, e in v.per_head.items()}
+    for h, old in readings_of(entry).items():
+        if old.broad is not None:
+            per_head.setdefault(h, HeadReading(old.labelled)).broad = old.broad
+    entry["per_head"] = {k: r.to_json() for k, r in per_head.items()}
     backups = v.backup_heads()
     entry.pop("backups", None)
     if backups:
@@ -231,6 +232,7 @@ def _read_broadly(model: TransformerBridge, data: dict[str, Any], types: Sequenc
     (:func:`headmech.classification.broad.broad_behaviour`) into their ``per_head`` entries and
     ``details["broad"]``, as a full run writes them."""
     from headmech.classification.broad import broad_behaviour, heads_to_read, merge
+    from headmech.classification.readings import readings_of
     from headmech.classification.results import TypeResult
 
     shape = (int(data["model"]["n_layers"]), int(data["model"]["n_heads"]))
@@ -238,9 +240,9 @@ def _read_broadly(model: TransformerBridge, data: dict[str, Any], types: Sequenc
     found = broad_behaviour(model, types, {n: heads_to_read(r) for n, r in results.items()})
     for t, record in found.items():
         entry = data["types"][t]
-        per = entry.setdefault("per_head", {})
+        per = readings_of(entry)
         entry["details"]["broad"] = json.loads(dumps(merge(per, record, results[t].heads)))
-        entry["per_head"] = json.loads(dumps(per))
+        entry["per_head"] = json.loads(dumps({h: r.to_json() for h, r in per.items()}))
 
 
 def _merge(data: dict[str, Any], new: dict[str, Any]) -> None:

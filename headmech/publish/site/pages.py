@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headmech.classification.readings import HeadReading, readings_of
 from headmech.classification.records import validation_of
 from headmech.core.errors import HeadmechError, InputError
 from headmech.publish.attention_view import top_attended, top_pairs, view_html
@@ -120,9 +121,10 @@ def rejected_heads(t: dict[str, Any]) -> list[dict[str, Any]]:
     return list(t.get("not_labelled") or [])
 
 
-def _own(t: dict[str, Any], head: tuple[int, int]) -> dict[str, Any]:
-    """A head's ``per_head`` record of type ``t`` (its own effect, broad share), or {}."""
-    return dict((t.get("per_head") or {}).get(_name(head), {}))
+def _own(t: dict[str, Any], head: tuple[int, int]) -> HeadReading:
+    """A head's ``per_head`` reading of type ``t`` (its own effect, broad share; an empty
+    one where the head has none)."""
+    return readings_of(t).get(_name(head)) or HeadReading()
 
 
 def verdict_counts(models: list[Model]) -> dict[str, int]:
@@ -154,11 +156,11 @@ def head_row(t: dict[str, Any], head: list[int] | tuple[int, int]) -> dict[str, 
         "score": _cell(t.get("score"), h),
         "low": _cell(interval.get("low"), h),
         "high": _cell(interval.get("high"), h),
-        "effect": own.get("effect"),
-        "effect_interval": own.get("interval"),
-        "broad_share": own.get("broad_share"),
-        "broad_share_4x": own.get("broad_share_4x"),
-        "narrow": own.get("narrow"),
+        "effect": own.effect,
+        "effect_interval": own.interval,
+        "broad_share": None if own.broad is None else own.broad.broad_share,
+        "broad_share_4x": None if own.broad is None else own.broad.broad_share_4x,
+        "narrow": None if own.broad is None else own.broad.narrow,
     }
 
 
