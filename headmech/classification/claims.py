@@ -2,7 +2,7 @@
 
 :mod:`headmech.classification.validation` ablates a type's labelled heads and random control sets
 and measures the type's task; some types' papers test their claim another way, and a
-type names its way in ``HeadType.validation``:
+type names its way in ``HeadType.claims`` (:mod:`headmech.classification.claim_types`):
 
 * ``direct_path`` (name movers, negative name movers; Wang et al. 2022): the labelled
   heads' direct effect on the IOI logit difference, path patching to the logits (each

@@ -96,11 +96,11 @@ class HeadType:
         claims: the claims validation tests, by their names in the claim registry
             (:mod:`headmech.classification.claim_types`), the paper's own first: the
             *primary* claim, whose verdict the tables show (the first that can run on the
-            model). Default: from ``validation``.
-        validation: the older way to name them: ``ablation`` (ablate the heads, measure
-            ``task``), ``direct_path`` (path patching to the logits, with the backup
-            heads), ``k_composition`` (the heads' writes patched into the induction heads'
-            keys, then the ablation on ``task``).
+            model). Default: ``("ablation",)`` (ablate the heads, measure ``task``);
+            built in besides: ``direct_path`` (path patching to the logits, with the
+            backup heads), ``k_composition`` (the heads' writes patched into the
+            induction heads' keys), ``sink_dose``; a contributor's own
+            :class:`~headmech.classification.claim_types.Claim` registered in ``CLAIMS``.
         circuit: the types its paper treats as one mechanism with it (the IOI roles); the
             heads of those types at or above their thresholds leave its control sets too.
         claim: one line: what the validation tests and why that metric (the paper's).
@@ -132,7 +132,6 @@ class HeadType:
     helps_task: ClassVar[bool] = True
     expected_effect: ClassVar[str | None] = None
     effect_tolerance: ClassVar[float] = 0.01  # "little": within 1% of the clean metric
-    validation: ClassVar[str] = "ablation"
     claims: ClassVar[tuple[str, ...]] = ()
     circuit: ClassVar[tuple[str, ...]] = ()
     claim: ClassVar[str] = ""
@@ -268,11 +267,8 @@ class HeadType:
 
     def claim_kinds(self) -> tuple[str, ...]:
         """The names of the claims validation tests, the primary first (``claims``, else
-        from ``validation``)."""
-        if self.claims:
-            return tuple(self.claims)
-        legacy = {"direct_path": ("direct_path",), "k_composition": ("k_composition", "ablation")}
-        return legacy.get(self.validation, (self.validation,))
+        the ablation alone)."""
+        return tuple(self.claims) or ("ablation",)
 
     def own_effects(self, details: dict[str, Any]) -> dict[HeadIndex, tuple[float, list[float]]]:
         """Each head's own effect, ablated alone, with its 95% interval, where the type's

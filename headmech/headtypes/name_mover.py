@@ -83,7 +83,7 @@ class NameMoverHead(HeadType):
     threshold_note = "attention ≥ 0.3 from the last token to the indirect object, above its attention to the subject, with Wang et al.'s copy score ≥ 0.5; null: uniform attention over a 16-token prompt, about 0.06"
     causal_only = True
     task = "ioi"
-    validation = "direct_path"
+    claims = ("direct_path",)
     circuit = tuple(t for t in IOI_CIRCUIT if t != "name_mover")
     claim = (
         "Wang et al.: the heads' direct effect on the IOI logit difference (path patching "
