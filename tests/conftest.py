@@ -88,6 +88,19 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 FAST_TIER = os.environ.get("HEADMECH_TEST_TIER") == "fast"
+# end-to-end runs that take seconds each and check no claim the unit tests leave out: a
+# real browser on the built atlas (Chromium), several processes (torchrun, SIGKILL and
+# resume); `make test` runs them, `make test-fast` leaves them to it
+END_TO_END_FIXTURES = {"page", "browser", "results"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the end-to-end tests (:data:`END_TO_END_FIXTURES`, or marked ``end_to_end``)
+    ``slow`` too."""
+    for item in items:
+        uses = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("end_to_end") or uses & END_TO_END_FIXTURES:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config):

@@ -129,6 +129,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.end_to_end
 def test_sigkill_then_resume_writes_the_same_bytes(cli, tiny_dirs, tmp_path):
     procs = {}
     for command in RESULTS:  # the three killed runs at once: their start-up overlaps
@@ -285,6 +286,7 @@ def _published(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in files}
 
 
+@pytest.mark.end_to_end
 def test_make_catalog_stopped_and_resumed_writes_the_same_bytes(
     tiny_publish, monkeypatch, tmp_path, capsys
 ):
