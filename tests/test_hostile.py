@@ -186,7 +186,7 @@ AFTER_LOAD = [
     ("prose-types-toy-vocab", "classify TOYLIKE --types previous_token", "English prose"),
     ("prose-task-toy-vocab", "importance TOYLIKE --method zero", "task 'lm' is measured on"),
     ("baseline-past-vocab", "importance LLAMA --method dla --task induction -o baseline=99999",
-     "token id below"),
+     "baseline token 99999 is outside the vocabulary"),
     ("causal-type-on-encoder", "classify BERT --types induction",
      "head type 'induction' needs a causal (decoder) model"),
     ("causal-task-on-encoder", "importance BERT --method zero --task retrieval",

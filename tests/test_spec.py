@@ -151,3 +151,39 @@ def test_resume_names_the_flag_of_a_changed_setting(tmp_path):
     again.out = str(tmp_path)
     with pytest.raises(HeadmechError, match=r"was started with --n-sequences 4, this one has 5"):
         staging(again, "classify", ClassifySpec.from_args(again))
+
+
+def _method_args(command: str, *flags: str) -> argparse.Namespace:
+    return build_parser().parse_args([command, "toy-induction", "--out", "unused", *flags])
+
+
+def test_importance_and_prune_specs_check_once_in_python_and_on_the_command_line():
+    """One checker for the method runs too: a method's options typed and checked, the
+    probe sizes' flags named, pruning's own flags turned into its options."""
+    from headmech.attribution.spec import ImportanceSpec
+    from headmech.pruning.spec import PruneSpec
+
+    spec = ImportanceSpec.from_args(
+        _method_args("importance", "--method", "patching", "-o", "chunk=4", "--n-sequences", "6")
+    )
+    same = ImportanceSpec.create("patching", "induction", probe_options=spec.probe, chunk=4, seed=0)
+    assert spec.task == "induction" and spec.options.chunk == 4 and spec.probe.n_sequences == 6
+    assert spec.to_json() == same.to_json() and spec.to_json()["options"]["chunk"] == 4
+    with pytest.raises(HeadmechError, match="--n-sequences must be a positive integer, got 0"):
+        ImportanceSpec.from_args(
+            _method_args("importance", "--method", "zero", "--n-sequences", "0")
+        )
+    with pytest.raises(HeadmechError, match=r"option 'chunk' must be a positive integer, got 0"):
+        ImportanceSpec.create("patching", chunk=0)
+    with pytest.raises(HeadmechError, match=r"unknown method 'zer'.*did you mean 'zero'"):
+        ImportanceSpec.create("zer")
+    with pytest.raises(HeadmechError, match="n_boot must be an integer of at least 0"):
+        ImportanceSpec.create("zero", n_boot=-1)
+    michel = PruneSpec.from_args(_method_args("prune", "--method", "michel", "--fraction", "0.2"))
+    assert michel.options.fraction == 0.2 and michel.task == "induction"
+    with pytest.raises(HeadmechError, match=r"--fraction must be a number in \(0, 1\]"):
+        PruneSpec.from_args(_method_args("prune", "--method", "michel", "--fraction", "2"))
+    with pytest.warns(UserWarning, match="--lams: only for --method l0"):
+        PruneSpec.from_args(_method_args("prune", "--method", "michel", "--lams", "1"))
+    l0 = PruneSpec.from_args(_method_args("prune", "--method", "l0", "-o", "steps=7"))
+    assert l0.options.steps == 7 and l0.options.lams == (0.01, 0.1, 1.0, 3.0, 10.0)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from headmech.core import checks as V
 from headmech.core.constraints import Boolean, Custom, Integer, Origin, Param, check, label
 from headmech.core.errors import ArgumentError, HeadmechError, InputError
-from headmech.core.options import ProbeOptions
+from headmech.core.options import PROBE_FLAG_NAMES, PROBE_PARAMETERS, ProbeOptions
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -110,10 +110,6 @@ def _alone(value: Any, name: str) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
-def _numbers(kind: type, low: float, high: float | None) -> Any:
-    return lambda text, flag: V.number_list(text, flag, kind, low=low, high=high)
-
-
 #: classify's parameters: keyword -> rule, flag and the flag's parser (one table, one checker)
 PARAMETERS: dict[str, Param] = {
     "types": Param(None, "--types", _type_names),
@@ -127,15 +123,9 @@ PARAMETERS: dict[str, Param] = {
     "alone": Param(Custom(_alone), "--alone", _alone_text),
     "n_boot": Param(Integer(0), None, default=N_BOOT),
     "corpus": Param(None, "--corpus", _corpus_path),
-    "n_sentences": Param(Integer(1), "--n-sentences"),
-    "n_sequences": Param(Integer(1), "--n-sequences"),
-    "half_len": Param(Integer(2), "--half-len"),
-    "batch_size": Param(Integer(1), "--batch-size"),
-    "seed": Param(Custom(V.seed), "--seed", default=0),
-    "needle_lengths": Param(None, "--context", _numbers(int, 1, None)),
-    "needle_depths": Param(None, "--depths", _numbers(float, 0, 1)),
+    **PROBE_PARAMETERS,
 }
-_CLI_NAMES = {"needle_lengths": "context", "needle_depths": "depths", "thresholds": "threshold"}
+_CLI_NAMES = {**PROBE_FLAG_NAMES, "thresholds": "threshold"}
 
 
 @dataclasses.dataclass(frozen=True)

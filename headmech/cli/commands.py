@@ -10,6 +10,7 @@ second, not after a minute of loading) and writes its files through the result o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from typing import Any
@@ -21,7 +22,6 @@ from headmech.cli.base import (
     check_run,
     fit_before_load,
     load_model_of,
-    probe_options,
     resumable,
     save_partial,
     save_result,
@@ -126,20 +126,6 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _method_options(registry: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """``--option KEY=VALUE`` pairs, typed by the method's options dataclass and checked,
-    plus ``seed`` where the method takes one."""
-    from dataclasses import fields
-
-    from headmech.core.options import parse_options
-
-    entry = V.lookup(registry, name)
-    options = V.method_options(parse_options(entry, args.option or []))
-    if entry.options is not None and "seed" in {f.name for f in fields(entry.options)}:
-        options.setdefault("seed", args.seed)
-    return options
-
-
 def _task(model: Any, name: str) -> Any:
     """The task for the loaded model; refused if it is measured on prose the model's
     tokenizer cannot read (the toy model), naming the tasks that fit."""
@@ -157,46 +143,25 @@ def _task(model: Any, name: str) -> Any:
     return task
 
 
-def _check_method(
-    args: argparse.Namespace, registry: Any, command: str
-) -> tuple[dict[str, Any], str]:
-    """``importance`` / ``prune`` checks before loading: run options, method, options, task;
-    returns the method's options and the task (``--task``, else the model's default)."""
-    from headmech.core.registry import TASKS
-
-    check_run(args, command)
-    options = _method_options(registry, args.method, args)
-    task = args.task
-    if task is None:
-        from headmech.core.registry import MODELS
-
-        task = MODELS.get(args.model).default_task if args.model in MODELS else "lm"
-    V.lookup(TASKS, task)
-    V.probe_options(probe_options(args))
-    return options, task
-
-
 def cmd_importance(args: argparse.Namespace) -> int:
-    """``headmech importance``."""
+    """``headmech importance``: spec (every setting checked once) -> load -> run -> save."""
     from headmech.core.registry import METHODS
 
-    options, task = _check_method(args, METHODS, "importance")  # fail fast, before loading
-    from headmech.attribution import importance
+    check_run(args, "importance", sizes=False)  # fail fast, before loading
+    V.lookup(METHODS, args.method)  # from the registry's index: a typo fails before torch loads
+    from headmech.attribution.spec import ImportanceSpec
+
+    spec = ImportanceSpec.from_args(args)
     from headmech.runs.resume import bind_weights
 
-    units = staging(args, "importance")
+    units = staging(args, "importance", spec)
     t0 = time.perf_counter()
     loaded = load_model_of(args)
     model = loaded.model
     bind_weights(units, model)  # --resume: the same weights
-    _task(model, task)
-    if options.get("baseline") is not None and options["baseline"] >= int(model.cfg.d_vocab):
-        raise InputError(f"option 'baseline' is a token id below {model.cfg.d_vocab}")
+    _task(model, spec.task)
     with resumable(args, units):
-        result = importance(
-            model, args.method, task, probe_options=probe_options(args), progress=True,
-            units=units, **options,
-        )  # fmt: skip
+        result = spec.run(model, progress=True, units=units)
         out = save_result(args, "importance", result, loaded, units=units)
     top = ", ".join(f"L{la}H{h}" for la, h in result.top(5))
     print(f"{result.method} / {result.task}: clean {result.metric_clean}  top heads: {top}")
@@ -248,32 +213,6 @@ def cmd_circuit(args: argparse.Namespace) -> int:
     return 0
 
 
-_METHOD_FLAGS = {"michel": ("fraction", "steps"), "l0": ("lams", "l0_steps")}
-
-
-def _prune_options(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """The pruning method's options: ``-o`` pairs, then the method's own flags (checked;
-    a flag of another method warns that it is ignored); and the task."""
-    from headmech.core.registry import PRUNING_METHODS
-
-    options, task = _check_method(args, PRUNING_METHODS, "prune")
-    for method, flags in _METHOD_FLAGS.items():
-        given = [f for f in flags if getattr(args, f) is not None]
-        if given and args.method != method:
-            flag = ", ".join("--" + f.replace("_", "-") for f in given)
-            V.warn(f"{flag}: only for --method {method}, ignored by --method {args.method}")
-    if args.method == "michel":
-        fraction = 0.1 if args.fraction is None else args.fraction
-        options.setdefault("fraction", V.fraction(fraction, "--fraction"))
-        options.setdefault("steps", V.count(args.steps, "--steps"))
-    elif args.method == "l0":
-        lams = "0.01,0.1,1,3,10" if args.lams is None else args.lams
-        options.setdefault("lams", V.lams(lams))
-        steps = 100 if args.l0_steps is None else args.l0_steps
-        options.setdefault("steps", V.count(steps, "--l0-steps"))
-    return options, task
-
-
 def _check_catalog(catalog: Any, model: Any, force: bool) -> None:
     """Refuse a ``--catalog`` of another shape (or, where the catalog records them, other
     weights unless ``--force``) than the loaded model."""
@@ -292,24 +231,28 @@ def _check_catalog(catalog: Any, model: Any, force: bool) -> None:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    """``headmech prune``."""
-    options, task_name = _prune_options(args)  # fail fast, before loading
-    from headmech.pruning import prune
+    """``headmech prune``: spec (every setting checked once) -> load -> run -> save."""
+    from headmech.core.registry import PRUNING_METHODS
+
+    check_run(args, "prune", sizes=False)  # fail fast, before loading
+    V.lookup(
+        PRUNING_METHODS, args.method
+    )  # from the registry's index: a typo fails before torch loads
+    from headmech.pruning.spec import PruneSpec
+
+    spec = PruneSpec.from_args(args)
     from headmech.runs.resume import bind_weights
 
     catalog = catalog_file(args.catalog, args.model) if args.catalog is not None else None
-    units = staging(args, "prune")
+    units = staging(args, "prune", spec)
     t0 = time.perf_counter()
     loaded = load_model_of(args)
     model = loaded.model
     bind_weights(units, model)  # --resume: the same weights
-    task = _task(model, task_name)
+    spec = dataclasses.replace(spec, task=_task(model, spec.task))
     _check_catalog(catalog, model, args.force)
     with resumable(args, units):
-        result = prune(
-            model, args.method, task, catalog=catalog, probe_options=probe_options(args),
-            progress=True, units=units, **options,
-        )  # fmt: skip
+        result = spec.run(model, catalog=catalog, progress=True, units=units)
         out = save_result(args, "prune", result, loaded, units=units)
     report.pruning(result, catalog)
     print(f"wrote {out / 'pruning.json'} (total {time.perf_counter() - t0:.1f}s)")

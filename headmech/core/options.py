@@ -15,7 +15,7 @@ from headmech.core.errors import HeadmechError
 if TYPE_CHECKING:
     from headmech.core.registry import Entry
 
-__all__ = ["ProbeOptions", "build_options", "parse_options"]
+__all__ = ["PROBE_FLAG_NAMES", "PROBE_PARAMETERS", "ProbeOptions", "build_options", "parse_options"]
 
 
 @dataclass
@@ -113,3 +113,42 @@ def _convert(type_name: str, raw: str, key: str) -> Any:
     except ValueError:
         raise HeadmechError(f"option '{key}' takes a {type_name}, got '{raw}'") from None
     return raw
+
+
+def _numbers(kind: type, low: float, high: float | None) -> Any:
+    """A flag's comma-separated numbers of ``kind`` within ``[low, high]``."""
+
+    def parse(text: str, flag: str) -> tuple[Any, ...]:
+        from headmech.core.checks import number_list
+
+        return number_list(text, flag, kind, low=low, high=high)
+
+    return parse
+
+
+def _seed(value: Any, name: str) -> int:
+    from headmech.core.checks import seed
+
+    return seed(value, name)
+
+
+def _probe_parameters() -> dict[str, Any]:
+    from headmech.core.constraints import Custom, Integer, Param
+
+    return {
+        "n_sentences": Param(Integer(1), "--n-sentences"),
+        "n_sequences": Param(Integer(1), "--n-sequences"),
+        "half_len": Param(Integer(2), "--half-len"),
+        "batch_size": Param(Integer(1), "--batch-size"),
+        "seed": Param(Custom(_seed), "--seed", default=0),
+        "needle_lengths": Param(None, "--context", _numbers(int, 1, None)),
+        "needle_depths": Param(None, "--depths", _numbers(float, 0, 1)),
+    }
+
+
+#: the probe options' parameters (:mod:`headmech.core.constraints`): the sizes every
+#: command that builds a probe takes, with their flags (``--context`` and ``--depths`` are
+#: the needle's lengths and depths); ``corpus`` is classify's alone
+PROBE_PARAMETERS = _probe_parameters()
+#: the parsed arguments' names of the parameters whose flag is not their keyword
+PROBE_FLAG_NAMES = {"needle_lengths": "context", "needle_depths": "depths"}

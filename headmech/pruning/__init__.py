@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from headmech.core.options import build_options
 from headmech.core.registry import PRUNING_METHODS
 from headmech.probes import ProbeOptions
 from headmech.pruning.l0 import L0Options, l0_prune
@@ -107,15 +106,7 @@ def prune(
     Returns:
         A :class:`PruningResult`; ``.save(dir)`` writes ``pruning.json``.
     """
-    from headmech.core.checks import method_options
-    from headmech.pruning.survival import check_catalog
-    from headmech.runs.resume import recording
+    from headmech.pruning.spec import PruneSpec
 
-    entry = PRUNING_METHODS.entry(method)
-    opts = build_options(entry, method_options(dict(options)))
-    check_catalog(catalog, model)  # before any work: its heads must be the model's
-    kwargs = vars(opts) if opts is not None else {}
-    with recording(units):
-        return entry.obj(
-            model, task, probe_options=probe_options, catalog=catalog, progress=progress, **kwargs
-        )
+    spec = PruneSpec.create(method, task, probe_options=probe_options, **options)
+    return spec.run(model, catalog=catalog, progress=progress, units=units)
