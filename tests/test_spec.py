@@ -187,3 +187,31 @@ def test_importance_and_prune_specs_check_once_in_python_and_on_the_command_line
         PruneSpec.from_args(_method_args("prune", "--method", "michel", "--lams", "1"))
     l0 = PruneSpec.from_args(_method_args("prune", "--method", "l0", "-o", "steps=7"))
     assert l0.options.steps == 7 and l0.options.lams == (0.01, 0.1, 1.0, 3.0, 10.0)
+
+
+def test_circuit_and_discover_specs_check_once_in_python_and_on_the_command_line():
+    from headmech.circuits.spec import CircuitSpec
+    from headmech.discover.spec import DiscoverSpec
+
+    spec = CircuitSpec.from_args(_method_args("circuit", "--kinds", "k,q", "--top-k", "2"))
+    assert spec.kinds == ("k", "q") and spec.top_k == 2 and spec.classify is not None
+    assert spec.to_json() == CircuitSpec.create(kinds=("k", "q"), top_k=2).to_json()
+    with pytest.raises(HeadmechError, match=r"^--top-k must be a positive integer, got 0$"):
+        CircuitSpec.from_args(_method_args("circuit", "--top-k", "0"))
+    with pytest.raises(HeadmechError, match=r"^top_k must be a positive integer, got 0$"):
+        CircuitSpec.create(top_k=0)
+    with pytest.raises(HeadmechError, match="min_ratio must be a positive number"):
+        CircuitSpec.create(min_ratio=-1)
+    d = DiscoverSpec.from_args(
+        _method_args("discover", "--clusters", "3", "--types", "induction", "--n-sequences", "5")
+    )
+    assert d.n_clusters == 3 and [t.name for t in d.classify.types] == ["induction"]
+    assert d.classify.probe.n_sequences == 5 and d.classify.n_boot == 0
+    with pytest.raises(HeadmechError, match=r"^--clusters must be an integer of at least 2"):
+        DiscoverSpec.from_args(_method_args("discover", "--clusters", "1"))
+    with pytest.raises(HeadmechError, match=r"^n_clusters must be an integer of at least 2"):
+        DiscoverSpec.create(n_clusters=1)
+    with pytest.raises(HeadmechError, match=r"k_range must be \(low, high\)"):
+        DiscoverSpec.create(k_range=(5, 3))
+    with pytest.raises(HeadmechError, match=r"unknown probe 'prsoe'.*did you mean 'prose'"):
+        DiscoverSpec.create(attention_probe="prsoe")

@@ -58,6 +58,7 @@ __all__ = [
     "Circuit",
     "add_path_patching_edges",
     "circuit",
+    "circuit_of",
     "composition_baseline",
     "composition_scores",
     "draw",
@@ -284,15 +285,21 @@ def circuit(
     top_k: int = 3,
     min_ratio: float = 1.5,
 ) -> Circuit:
-    """:func:`graph` as a :class:`Circuit` (receivers: the catalog's labelled heads)."""
-    for k in kinds:
-        if k not in ("q", "k", "v"):
-            raise HeadmechError(f"composition kinds are q, k and v, got '{k}'")
+    """:func:`graph` as a :class:`Circuit` (receivers: the catalog's labelled heads); the
+    settings checked once (:class:`~headmech.circuits.spec.CircuitSpec`)."""
+    from headmech.circuits.spec import CircuitSpec
+
+    return circuit_of(
+        model, catalog, CircuitSpec.create(kinds=kinds, top_k=top_k, min_ratio=min_ratio)
+    )
+
+
+def circuit_of(model: TransformerBridge, catalog: HeadCatalog | None, spec: Any) -> Circuit:
+    """The circuit of a checked :class:`~headmech.circuits.spec.CircuitSpec`."""
     from headmech.runs.provenance import provenance
 
-    G = graph(model, catalog, kinds=kinds, top_k=top_k, min_ratio=min_ratio)
-    settings = {"kinds": list(kinds), "top_k": top_k, "min_ratio": min_ratio}
-    prov = provenance(model, settings=settings)
+    G = graph(model, catalog, kinds=spec.kinds, top_k=spec.top_k, min_ratio=spec.min_ratio)
+    prov = provenance(model, settings=spec.to_json())
     if catalog is not None:
         prov["catalog"] = catalog.provenance
     return Circuit(G, model_name(model), prov)

@@ -174,20 +174,20 @@ def cmd_importance(args: argparse.Namespace) -> int:
 
 
 def cmd_circuit(args: argparse.Namespace) -> int:
-    """``headmech circuit``."""
-    from headmech.classification.spec import ClassifySpec
-
-    kinds = V.kinds(args.kinds)
-    V.count(args.top_k, "--top-k")
+    """``headmech circuit``: spec (every setting checked once) -> load -> classify or read
+    the catalog -> graph -> save."""
     check_run(args, "circuit", sizes=False)  # fail fast, before loading
-    spec = ClassifySpec.from_args(args)
-    fit_before_load(spec, args.model)
-    from headmech.circuits import circuit
+    from headmech.circuits.spec import CircuitSpec
+
+    spec = CircuitSpec.from_args(args)
+    if spec.classify is not None:
+        fit_before_load(spec.classify, args.model)
+    from headmech.circuits import circuit_of
     from headmech.models import model_info
 
     given = catalog_file(args.catalog, args.model) if args.catalog is not None else None
-    if given is not None and spec.named:
-        names = [t.name for t in spec.types]
+    if given is not None and args.types is not None:
+        names = [t.strip() for t in args.types.split(",")]
         if missing := [n for n in names if n not in given.types]:
             raise InputError(
                 f"--types {','.join(missing)}: not in the --catalog (it has: "
@@ -200,8 +200,9 @@ def cmd_circuit(args: argparse.Namespace) -> int:
         _check_catalog(given, model, args.force)
         catalog = given
     else:
-        catalog = spec.fit(model.tokenizer, model_info(model).causal)[0].run(model, progress=True)
-    result = circuit(model, catalog, kinds=kinds, top_k=args.top_k)  # type: ignore[arg-type]
+        fitted, _ = spec.classify.fit(model.tokenizer, model_info(model).causal)
+        catalog = fitted.run(model, progress=True)
+    result = circuit_of(model, catalog, spec)
     out = save_result(args, "circuit", result, loaded)
     G = result.graph
     print(f"{G.number_of_nodes()} heads, {G.number_of_edges()} edges (score / random baseline):")

@@ -38,13 +38,12 @@ def _check_clusters(k: int | None, shape: tuple[int, int] | None) -> None:
 
 def cmd_discover(args: argparse.Namespace) -> int:
     """``headmech discover``."""
-    from headmech.classification.spec import ClassifySpec
-
-    V.count(args.clusters, "--clusters", minimum=2)
     check_run(args, "discover", sizes=False)  # fail fast, before loading
-    spec = ClassifySpec.from_args(args)
-    fit_before_load(spec, args.model)
-    from headmech.discover import discover
+    from headmech.discover.spec import DiscoverSpec
+
+    spec = DiscoverSpec.from_args(args)
+    fit_before_load(spec.classify, args.model)
+    from headmech.discover import discover_spec
     from headmech.models import model_info
 
     V.out_dir(args.out, _cluster_files(args.out), args.force)
@@ -52,15 +51,12 @@ def cmd_discover(args: argparse.Namespace) -> int:
     loaded = load_model_of(args)
     model = loaded.model
     info = model_info(model)
-    _check_clusters(args.clusters, (info.n_layers, info.n_heads))
-    spec, skipped = spec.fit(model.tokenizer, info.causal)
-    prose = spec.prose_problem(model.tokenizer) is None
-    options = dataclasses.asdict(spec.probe)
-    result = discover(
-        model, list(spec.types) if spec.named or skipped else None,
-        n_clusters=args.clusters, attention_probe="prose" if prose else "repeated_random",
-        progress=True, **options,
-    )  # fmt: skip
+    fitted, _ = spec.classify.fit(model.tokenizer, info.causal)
+    prose = fitted.prose_problem(model.tokenizer) is None
+    spec = dataclasses.replace(
+        spec, classify=fitted, attention_probe="prose" if prose else "repeated_random"
+    )
+    result = discover_spec(model, spec, progress=True)
     out = save_result(args, "discover", result, loaded, _cluster_files(args.out))
     print(result.table())
     print(result.examples_text())

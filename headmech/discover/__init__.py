@@ -34,9 +34,10 @@ from headmech.classification.results import HeadCatalog, TypeResult
 from headmech.core.errors import InputError
 from headmech.core.head_index import HeadIndex
 from headmech.discover.clusters import Cluster, DiscoveryResult, add_examples
-from headmech.headtypes.registry import HeadType, collect_statistics, resolve_types
+from headmech.discover.spec import K_RANGE, DiscoverSpec
+from headmech.headtypes.registry import HeadType, collect_statistics
 from headmech.models import model_info
-from headmech.probes import Probe, ProbeOptions, build_probe
+from headmech.probes import Probe, build_probe
 from headmech.stream import blockwise
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer
 
@@ -50,6 +51,7 @@ __all__ = [
     "attention_reducer",
     "cluster_heads",
     "discover",
+    "discover_spec",
 ]
 
 ATTENTION = "attention"  # reducer name: statistics "attention.<feature>"
@@ -62,7 +64,6 @@ ATTENTION_FEATURES = (
     "special_mass",  # mass on special tokens after the first ([SEP], EOS)
     "max_weight",  # the row's maximum (Voita et al.'s confidence)
 )
-K_RANGE = (2, 12)  # cluster counts the silhouette chooses from
 
 
 def _attention_prepare(batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor]:
@@ -123,19 +124,16 @@ class _AttentionStatistics(HeadType):
 
 
 def _measure(
-    model: TransformerBridge,
-    types: Sequence[str | HeadType | type[HeadType]] | str | None,
-    options: ProbeOptions,
-    attention_probe: str,
-    progress: bool,
+    model: TransformerBridge, spec: Any, attention_probe: str, progress: bool
 ) -> tuple[HeadCatalog, HeadStats, Probe]:
-    """Every type's score and labels, and the attention statistics on ``attention_probe``,
-    which ride in the same passes as that probe's types."""
+    """Every type's score and labels (``spec``: a checked
+    :class:`~headmech.classification.spec.ClassifySpec`), and the attention statistics on
+    ``attention_probe``, which ride in the same passes as that probe's types."""
     from headmech.classification.runner import build_or_skip, runnable_types, score_type
     from headmech.runs.provenance import provenance
 
-    info = model_info(model)
-    runnable, skipped = runnable_types(resolve_types(types), types is not None, info)
+    info, options, named = model_info(model), spec.probe, spec.named
+    runnable, skipped = runnable_types(list(spec.types), named, info)
     groups: dict[str, list[HeadType]] = {attention_probe: []}
     for t in runnable:
         groups.setdefault(t.probe, []).append(t)
@@ -148,7 +146,7 @@ def _measure(
         t0 = time.perf_counter()
         if name == attention_probe:
             probe = build_probe(name, model, options)
-        elif built := build_or_skip(model, name, group, options, types is not None, skipped):
+        elif built := build_or_skip(model, name, group, options, named, skipped):
             probe = built
         else:
             continue
@@ -293,24 +291,6 @@ def _clusters(
     return out
 
 
-def _check(
-    info: Any, n_clusters: int | None, k_range: tuple[int, int], shares: dict[str, float]
-) -> None:
-    total = info.n_layers * info.n_heads
-    if n_clusters is not None:
-        if isinstance(n_clusters, bool) or not isinstance(n_clusters, int) or n_clusters < 2:
-            raise InputError(
-                f"the number of clusters must be an integer of at least 2, got {n_clusters!r}"
-            )
-        if n_clusters > total:
-            raise InputError(f"{n_clusters} clusters: the model has only {total} heads")
-    if len(k_range) != 2 or not 2 <= k_range[0] <= k_range[1]:
-        raise InputError(f"k_range must be (low, high) with 2 <= low <= high, got {k_range!r}")
-    for name, v in shares.items():
-        if not 0 < v <= 1:
-            raise InputError(f"{name} must be in (0, 1], got {v!r}")
-
-
 def discover(
     model: TransformerBridge,
     types: Sequence[str | HeadType | type[HeadType]] | str | None = None,
@@ -353,18 +333,27 @@ def discover(
         >>> result = headmech.discover.discover(model, n_sentences=64)  # doctest: +SKIP
         >>> [c.heads for c in result.unexplained]  # doctest: +SKIP
     """
+    spec = DiscoverSpec.create(
+        types=types, n_clusters=n_clusters, seed=seed, k_range=k_range, min_share=min_share,
+        broad_share=broad_share, n_examples=n_examples, attention_probe=attention_probe,
+        **probe_options,
+    )  # fmt: skip
+    return discover_spec(model, spec, progress=progress)
+
+
+def discover_spec(model: TransformerBridge, spec: Any, *, progress: bool = True) -> DiscoveryResult:
+    """The discovery of a checked :class:`~headmech.discover.spec.DiscoverSpec`."""
     t0 = time.perf_counter()
     info = model_info(model)
-    _check(info, n_clusters, k_range, {"min_share": min_share, "broad_share": broad_share})
-    try:
-        options = ProbeOptions(seed=seed, **probe_options)
-    except TypeError as e:
-        raise InputError(f"unknown probe option: {e}") from None
-    catalog, attention, probe = _measure(model, types, options, attention_probe, progress)
+    total = info.n_layers * info.n_heads
+    if spec.n_clusters is not None and spec.n_clusters > total:
+        raise InputError(f"{spec.n_clusters} clusters: the model has only {total} heads")
+    n_clusters, k_range, min_share = spec.n_clusters, spec.k_range, spec.min_share
+    broad_share, n_examples = spec.broad_share, spec.n_examples
+    catalog, attention, probe = _measure(model, spec.classify, spec.attention_probe, progress)
     features = head_features(catalog, attention)
     z, used, dropped = standardise(features)
     labels, sil = cluster_heads(z, n_clusters, k_range)
-    total = info.n_layers * info.n_heads
     broad = sorted(t for t, r in catalog.types.items() if len(r.heads) > broad_share * total)
     clusters = _clusters(labels, z, used, catalog, min_share, broad)
     t1 = time.perf_counter()
@@ -372,14 +361,7 @@ def discover(
     settings = {
         "types": catalog.meta["types"],
         "skipped": catalog.meta["skipped"],
-        "n_clusters": n_clusters,
-        "k_range": list(k_range),
-        "linkage": "ward",
-        "scaling": "standard",
-        "min_share": min_share,
-        "broad_share": broad_share,
-        "n_examples": n_examples,
-        "attention_probe": attention_probe,
+        **spec.to_json(),
     }
     catalog.provenance["settings"] = settings
     meta = {"seconds": {"measure_and_cluster": t1 - t0, "examples": time.perf_counter() - t1}}
