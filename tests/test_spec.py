@@ -16,6 +16,7 @@ import headmech
 from headmech.classification.spec import PARAMETERS, ClassifySpec, ValidationOptions
 from headmech.cli import build_parser
 from headmech.core.errors import HeadmechError
+from headmech.core.head_index import HeadIndex
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +216,27 @@ def test_circuit_and_discover_specs_check_once_in_python_and_on_the_command_line
         DiscoverSpec.create(k_range=(5, 3))
     with pytest.raises(HeadmechError, match=r"unknown probe 'prsoe'.*did you mean 'prose'"):
         DiscoverSpec.create(attention_probe="prsoe")
+
+
+def test_the_kv_plan_spec_checks_once_in_python_and_on_the_command_line():
+    from headmech.kv.spec import KVPlanSpec
+
+    spec = KVPlanSpec.from_args(_method_args("kv-plan", "--heads", "L1H2,0:3", "--window", "64"))
+    assert spec.heads == (HeadIndex(1, 2), HeadIndex(0, 3)) and spec.window == 64
+    assert spec == KVPlanSpec.create(heads=["L1H2", (0, 3)], window=64)
+    with pytest.raises(HeadmechError, match=r"^--window must be a positive integer, got 0$"):
+        KVPlanSpec.from_args(_method_args("kv-plan", "--heads", "L1H2", "--window", "0"))
+    with pytest.raises(HeadmechError, match=r"^give exactly one of catalog and heads$"):
+        KVPlanSpec.create()
+    with pytest.raises(HeadmechError, match=r"^--budget needs --catalog and --context"):
+        KVPlanSpec.from_args(_method_args("kv-plan", "--heads", "L1H2", "--budget", "0.5"))
+    with pytest.raises(HeadmechError, match=r"fill is 'heads' or 'window'"):
+        KVPlanSpec.create(heads=["L0H0"], fill="both")
+
+
+def test_a_toy_plan_from_named_heads_is_the_plan_from_heads(toy):
+    from headmech.kv import KVPlan
+    from headmech.kv.spec import KVPlanSpec
+
+    plan = KVPlanSpec.create(heads=["L1H2"], sinks=2, window=16).run(toy)
+    assert plan == KVPlan.from_heads(toy, ["L1H2"], sinks=2, window=16, source={"kind": "heads"})

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headmech.cli.base import catalog_file, head_type_names, load_model_of, model_name
+from headmech.cli.base import catalog_file, load_model_of, model_name
 from headmech.core import checks as V
 from headmech.core.errors import InputError
 
@@ -34,36 +34,12 @@ def _kv_plan_target(path: str, force: bool) -> Path:
     return target
 
 
-def _parse_heads(text: str) -> list[Any]:
-    """``--heads L18H6,L20H6`` (or ``18:6,20:6``) as head indices."""
-    import re
-
-    from headmech.core.head_index import HeadIndex
-
-    out = []
-    for item in (t.strip() for t in text.split(",")):
-        m = re.fullmatch(r"L(\d+)H(\d+)|(\d+):(\d+)", item, re.I)
-        if m is None:
-            raise InputError(f"--heads {text!r}: expected heads like L18H6 or 18:6, got {item!r}")
-        a, b = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-        out.append(HeadIndex(int(a), int(b)))
-    return out
-
-
 def _check_kv_plan(args: argparse.Namespace) -> tuple[Path, Any, Any]:
-    """``kv-plan`` checks before loading: sizes, budget, the plan's source, ``--out``."""
-    V.count(args.sinks, "--sinks", minimum=0)
-    V.count(args.window, "--window")
-    V.seed(args.seed)
-    if args.budget is not None:
-        V.fraction(args.budget, "--budget")
-        if args.context is None or args.catalog is None:
-            raise InputError("--budget needs --catalog and --context (the length it counts at)")
-    V.count(args.context, "--context")
-    if (args.catalog is None) == (args.heads is None):
-        raise InputError("give exactly one of --catalog DIR and --heads L18H6,...")
-    heads = _parse_heads(args.heads) if args.heads is not None else None
-    types = head_type_names(args.types)
+    """``kv-plan`` checks before loading: the plan's spec, ``--out``, the model, the
+    catalog's file."""
+    from headmech.kv.spec import KVPlanSpec
+
+    spec = KVPlanSpec.from_args(args)
     catalog = catalog_file(args.catalog, args.model) if args.catalog is not None else None
     target = _kv_plan_target(args.out, args.force)
     V.device(args.device)
@@ -73,30 +49,16 @@ def _check_kv_plan(args: argparse.Namespace) -> tuple[Path, Any, Any]:
 
     if args.model in BUNDLED_MODELS and not BUNDLED_MODELS[args.model].causal:
         raise InputError(NOT_A_DECODER.format(args.model))  # a bundled encoder: before loading
-    return target, heads or catalog, types
+    return target, spec, catalog
 
 
 def cmd_kv_plan(args: argparse.Namespace) -> int:
     """``headmech kv-plan``."""
     import uuid
 
-    target, source, types = _check_kv_plan(args)  # fail fast, before loading
-    import torch
-
-    from headmech.kv import KVPlan
-
+    target, spec, catalog = _check_kv_plan(args)  # fail fast, before loading
     model = load_model_of(args).model
-    size = {"sinks": args.sinks, "window": args.window}
-    if isinstance(source, list):
-        plan = KVPlan.from_heads(model, source, **size, source={"kind": "heads"})
-    else:
-        plan = KVPlan.from_catalog(
-            source, model, types, **size, budget=args.budget, context=args.context,
-            fill=args.fill, force=args.force,
-        )  # fmt: skip
-        plan.source["catalog"] = str(args.catalog)
-    if args.random:
-        plan = plan.random_matched(torch.Generator().manual_seed(args.seed), draw=args.seed)
+    plan = spec.run(model, catalog, force=args.force)
     tmp = target.with_name(f"{V.TMP_PREFIX}{uuid.uuid4().hex[:8]}-{target.name}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
