@@ -376,6 +376,9 @@ PROBES: Registry[Any] = Registry(
         "headmech.probes.icl",
         "headmech.probes.domains",
         "headmech.probes.words",
+        "headmech.probes.agreement",
+        "headmech.probes.facts",
+        "headmech.probes.nonliteral",
     ),
     error=InputError,
 )
