@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import headmech
+import headmech.models  # the fixture patches its load_model (imported here, not by chance)
 from headmech.classification.claims import control_space
 from headmech.classification.records import TypeValidation, validation_of
 from headmech.cli import main

@@ -88,8 +88,8 @@ def test_validation_options_only_with_validate_and_settings_ignored_without_it_w
     spec = ClassifySpec.create(validate=True, control_tokens=64, alone=(3, 1))
     assert spec.validation == ValidationOptions(99, 64, (3, 1))
     assert spec.validation.test.n_max == 99 and spec.validation.test.control_tokens == 64
-    with pytest.warns(UserWarning, match="n_random is ignored without validate"):
-        ClassifySpec.create(n_random=5)
+    with pytest.warns(UserWarning, match="--n-random is ignored without --validate"):
+        ClassifySpec.from_args(_parse("--n-random", "5"))
     with pytest.warns(UserWarning, match="--alone is ignored without --validate"):
         ClassifySpec.from_args(_parse("--alone", "1,1"))
 

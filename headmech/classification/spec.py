@@ -190,7 +190,7 @@ class ClassifySpec:
             )
         v = check(PARAMETERS, given, origin, "classify()")
         flag = lambda key: label(PARAMETERS, key, origin)  # noqa: E731
-        if not v["validate"]:
+        if origin == "cli" and not v["validate"]:  # Python's own callers pass sizes freely
             for key in ("n_random", "alone", "control_tokens"):
                 if v[key] is not None:
                     V.warn(f"{flag(key)} is ignored without {flag('validate')}")
