@@ -142,31 +142,19 @@ def test_needles_hide_a_name_and_the_nonliteral_question_shares_no_word(tiny_mod
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("fixture", "agreement", "facts", "literal"),
-    [("smollm2", 0.6, 30, None), ("qwen25", 0.9, 40, 0.3)],
+    ("fixture", "agreement", "facts"), [("smollm2", 0.6, 30), ("qwen25", 0.9, 40)]
 )
-def test_what_the_bundled_models_can_do_on_these_probes(
-    request, fixture, agreement, facts, literal
-):
+def test_what_the_bundled_models_can_do_on_these_probes(request, fixture, agreement, facts):
     """A type cannot be measured on a task the model fails, so each probe's accuracy comes
     first (measured 2026-11-29: agreement 0.708 / 0.979 of 96 prompts, facts known 36 / 48
-    of 64, literal needles 0.000 / 0.458 of 48, non-literal 0.000 / 0.000: at 0.5B the
-    NoLiMa design is beyond the model, even at a 64-token haystack (0.021))."""
+    of 64; the needles' recall, measured by script, is in docs/findings.md: a 256-token
+    haystack per trial costs this suite minutes under coverage)."""
     from headmech.probes.agreement import agreement_accuracy
     from headmech.probes.facts import known_facts
-    from headmech.probes.nonliteral import name_recall
 
     model = request.getfixturevalue(fixture)
-    acc, diffs = agreement_accuracy(
-        model, build_probe("agreement", model, ProbeOptions(n_sequences=96)).batches
-    )
+    probe = build_probe("agreement", model, ProbeOptions(n_sequences=96))
+    acc, diffs = agreement_accuracy(model, probe.batches)
     assert acc >= agreement and float(diffs.mean()) > 0
-    known = known_facts(
-        model, build_probe("facts", model, ProbeOptions(n_sequences=len(FACTS))).batches
-    )
-    assert int(known.sum()) >= facts
-    if literal is not None:
-        small = ProbeOptions(n_sequences=48, batch_size=8)
-        lit = name_recall(model, build_probe("literal", model, small).batches).float().mean()
-        non = name_recall(model, build_probe("nonliteral", model, small).batches).float().mean()
-        assert float(lit) >= literal and float(non) <= 0.1
+    facts_probe = build_probe("facts", model, ProbeOptions(n_sequences=len(FACTS)))
+    assert int(known_facts(model, facts_probe.batches).sum()) >= facts
