@@ -65,12 +65,30 @@ def _carries(frame: Any) -> bool:
     return False
 
 
+# functions that call back the function they were given: a resumable run's unit runs its
+# caller's compute (headmech.runs.resume.unit); a re-entry through them is declared
+CALLBACKS = {"runs/resume.py:unit"}
+chains: list[list[tuple[str, str]]] = []  # per stop: the headmech frames above it, outermost first
+
+
+def _chain(frame: Any, package: str) -> list[tuple[str, str]]:
+    """The headmech frames on the stack down to ``frame``: (file, function), outermost first."""
+    out = []
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(package):
+            out.append((path[len(package) + 1 :], frame.f_code.co_name))
+        frame = frame.f_back
+    return out[::-1]
+
+
 def walk(argv: list[str], root: Path) -> list[tuple[str, str]]:
     """The stops of ``headmech *argv``: (file relative to headmech/, function)."""
     from headmech.cli import main
 
     package = str(root / "headmech")
     stops: list[tuple[str, str]] = []
+    chains.clear()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event != "call":
@@ -81,6 +99,7 @@ def walk(argv: list[str], root: Path) -> list[tuple[str, str]]:
         try:
             if _carries(frame):
                 stops.append((path[len(package) + 1 :], frame.f_code.co_name))
+                chains.append(_chain(frame, package))
         except Exception:  # a frame half-built: not a stop
             return
 
@@ -104,6 +123,7 @@ class Figures:
     climbs: int
     returns: int
     path: list[str]
+    reentries: list[str] = dataclasses.field(default_factory=list)
 
 
 def figures(stops: list[tuple[str, str]], layers: dict[str, int]) -> Figures:
@@ -123,7 +143,19 @@ def figures(stops: list[tuple[str, str]], layers: dict[str, int]) -> Figures:
                 returns += 1
     files = {f for f, _ in stops}
     path = [f"{f}:{fn}" for f, fn in stops]
-    return Figures(len(stops), len(files), len({package(f) for f in files}), climbs, returns, path)
+    reentries: set[str] = set()
+    for chain in chains:
+        seen: list[str] = []
+        for (fa, na), (fb, nb) in zip(chain, chain[1:], strict=False):
+            pa, pb = package(fa), package(fb)
+            if pb != pa and pb in seen + [pa]:
+                reentries.add(f"{fa}:{na} -> {fb}:{nb}")
+            if not seen or seen[-1] != pa:
+                seen.append(pa)
+    return Figures(
+        len(stops), len(files), len({package(f) for f in files}), climbs, returns, path,
+        sorted(reentries),
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -141,8 +173,12 @@ def main() -> None:
     f = figures(stops, _layers(root / "pyproject.toml"))
     print(
         f"{root}: {f.stops} stops in {f.files} files across {f.packages} packages, "
-        f"{f.climbs} climbs back up a layer, {f.returns} returns to a file already left"
+        f"{f.climbs} climbs back up a layer, {f.returns} returns to a file already left, "
+        f"{len(f.reentries)} calls on the way down that re-enter a package left above"
     )
+    for edge in f.reentries:
+        declared = edge.split(" -> ")[0] in CALLBACKS
+        print(f"  re-enters: {edge}" + ("  (a declared callback)" if declared else ""))
     if a.json:
         print(json.dumps(dataclasses.asdict(f), indent=1))
 

@@ -78,7 +78,7 @@ def test_weights_hash_fails_before_any_forward(llama, monkeypatch):
     calls = []
     monkeypatch.setattr(
         classify_module,
-        "_classify_probe",
+        "_stream",
         lambda *a, **k: calls.append(1) or (_ for _ in ()).throw(AssertionError),
     )
 

@@ -581,7 +581,7 @@ def test_qwen25_classify_stopped_and_resumed_writes_the_same_bytes(
 
     classify_module = importlib.import_module("headmech.classification.runner")
     monkeypatch.setattr(headmech.models, "load_model", lambda *a, **k: qwen25)
-    real, calls, stop = classify_module._classify_probe, [], []
+    real, calls, stop = classify_module._stream, [], []
 
     def counting(model, probe, *args, **kwargs):
         calls.append(probe.name)
@@ -589,7 +589,7 @@ def test_qwen25_classify_stopped_and_resumed_writes_the_same_bytes(
             raise KeyboardInterrupt
         return real(model, probe, *args, **kwargs)
 
-    monkeypatch.setattr(classify_module, "_classify_probe", counting)
+    monkeypatch.setattr(classify_module, "_stream", counting)
     argv = ["classify", QWEN, "--types", "previous_token,duplicate_token",
             "--n-sentences", "4", "--n-sequences", "2"]  # fmt: skip
     files = ("catalog.json", "heatmap.png")

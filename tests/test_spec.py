@@ -83,6 +83,15 @@ def test_an_unknown_keyword_is_one_line_with_a_close_name():
         ClassifySpec.create(n_sentence=8)
 
 
+def test_an_error_names_the_command_it_came_from():
+    from headmech.discover.spec import DiscoverSpec
+
+    with pytest.raises(HeadmechError, match=r"^discover\(\) got an unknown keyword 'n_sentence'"):
+        DiscoverSpec.create(n_sentence=8)
+    with pytest.raises(HeadmechError, match=r"^classify\(\) got an unknown keyword"):
+        ClassifySpec.create(n_sentence=8)
+
+
 def test_validation_options_only_with_validate_and_settings_ignored_without_it_warn():
     assert ClassifySpec.create().validation is None
     spec = ClassifySpec.create(validate=True, control_tokens=64, alone=(3, 1))
@@ -240,3 +249,29 @@ def test_a_toy_plan_from_named_heads_is_the_plan_from_heads(toy):
 
     plan = KVPlanSpec.create(heads=["L1H2"], sinks=2, window=16).run(toy)
     assert plan == KVPlan.from_heads(toy, ["L1H2"], sinks=2, window=16, source={"kind": "heads"})
+
+
+@pytest.mark.slow
+def test_the_walk_enters_each_package_once_on_every_chain_of_calls(tmp_path):
+    """docs/walk.py's criterion: on the call stack of every call that carries the run's
+    settings, no package is re-entered on the way down except through a declared callback
+    (a resumable run's unit)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(headmech.__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("headmech_docs_walk", root / "docs" / "walk.py")
+    walk = importlib.util.module_from_spec(spec)
+    sys.modules["headmech_docs_walk"] = walk  # dataclasses look their module up
+    spec.loader.exec_module(walk)
+    argv = ["classify", "toy-induction", "--types", "induction", "--validate",
+            "--n-random", "3", "--n-sequences", "4", "--out", str(tmp_path)]  # fmt: skip
+    stops = walk.walk(argv, root)
+    layers = walk._layers(root / "pyproject.toml")
+    f = walk.figures(stops, layers)
+    assert f.stops > 50 and f.packages >= 8  # it traced the whole run
+    assert f.reentries, "the resume callback is on the path; a tracer that sees none is broken"
+    assert {e.split(" -> ")[0] for e in f.reentries} <= walk.CALLBACKS, f.reentries
+    calls = [p.split(":")[1] for p in f.path]
+    assert calls.count("resolve_types") == 1

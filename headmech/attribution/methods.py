@@ -203,14 +203,20 @@ def _reads_weights(fn: MethodFn) -> MethodFn:
     return run
 
 
-@_reads_weights
-def _dla(model, task, batches, cost, o, progress):
+def check_baseline(baseline: int | None, model: Any) -> None:
+    """Raise a one-line :class:`~headmech.core.errors.InputError` when DLA's baseline token
+    is outside the model's vocabulary (the importance run checks it before building the
+    probe; DLA itself again, for its direct callers)."""
     from headmech.core.errors import InputError
 
-    if o.baseline is not None and not 0 <= o.baseline < int(model.cfg.d_vocab):
-        raise InputError(
-            f"baseline token {o.baseline} is outside the vocabulary (0..{int(model.cfg.d_vocab) - 1})"
-        )
+    vocab = int(model.cfg.d_vocab)
+    if baseline is not None and not 0 <= baseline < vocab:
+        raise InputError(f"baseline token {baseline} is outside the vocabulary (0..{vocab - 1})")
+
+
+@_reads_weights
+def _dla(model, task, batches, cost, o, progress):
+    check_baseline(o.baseline, model)
     score, units = direct_logit_attribution(
         model, task, batches, baseline=o.baseline, cost=cost, progress=progress and "DLA"
     )

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headmech.attribution.methods import MethodOutput
+from headmech.attribution.methods import MethodOutput, check_baseline
 from headmech.attribution.result import ImportanceResult
-from headmech.core.errors import InputError
 from headmech.core.registry import METHODS
 from headmech.interventions import Cost
 from headmech.probes import ProbeOptions
@@ -43,9 +42,7 @@ def run_spec(
     :class:`~headmech.attribution.spec.ImportanceSpec`, whose :meth:`run` calls this) says."""
     entry = METHODS.entry(spec.method)
     options = spec.option_values()
-    baseline, vocab = options.get("baseline"), int(model.cfg.d_vocab)
-    if baseline is not None and not 0 <= baseline < vocab:  # the cheap check before the probe
-        raise InputError(f"baseline token {baseline} is outside the vocabulary (0..{vocab - 1})")
+    check_baseline(options.get("baseline"), model)  # the cheap check before the probe
     t = get_task(spec.task, model)
     if batches is None:
         batches = t.batches(model, spec.probe or ProbeOptions())

@@ -139,9 +139,9 @@ class MethodSpec:
     def to_json(self) -> dict[str, Any]:
         """The settings as the result's provenance and a resumable run's manifest record
         them."""
-        probe = None if self.probe is None else dataclasses.asdict(self.probe)
-        if probe is not None:
-            probe = {k: list(v) if isinstance(v, tuple) else v for k, v in probe.items()}
+        from headmech.runs.provenance import options_json
+
+        probe = None if self.probe is None else options_json(self.probe)
         return {
             "method": self.method,
             "options": {

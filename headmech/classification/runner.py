@@ -114,29 +114,10 @@ def build_or_skip(
         return None
 
 
-def _classify_probe(
-    model: TransformerBridge,
-    probe: Probe,
-    group: list[HeadType],
-    options: ProbeOptions,
-    progress: bool,
-    n_boot: int,
-    build_seconds: float,
-) -> tuple[dict[str, TypeResult], dict[str, Any], list[Any]]:
-    """Stream one built probe's types' statistics in one set of passes, score and label.
-    Returns the results, timings and the batches (for provenance)."""
-    probe_name = probe.name
-    t1 = time.perf_counter()
-    desc = f"{probe_name} ({', '.join(t.name for t in group)})" if progress else False
-    stats = collect_statistics(group, model, probe.batches, progress=desc)
-    meta = {
-        "n_sequences": probe.n_sequences,
-        "n_tokens": probe.n_tokens,
-        "build_seconds": round(build_seconds, 3),
-        "stream_seconds": round(time.perf_counter() - t1, 3),
-        **probe.info,
-    }
-    return {t.name: score_type(t, stats, n_boot, options.seed) for t in group}, meta, probe.batches
+def _stream(model: TransformerBridge, probe: Probe, group: list[HeadType], progress: bool) -> Any:
+    """One built probe's statistics for its types, in one set of passes."""
+    desc = f"{probe.name} ({', '.join(t.name for t in group)})" if progress else False
+    return collect_statistics(group, model, probe.batches, progress=desc)
 
 
 def _scored(
@@ -148,16 +129,24 @@ def _scored(
     n_boot: int,
     build_seconds: float,
 ) -> tuple[dict[str, TypeResult], dict[str, Any]]:
-    """:func:`_classify_probe` as one unit of a resumable run (:mod:`headmech.runs.resume`):
-    the types' results stored field by field, exactly."""
+    """One built probe's types streamed (:func:`_stream`), scored and labelled, as one unit
+    of a resumable run (:mod:`headmech.runs.resume`): the types' results stored field by
+    field, exactly, with the probe's sizes and timings."""
     from dataclasses import fields
 
     from headmech.runs.resume import unit
 
     def compute() -> dict[str, Any]:
-        found, meta, _ = _classify_probe(
-            model, probe, group, options, progress, n_boot, build_seconds
-        )
+        t1 = time.perf_counter()
+        stats = _stream(model, probe, group, progress)
+        meta = {
+            "n_sequences": probe.n_sequences,
+            "n_tokens": probe.n_tokens,
+            "build_seconds": round(build_seconds, 3),
+            "stream_seconds": round(time.perf_counter() - t1, 3),
+            **probe.info,
+        }
+        found = {t.name: score_type(t, stats, n_boot, options.seed) for t in group}
         kept = {n: {f.name: getattr(r, f.name) for f in fields(r)} for n, r in found.items()}
         return {"types": kept, "meta": meta}
 

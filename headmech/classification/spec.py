@@ -173,9 +173,12 @@ class ClassifySpec:
     thresholds: Mapping[str, float] | None = None
 
     @classmethod
-    def create(cls, *, origin: Origin = "python", **given: Any) -> ClassifySpec:
+    def create(
+        cls, *, origin: Origin = "python", what: str = "classify()", **given: Any
+    ) -> ClassifySpec:
         """The spec of ``given`` (``classify()``'s keywords, or the parsed flags with
-        ``origin="cli"``), each checked once against :data:`PARAMETERS`.
+        ``origin="cli"``), each checked once against :data:`PARAMETERS`. ``what``: the
+        command an error names (``discover()`` when discovery builds its classification).
 
         Raises:
             HeadmechError: one line naming the flag (from the command line) or the keyword.
@@ -185,10 +188,10 @@ class ClassifySpec:
             one = types[0] if isinstance(types, (list, tuple)) and len(types) == 1 else None
             name = one if isinstance(one, str) else "<head type>"
             raise ArgumentError(
-                "classify() takes no threshold=: give one per head type, "
+                f"{what} takes no threshold=: give one per head type, "
                 f"thresholds={{{name!r}: {given['threshold']!r}}}"
             )
-        v = check(PARAMETERS, given, origin, "classify()")
+        v = check(PARAMETERS, given, origin, what)
         flag = lambda key: label(PARAMETERS, key, origin)  # noqa: E731
         if origin == "cli" and not v["validate"]:  # Python's own callers pass sizes freely
             for key in ("n_random", "alone", "control_tokens"):
@@ -210,7 +213,7 @@ class ClassifySpec:
     def from_args(cls, args: Any) -> ClassifySpec:
         """The spec of a command's parsed arguments (``classify``, ``circuit``, ``discover``:
         the flags a command does not have keep their defaults)."""
-        given = {k: getattr(args, _CLI_NAMES.get(k, k), None) for k in PARAMETERS}
+        given: dict[str, Any] = {k: getattr(args, _CLI_NAMES.get(k, k), None) for k in PARAMETERS}
         given["validate"] = bool(getattr(args, "validate", False))
         return cls.create(origin="cli", **given)
 

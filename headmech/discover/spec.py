@@ -85,7 +85,7 @@ class DiscoverSpec:
 
         own = {k: given.pop(k) for k in list(given) if k in PARAMETERS}
         v = check(PARAMETERS, own, origin, "discover()")
-        classify = ClassifySpec.create(origin=origin, n_boot=0, **given)
+        classify = ClassifySpec.create(origin=origin, what="discover()", n_boot=0, **given)
         return cls(classify, **v)
 
     @classmethod
