@@ -15,6 +15,7 @@ from headmech.interventions import Intervention, Set, applied
 from headmech.probes import ProbeOptions, build_probe
 from headmech.stream import blockwise, engine
 from headmech.stream.engine import stream_statistics
+from headmech.testing.planting import ideal_pattern
 
 SMALL = ProbeOptions(
     n_sentences=12, n_sequences=4, half_len=12, needle_lengths=(120,), needle_depths=(0.5,)
@@ -150,7 +151,7 @@ def test_pattern_interventions_keep_the_real_pattern(tiny_models):
     t = headmech.get_head_type("previous_token")()
     (batch,) = build_probe(t.probe, model, ProbeOptions(n_sentences=4, batch_size=4)).batches
     planted = Intervention.on(
-        [headmech.HeadIndex(1, 2)], Set(t.ideal_pattern(batch)[:, None]), site="pattern"
+        [headmech.HeadIndex(1, 2)], Set(ideal_pattern(t, batch)[:, None]), site="pattern"
     )
     with applied(model, [planted], strict=False):
         s = stream_statistics(model, [batch], t.reducers())

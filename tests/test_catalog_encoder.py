@@ -15,6 +15,7 @@ from headmech.headtypes.syntactic import DIRECTIONS, SyntacticHead
 from headmech.headtypes.syntactic import OFFSETS as SYN_OFFSETS
 from headmech.probes.prose import DEP_LABELS
 from headmech.stream.engine import ProbeBatch
+from headmech.testing.planting import ideal_pattern
 
 # --- hand-made batches ------------------------------------------------------------------
 
@@ -148,7 +149,7 @@ def test_syntactic_hits_and_baseline_match_loop():
 def test_syntactic_ideal_pattern_finds_every_dependent_to_head_case():
     batch = _parsed_batch()
     t = SyntacticHead()
-    ideal = t.ideal_pattern(batch)[:, None]  # [batch, 1, query_pos, key_pos]
+    ideal = ideal_pattern(t, batch)[:, None]  # [batch, 1, query_pos, key_pos]
     out = _totals(t.reducers()[0](ideal, batch, t._prepare(batch), 0))
     for rel in ("det", "amod", "nsubj", "advmod", "dobj"):
         total, count = out[f"{rel}.dep_to_head.hit"]

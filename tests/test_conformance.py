@@ -1,13 +1,13 @@
 """Every catalog head type passes the conformance checks (headmech.testing), and what the
 positive controls rest on is checked independently of the types themselves.
 
-Types scored from attention: the harness' positive control plants a type's own
-``ideal_pattern`` (built from its own ``targets()``) and scores it with the same class, so
-a wrong ``targets()`` passes it (see
+Types scored from attention: the harness' positive control plants a type's own ideal
+pattern (``headmech.testing.planting.ideal_pattern``, built from its own ``targets()``)
+and scores it with the same class, so a wrong ``targets()`` passes it (see
 :func:`test_a_wrong_targets_passes_the_harness_but_not_the_hand_definition`). Here each
 type's perfect head is written out again by hand, from the probe's tokens and data alone,
-in plain Python loops (``HAND``): the type's ``ideal_pattern`` must equal it entry for
-entry, and a head planted with the hand-written pattern must be the type's top head.
+in plain Python loops (``HAND``): the type's ideal pattern must equal it entry for entry,
+and a head planted with the hand-written pattern must be the type's top head.
 
 Types scored from weights or from runs of the model (copy_suppression, successor,
 function_vector, inactive): nothing is planted; the positive control is a tiny model built
@@ -58,6 +58,7 @@ from headmech.testing.controls import (
     inactive_model,
     successor_model,
 )
+from headmech.testing.planting import IDEAL_PATTERNS, IDEAL_WEIGHT_STATISTICS, ideal_pattern
 
 
 @pytest.mark.parametrize(("head_type", "check"), list(head_type_checks()))
@@ -84,8 +85,8 @@ def test_the_harness_emits_only_checks_that_can_run():
 # --- hand-written perfect heads ------------------------------------------------------
 # Each function returns, per sequence and query position, the set of key positions a
 # perfect head of the type attends to (uniformly); a query with no target attends to
-# itself (the convention of HeadType.ideal_pattern). Only the probe's tokens and its
-# data (extras) are read, never the type.
+# itself (the convention of headmech.testing.planting.ideal_pattern). Only the probe's
+# tokens and its data (extras) are read, never the type.
 
 Targets = list[list[set[int]]]  # [sequence][query] -> keys
 
@@ -359,17 +360,27 @@ def test_every_type_has_a_hand_definition():
     assert set(POSITIVE_CONTROLS) <= set(TYPES), sorted(set(POSITIVE_CONTROLS) - set(TYPES))
 
 
+def test_planted_values_are_registered_under_type_names():
+    """What ``headmech.testing.planting`` plants is keyed by registered types' names;
+    values are planted only for types scored from attention (the others have a hand-built
+    model)."""
+    assert set(IDEAL_PATTERNS) <= set(TYPES), sorted(set(IDEAL_PATTERNS) - set(TYPES))
+    extra = set(IDEAL_WEIGHT_STATISTICS) - set(ATTENTION_SCORED)
+    assert not extra, sorted(extra)
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_ideal_pattern_equals_the_hand_written_definition(name):
-    """``ideal_pattern`` (from the type's ``targets()``) equals the hand-written perfect
-    head on every batch of the control probe, and that head has real targets."""
+    """The type's ideal pattern (:func:`ideal_pattern`, from its ``targets()`` or its own
+    plant in ``IDEAL_PATTERNS``) equals the hand-written perfect head on every batch of the
+    control probe, and that head has real targets."""
     hand_written = _hand(name)
     t = get_head_type(name)()
     model = _model(t)
     n_targets = 0
     for batch in build_probe(t.probe, model, CONTROL_OPTIONS).batches:
         hand = _pattern(hand_written(batch, model), batch.input_ids.shape[1])
-        torch.testing.assert_close(t.ideal_pattern(batch).float(), hand, atol=1e-6, rtol=0)
+        torch.testing.assert_close(ideal_pattern(t, batch).float(), hand, atol=1e-6, rtol=0)
         n_targets += int((hand.diagonal(dim1=1, dim2=2) < 1).sum())
     assert n_targets > 0, "the hand-written head attends only to itself: nothing checked"
 
@@ -422,7 +433,7 @@ def test_a_wrong_targets_passes_the_harness_but_not_the_hand_definition(wrong):
     probe = build_probe(t.probe, model, CONTROL_OPTIONS)
     batch = probe.batches[0]
     hand = _pattern(HAND[t.name](batch, model), batch.input_ids.shape[1])
-    assert not torch.allclose(t.ideal_pattern(batch).float(), hand)
+    assert not torch.allclose(ideal_pattern(t, batch).float(), hand)
 
     def pattern(b):
         return _pattern(HAND[t.name](b, model), b.input_ids.shape[1])

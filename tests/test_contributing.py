@@ -32,6 +32,7 @@ from headmech.headtypes.registry import HeadType, types_in
 from headmech.probes import build_probe
 from headmech.stream.engine import ProbeBatch
 from headmech.testing import CONTROL_OPTIONS, check_head_type, tiny_model
+from headmech.testing.planting import ideal_pattern
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "contributing-head-types.md"
@@ -109,11 +110,11 @@ def test_the_example_is_a_new_type(contribution):
     assert cls.__name__ not in {c.__name__ for c in shipped.values()}
     model = tiny_model("encoder")
     batch = build_probe(cls.probe, model, CONTROL_OPTIONS).batches[0]
-    mine = cls().ideal_pattern(batch)
+    mine = ideal_pattern(cls(), batch)
     for name, other in shipped.items():
         if other.probe == cls.probe and not other.causal_only:
             try:
-                theirs = other().ideal_pattern(batch)
+                theirs = ideal_pattern(other(), batch)
             except Exception:  # a type scored otherwise, or needing other extras
                 continue
             assert not torch.equal(mine, theirs), f"the example duplicates {name}"

@@ -16,8 +16,9 @@ from headmech.classification.records import TypeValidation
 from headmech.classification.results import HeadCatalog, TypeResult
 from headmech.classification.validation import type_validation, validate_heads
 from headmech.cli import report
+from headmech.cli.evidence import EVIDENCE_LINES, evidence_lines
 from headmech.core.head_index import HeadIndex
-from headmech.headtypes.registry import get_head_type
+from headmech.headtypes.registry import get_head_type, head_types
 from headmech.models import ModelInfo
 from headmech.probes import ProbeOptions
 from headmech.pruning.result import PruningResult
@@ -267,8 +268,16 @@ TYPE_LINES = [
     ("name", "details", "lines"), [pytest.param(*r, id=r[0]) for r in TYPE_LINES]
 )
 def test_type_report_lines(name, details, lines):
-    assert get_head_type(name)().report(details) == lines
-    assert get_head_type(name)().report({}) == ([] if name != "syntactic" else lines[:1])
+    assert get_head_type(name).name == name
+    assert evidence_lines(name, details) == lines
+    assert evidence_lines(name, {}) == ([] if name != "syntactic" else lines[:1])
+
+
+def test_evidence_lines_are_registered_under_type_names():
+    """Every entry of EVIDENCE_LINES names a registered type; a type without one prints
+    no lines of its own."""
+    assert set(EVIDENCE_LINES) <= set(head_types()), sorted(set(EVIDENCE_LINES) - set(head_types()))
+    assert evidence_lines("previous_token", {"anything": 1}) == []
 
 
 def test_evidence_prints_each_types_lines_before_its_validation(capsys):
@@ -365,5 +374,5 @@ def test_function_vector_report_is_best_first_after_a_json_round_trip(tmp_path):
         "L1H1: AIE +0.001, attention on the examples' answers 0.00",
         "L0H0: AIE +0.001, attention on the examples' answers 0.90",
     ]
-    t = get_head_type("function_vector")()
-    assert t.report(back) == want and t.report(details) == want
+    lines = evidence_lines("function_vector", back)
+    assert lines == want and evidence_lines("function_vector", details) == want

@@ -19,6 +19,7 @@ from headmech.probes.needle import needle_recall
 from headmech.stream.engine import stream_statistics
 from headmech.tasks import get_task
 from headmech.testing import CONTROL_OPTIONS, check_causal, tiny_model
+from headmech.testing.planting import ideal_pattern
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ def test_copy_score_matches_reference(control, control_probe):
 def test_planted_copy_head_scores_one(control, control_probe):
     t = RetrievalHead()
     batch = control_probe.batches[0]
-    ideal = t.ideal_pattern(batch)  # [batch, query_pos, key_pos]
+    ideal = ideal_pattern(t, batch)  # [batch, query_pos, key_pos]
     pattern = ideal[:, None].repeat(1, int(control.cfg.n_heads), 1, 1)
     (reducer,) = t.reducers()
     out = reducer(pattern, batch, reducer.prepare(batch), 0)

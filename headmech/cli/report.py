@@ -1,5 +1,6 @@
-"""What the command line prints beside the files it writes: each head type's evidence and
-validation, and a pruning run's survival table.
+"""What the command line prints beside the files it writes: each head type's evidence
+(its own lines: :mod:`headmech.cli.evidence`) and validation, and a pruning run's survival
+table.
 
 Every shape of validation record that :mod:`headmech.classification.classify` writes gets its own line:
 labelled heads against same-layer controls, against controls from every layer (the
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any
+
+from headmech.cli.evidence import evidence_lines
 
 if TYPE_CHECKING:
     from headmech.classification.readings import HeadReading
@@ -145,13 +148,14 @@ def per_head_lines(per_head: dict[str, HeadReading], v: TypeValidation | None) -
 
 
 def evidence(catalog: Any) -> None:
-    """Each type's own evidence (e.g. syntactic: per relation, best head vs baseline) and
-    its validation (:func:`validation_line`)."""
+    """Each type's own evidence (:func:`headmech.cli.evidence.evidence_lines`, e.g.
+    syntactic: per relation, best head vs baseline) and its validation
+    (:func:`validation_line`)."""
     from headmech.headtypes.registry import head_types
 
-    registry = head_types()
+    head_types()  # loads the catalog: a plug-in type's file registers its lines on import
     for name, r in catalog.types.items():
-        lines = registry[name]().report(r.details) if name in registry else []
+        lines = evidence_lines(name, r.details)
         lines += not_labelled_lines(r.not_labelled, r.per_head)
         line = validation_line(r.validation)
         if line is not None:

@@ -15,6 +15,10 @@ folder) subclasses :class:`HeadType`, importable as ``headmech.headtypes.registr
 * ``task``: the name of the task (:mod:`headmech.tasks`) whose metric ablating heads of
   this type should hurt (catalog validation).
 
+What a type's positive control plants (:mod:`headmech.testing.planting`) and the lines the
+command line prints of its details (:mod:`headmech.cli.evidence`) live where they are used,
+keyed by the type's ``name``: the class measures and decides.
+
 The registry, the discovery of the catalog and the checks of what a type returns are in
 :mod:`headmech.headtypes.registry`; docs/contributing-head-types.md walks through a new type.
 """
@@ -164,13 +168,6 @@ class HeadType:
         each); stored in the stats as ``name.key``. Default: none."""
         return {}
 
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        """Values of :meth:`weight_statistics` and :meth:`model_statistics` for a perfect
-        head, planted beside the pattern by the positive control of a type scored from
-        attention. A type scored from weights or interventions alone gets a hand-built
-        model instead (``headmech.testing.controls.POSITIVE_CONTROLS``), never planted values."""
-        return {}
-
     def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
         """Per-head statistics the type measures by running the model itself on its
         probe's batches — interventions such as patching, which no attention hook can
@@ -226,21 +223,6 @@ class HeadType:
         """Type-specific evidence for ``catalog.json``."""
         return {}
 
-    def ideal_pattern(self, batch: ProbeBatch) -> Tensor:
-        """The attention pattern ``[batch, query_pos, key_pos]`` of a perfect head of this
-        type (used to plant the role in positive controls): uniform over the targets;
-        queries without a target keep attending to themselves."""
-        t = self.targets(batch)
-        n = batch.input_ids.shape[1]
-        if t.dtype != torch.bool:
-            has = t >= 0
-            t = torch.nn.functional.one_hot(t.clamp(min=0), n).bool() & has[..., None]
-        t = t & batch.attention_mask.bool()[:, None, :]
-        eye = torch.eye(n, dtype=torch.bool, device=t.device).expand_as(t)
-        t = torch.where(t.any(-1, keepdim=True), t, eye)
-        p = t.float()
-        return p / p.sum(-1, keepdim=True)
-
     # --- beyond the probe ------------------------------------------------------------
     broad_on_first: ClassVar[bool] = False  # the pattern is the first position (sinks)
 
@@ -256,10 +238,6 @@ class HeadType:
         return None
 
     # --- behaviour ----------------------------------------------------------------
-    def report(self, details: dict[str, Any]) -> list[str]:
-        """Lines of type-specific evidence for the command line (default: none)."""
-        return []
-
     def expected(self) -> str:
         """What ablating the heads should do to the task's metric: ``raise``, ``lower``
         or ``little``."""

@@ -98,15 +98,3 @@ class ConceptInductionHead(HeadType):
                 for h in token_heads
             },
         }
-
-    def report(self, details: dict[str, Any]) -> list[str]:
-        token = details.get("token_mass", {})
-        lines = [
-            f"{h}: mass on the word's last token {m:.2f}, on its first token {token.get(h, 0):.2f}"
-            for h, m in details.get("concept_mass", {}).items()
-        ]
-        if details.get("token_induction"):
-            lines.append(
-                f"token-level induction heads here: {', '.join(details['token_induction'])}"
-            )
-        return lines

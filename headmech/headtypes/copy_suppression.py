@@ -77,8 +77,9 @@ class CopySuppressionHead(HeadType):
 
     def targets(self, batch: ProbeBatch) -> Tensor:
         """A copy suppressor attends to an earlier copy of the current token (each query's
-        latest earlier copy, else none): what :meth:`ideal_pattern` plants; the score reads
-        the OV circuit alone."""
+        latest earlier copy, else none): what
+        :func:`headmech.testing.planting.ideal_pattern` plants; the score reads the OV
+        circuit alone."""
         ids = batch.input_ids
         n = ids.shape[1]
         earlier = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril(-1)
@@ -108,10 +109,6 @@ class CopySuppressionHead(HeadType):
             "n_tokens": self.n_tokens,
             "top_k": TOP_K,
         }
-
-    def report(self, details: dict[str, Any]) -> list[str]:
-        share = details.get("suppressed_share", {})
-        return [f"{h}: suppresses its own token for {s:.0%} of tokens" for h, s in share.items()]
 
 
 def word_tokens(tokenizer: Any, n: int = N_TOKENS, seed: int = 0) -> Tensor:

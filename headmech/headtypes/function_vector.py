@@ -100,15 +100,6 @@ class FunctionVectorHead(HeadType):
             else 0,
         }
 
-    def report(self, details: dict[str, Any]) -> list[str]:
-        mass = details.get("label_mass", {})
-        # the five largest AIEs: a catalog read back from JSON (sorted keys) lists them by name
-        best = sorted(details.get("aie", {}).items(), key=lambda item: -item[1])[:5]
-        return [
-            f"{h}: AIE {a:+.3f}, attention on the examples' answers {mass.get(h, 0):.2f}"
-            for h, a in best
-        ]
-
 
 def _first(batches: Sequence[ProbeBatch], n: int) -> list[ProbeBatch]:
     """The first ``n`` prompts of the batches (whole batches, the last one cut)."""

@@ -116,20 +116,6 @@ class InactiveHead(HeadType):
             "inactive_fraction": round(len(heads) / max(n_layers * n_heads, 1), 4),
         }
 
-    def report(self, details: dict[str, Any]) -> list[str]:
-        mass = details.get("first_token_mass", {})
-        lines = [
-            f"{h}: output norm / layer mean {', '.join(f'{d} {r:.2f}' for d, r in by.items())}; "
-            f"first-token attention {mass.get(h, float('nan')):.2f}"
-            for h, by in details.get("ratio_by_domain", {}).items()
-        ]
-        missed = details.get("missed_by_first_token", [])
-        if missed:
-            lines.append(
-                f"{len(missed)} of them below first-token attention {details['first_token_threshold']}"
-            )
-        return lines
-
 
 @torch.no_grad()
 def output_norms(model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:

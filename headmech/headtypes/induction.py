@@ -100,10 +100,6 @@ class InductionHead(HeadType):
             "own_effect_high": own["high"],
         }
 
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        # a perfect induction head's removal costs the repeated half what it predicts
-        return {"own_effect": 1.0, "own_effect_low": 1.0, "own_effect_high": 1.0}
-
     def _copying(self, stats: HeadStats) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Own effect, its interval, and the value the criterion tests (the interval's
         lower end, or the effect where no interval was drawn)."""

@@ -116,9 +116,6 @@ class NameMoverHead(HeadType):
         copy, negative = name_copying(model)
         return {"copy": copy, "negative_copy": negative}
 
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        return {self.copy_key: 1.0}
-
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         return stats.mean(f"{self.name}.mass")
@@ -152,11 +149,3 @@ class NameMoverHead(HeadType):
             "negative_copy_score": {str(h): round(float(neg[h]), 4) for h in attending},
             "copy_threshold": self.copy_threshold,
         }
-
-    def report(self, details: dict[str, Any]) -> list[str]:
-        io, copy = details.get("io_mass", {}), details.get("copy_score", {})
-        neg = details.get("negative_copy_score", {})
-        return [
-            f"{h}: IO mass {m:.2f}, copy {copy.get(h, 0):.2f}, negative copy {neg.get(h, 0):.2f}"
-            for h, m in io.items()
-        ]

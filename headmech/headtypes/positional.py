@@ -197,20 +197,3 @@ class PositionalHead(HeadType):
             "exclude_special_keys": self.exclude_special_keys,
             "n_queries": int(stats.counts[f"{self.name}.other"].max()),
         }
-
-    def report(self, details: dict[str, Any]) -> list[str]:
-        return [
-            f"{h}: offset {off:+d}, {details['fraction'][h]:.2f} of queries"
-            for h, off in details.get("offset", {}).items()
-        ]
-
-    def ideal_pattern(self, batch: ProbeBatch) -> Float[Tensor, "batch query_pos key_pos"]:
-        """A previous-token head: every ordinary token puts all its attention on ``i - 1``
-        when that is an ordinary token, else on itself."""
-        ordinary = ~batch.special
-        n = ordinary.shape[1]
-        pos = torch.arange(n, device=ordinary.device)
-        prev_ok = torch.zeros_like(ordinary)
-        prev_ok[:, 1:] = ordinary[:, 1:] & ordinary[:, :-1]
-        target = torch.where(prev_ok, pos - 1, pos)  # [batch, query_pos]
-        return torch.nn.functional.one_hot(target, n).float()

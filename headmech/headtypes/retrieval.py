@@ -68,7 +68,8 @@ class RetrievalHead(HeadType):
 
     def targets(self, batch: ProbeBatch) -> Int[Tensor, "batch query_pos"]:
         """The needle position of the token each answer step produces (-1 elsewhere):
-        a perfect retrieval head's top-1 key (used by :meth:`ideal_pattern`)."""
+        a perfect retrieval head's top-1 key (used by
+        :func:`headmech.testing.planting.ideal_pattern`)."""
         answer_pos, source_pos, valid, _ = needle_spans(batch)
         t = torch.full_like(batch.input_ids, -1)  # [batch, query_pos]
         query = (answer_pos - 1).clamp(min=0)

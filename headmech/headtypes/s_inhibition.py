@@ -84,9 +84,6 @@ class SInhibitionHead(HeadType):
         below = (torch.arange(n_layers) < first).float()[:, None].expand(n_layers, n_heads)
         return {"below_name_movers": below.clone()}
 
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        return {"below_name_movers": 1.0}
-
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         return stats.mean(f"{self.name}.mass")
@@ -115,12 +112,3 @@ class SInhibitionHead(HeadType):
             "io_mass": {str(h): round(float(io[h]), 4) for h in attending},
             "above_name_movers": [[h.layer, h.head] for h in attending if below[h] == 0],
         }
-
-    def report(self, details: dict[str, Any]) -> list[str]:
-        io = details.get("io_mass", {})
-        late = {f"L{a}H{b}" for a, b in details.get("above_name_movers", [])}
-        return [
-            f"{h}: S2 mass {m:.2f}, IO mass {io.get(h, 0):.2f}"
-            + (" (not below the name movers)" if h in late else "")
-            for h, m in details.get("s2_mass", {}).items()
-        ]

@@ -75,9 +75,6 @@ class SemanticInductionHead(HeadType):
     def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
         return {"tail_gain": tail_gains(model, batches)}
 
-    def ideal_weight_statistics(self) -> dict[str, float]:
-        return {"tail_gain": 3.0}
-
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
         mass = stats.mean(f"{self.name}.mass").nan_to_num(0.0)
         return mass * stats.mean(f"{self.name}.tail_gain")
@@ -94,14 +91,6 @@ class SemanticInductionHead(HeadType):
             "tail_gain": {str(h): round(float(gain[h]), 4) for h in top},
             "n_cases": int(stats.counts[n].max()) if n in stats else 0,
         }
-
-    def report(self, details: dict[str, Any]) -> list[str]:
-        mass, gain = details.get("head_word_mass", {}), details.get("tail_gain", {})
-        best = sorted(details.get("relation_index", {}).items(), key=lambda kv: -kv[1])[:5]
-        return [
-            f"{h}: index {v:.2f} = attention {mass.get(h, 0):.2f} x tail gain {gain.get(h, 0):.2f}"
-            for h, v in best
-        ]
 
     def check_model(self, info: Any) -> str | None:
         """Dependency parses need spaCy and its English pipeline (the ``syntactic`` extra)."""

@@ -52,7 +52,8 @@ class SuccessorHead(HeadType):
     # --- what the engine computes -------------------------------------------------
     def targets(self, batch: ProbeBatch) -> Tensor:
         """The comma before the next item attends to the previous item (the token the OV
-        circuit increments): what :meth:`ideal_pattern` plants; the score reads the OV
+        circuit increments): what
+        :func:`headmech.testing.planting.ideal_pattern` plants; the score reads the OV
         circuit alone."""
         pos = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)
         return torch.where(batch.extras["next_item"], pos - 1, -1)
@@ -89,9 +90,6 @@ class SuccessorHead(HeadType):
             "best_head": [top.layer, top.head],
             "best_score": round(float(score[top]), 4),
         }
-
-    def report(self, details: dict[str, Any]) -> list[str]:
-        return [f"{h}: succession {s:.2f}" for h, s in details.get("succession_score", {}).items()]
 
     @property
     def _tasks(self) -> list[str]:

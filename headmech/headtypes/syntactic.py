@@ -324,29 +324,3 @@ class SyntacticHead(HeadType):
         from headmech.probes.text import parser_problem
 
         return parser_problem(self.name) or super().check_model(info)
-
-    def report(self, details: dict[str, Any]) -> list[str]:
-        lines = ["relation  direction     best head  accuracy  baseline (offset)  cases"]
-        for rel, dirs in details.get("relations", {}).items():
-            for direction, r in dirs.items():
-                head = f"L{r['head'][0]}H{r['head'][1]}" if r.get("head") else "-"
-                mark = " *" if r.get("syntactic") else ""
-                lines.append(
-                    f"{rel:<9} {direction:<13} {head:<10} {r['accuracy']:>8.2f}  "
-                    f"{r['baseline']:>8.2f} ({r['baseline_offset']:+d})    {r['count']:>5}{mark}"
-                )
-        return lines
-
-    def ideal_pattern(self, batch: ProbeBatch) -> Float[Tensor, "batch query_pos key_pos"]:
-        """Every token of a word attends uniformly to the tokens of the word's syntactic head;
-        roots, special tokens and padding attend to themselves."""
-        word_ids: Int[Tensor, "batch pos"] = batch.extras["word_ids"]
-        heads: Int[Tensor, "batch pos"] = batch.extras["word_heads"]
-        n = word_ids.shape[1]
-        head_word = heads.gather(1, word_ids.clamp(min=0))  # [batch, pos]: head of own word
-        head_word = head_word.masked_fill((word_ids < 0) | (head_word == word_ids), -2)
-        target = word_ids[:, None, :] == head_word[:, :, None]  # [batch, query_pos, key_pos]
-        eye = torch.eye(n, dtype=torch.bool, device=target.device).expand_as(target)
-        target = torch.where(target.any(-1, keepdim=True), target, eye)
-        p = target.float()
-        return p / p.sum(-1, keepdim=True)

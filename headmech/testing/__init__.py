@@ -15,10 +15,10 @@ The checks:
   its sums over the whole pattern (what the pattern-free path relies on);
 * ``check_positive_control`` — the head that does the type's job in a control model is
   found, and ranked first: for a type scored from attention, a head whose pattern is
-  replaced by the type's ``ideal_pattern``; for a type scored from weights or from runs of
-  the model (:data:`POSITIVE_CONTROLS`), head ``PLANTED`` of a tiny model built by hand to
-  do the job (copy suppression, succession, a function vector, writing nothing), scored
-  from that model as from any other;
+  replaced by the type's ideal pattern (:mod:`headmech.testing.planting`); for a type
+  scored from weights or from runs of the model (:data:`POSITIVE_CONTROLS`), head
+  ``PLANTED`` of a tiny model built by hand to do the job (copy suppression, succession, a
+  function vector, writing nothing), scored from that model as from any other;
 * ``check_negative_control`` — no head of a randomly initialised model is labelled;
 * ``check_causal`` — on a real model, ablating the labelled heads hurts the type's task
   metric more than ablating as many random heads (mean over draws; helps it more for a
@@ -42,6 +42,7 @@ from headmech.interventions import Intervention, Set, applied
 from headmech.probes import PROBES, Probe, ProbeOptions, build_probe
 from headmech.stream.engine import HeadStats, ProbeBatch, stream_statistics
 from headmech.testing.controls import PLANTED, POSITIVE_CONTROLS
+from headmech.testing.planting import ideal_pattern, ideal_values
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -114,13 +115,15 @@ def planted_statistics(
 ) -> HeadStats:
     """The type's statistics with head PLANTED attending by ``pattern(batch)``
     (``[batch, query_pos, key_pos]``; default: the type's ideal pattern), and its weight,
-    model and candidate statistics at the type's ideal values for that head (the
+    model and candidate statistics at the type's ideal values for that head
+    (:mod:`headmech.testing.planting`: :func:`ideal_pattern`, :func:`ideal_values`; the
     conditions some attention-scored types add to their score, such as induction's
     copying; a type whose score is such a statistic has a hand-built control instead,
     :data:`POSITIVE_CONTROLS`)."""
     total: HeadStats | None = None
     for batch in batches:
-        ideal = (pattern or head_type.ideal_pattern)(batch)[:, None]  # [batch, 1, q, k]
+        plant = ideal_pattern(head_type, batch) if pattern is None else pattern(batch)
+        ideal = plant[:, None]  # [batch, 1, q, k]
         planted = Intervention.on([PLANTED], Set(ideal), site="pattern")
         # only the statistics need the planted pattern: some bridges (BERT) warn that the
         # edit does not reach the model's output, which is fine here
@@ -136,11 +139,11 @@ def planted_statistics(
     # measured on the heads at or above the threshold, the planted one among them
     candidates = head_type.above(head_type.score(total))
     measured.update(head_type.candidate_statistics(model, batches, candidates))
-    ideal_values = head_type.ideal_weight_statistics()
+    values = ideal_values(head_type)
     for key, value in measured.items():
         value = value.clone()
-        if key in ideal_values:
-            value[PLANTED] = ideal_values[key]
+        if key in values:
+            value[PLANTED] = values[key]
         total.set(f"{head_type.name}.{key}", value)
     return total
 
