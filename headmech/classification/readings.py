@@ -16,7 +16,7 @@ from typing import Any
 
 from headmech.classification.records import HeadEffect
 
-__all__ = ["BroadReading", "HeadReading", "readings_of"]
+__all__ = ["BroadReading", "HeadReading", "reading_of", "readings_of"]
 
 
 @dataclass
@@ -114,3 +114,11 @@ class HeadReading:
 def readings_of(entry: dict[str, Any]) -> dict[str, HeadReading]:
     """A ``catalog.json`` type entry's ``per_head`` records, by head name (``"L18H6"``)."""
     return {h: HeadReading.from_json(r) for h, r in (entry.get("per_head") or {}).items()}
+
+
+def reading_of(entry: dict[str, Any], head: str) -> HeadReading | None:
+    """One head's ``per_head`` record of a ``catalog.json`` type entry (``head``: its name,
+    ``"L18H6"``), or None: :func:`readings_of` for one head, without reading the others
+    (a page per head would otherwise read every head's record once per head)."""
+    data = (entry.get("per_head") or {}).get(head)
+    return None if data is None else HeadReading.from_json(data)

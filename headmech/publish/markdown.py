@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from headmech.classification.readings import HeadReading, readings_of
+from headmech.classification.readings import HeadReading, reading_of, readings_of
 from headmech.classification.records import ClaimRecord, validation_of
 
 __all__ = [
@@ -153,7 +153,7 @@ def _not_labelled_rows(data: dict[str, Any]) -> list[str]:
     failed and its own effect on the type's task."""
     rows = [
         f"| `{name}` | {e['head']} | {e['score']:.3f} | {e['reason']} | "
-        f"{_own(readings_of(t).get(e['head']))} |"
+        f"{_own(reading_of(t, e['head']))} |"
         for name, t in data["types"].items()
         for e in t.get("not_labelled") or []
     ]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headmech.classification.readings import HeadReading, readings_of
+from headmech.classification.readings import HeadReading, reading_of
 from headmech.classification.records import validation_of
 from headmech.core.errors import HeadmechError, InputError
 from headmech.publish.attention_view import top_attended, top_pairs, view_html
@@ -124,7 +124,7 @@ def rejected_heads(t: dict[str, Any]) -> list[dict[str, Any]]:
 def _own(t: dict[str, Any], head: tuple[int, int]) -> HeadReading:
     """A head's ``per_head`` reading of type ``t`` (its own effect, broad share; an empty
     one where the head has none)."""
-    return readings_of(t).get(_name(head)) or HeadReading()
+    return reading_of(t, _name(head)) or HeadReading()
 
 
 def verdict_counts(models: list[Model]) -> dict[str, int]:
