@@ -16,7 +16,9 @@ on two cores, so this script
    with its diff;
 5. exits 1 when the score is below ``--threshold`` (0.85).
 
-The score is killed / sampled: a timeout counts as killed (the mutant hangs a test), a
+The score is killed / sampled (the drawn mutants mutmut ran; a stopped run's record,
+``--record-only``, names those it did not reach, which are the slowest: mutmut runs the
+cheapest first): a timeout counts as killed (the mutant hangs a test), a
 mutant no selected test covers and a suspicious one count as survivors. It is scored
 before any test it prompts is written: kill tests written afterwards go in
 tests/test_mutants.py and the next record scores them.
@@ -90,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.85)
     ap.add_argument("--max-children", type=int, default=2)
     ap.add_argument("--fresh", action="store_true", help="delete mutants/ first")
+    ap.add_argument(
+        "--record-only",
+        action="store_true",
+        help="write the record from the results mutants/ holds (a run stopped part way: "
+        "the sample's mutants not run yet are counted and named as not checked)",
+    )
     args = ap.parse_args(argv)
     import os
 
@@ -111,16 +119,24 @@ def main(argv: list[str] | None = None) -> int:
     names = sorted(_statuses())
     sample = sorted(random.Random(args.seed).sample(names, min(args.n, len(names))))
     print(f"{len(names)} mutants generated; running a sample of {len(sample)} (seed {args.seed})")
-    run = _mutmut("run", "--max-children", str(args.max_children), *sample)
-    if run.returncode != 0:
-        print(run.stdout[-4000:], run.stderr[-4000:], sep="\n")
-        print("mutmut run failed: see its output above", file=sys.stderr)
-        return 2
+    if not args.record_only:
+        run = _mutmut("run", "--max-children", str(args.max_children), *sample)
+        if run.returncode != 0:
+            # mutmut prints a spinner; its own pytest output is only in a rerun with debug
+            print(run.stdout[-2000:], run.stderr[-2000:], sep="\n")
+            print(
+                "mutmut run failed (often: a test of the selection fails under mutmut; "
+                "run the selection's pytest command in mutants/ to see which)",
+                file=sys.stderr,
+            )
+            return 2
     status = {k: v for k, v in _statuses().items() if k in set(sample)}
+    unchecked = sorted(k for k, v in status.items() if v == "not checked")
+    status = {k: v for k, v in status.items() if v != "not checked"}
     counts = Counter(status.values())
     killed = sum(n for s, n in counts.items() if s in KILLED)
-    score = killed / len(sample)
-    se = math.sqrt(score * (1 - score) / len(sample))
+    score = killed / max(len(status), 1)
+    se = math.sqrt(score * (1 - score) / max(len(status), 1))
     survivors = [
         {"mutant": k, "status": s, "diff": _mutmut("show", k).stdout.strip()}
         for k, s in sorted(status.items())
@@ -136,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         "selection": cfg["pytest_add_cli_args_test_selection"],
         "pytest_args": cfg["pytest_add_cli_args"],
         "mutants": len(names),
-        "sampled": len(sample),
+        "drawn": len(sample),
+        "sampled": len(status),
+        "not_checked": unchecked,
         "seed": args.seed,
         "counts": dict(sorted(counts.items())),
         "killed": killed,
@@ -147,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     RECORD.write_text(json.dumps(record, indent=1) + "\n")
     print(
-        f"score {score:.1%} ± {se:.1%} ({killed} of {len(sample)} sampled killed; "
+        f"score {score:.1%} ± {se:.1%} ({killed} of {len(status)} sampled killed; "
         f"{len(names)} mutants in all); {len(survivors)} survivors in {RECORD.relative_to(ROOT)}"
     )
     if score < args.threshold:
