@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from headmech.core.errors import InputError
+from headmech.core.scratch import scratch_folder
 
 if TYPE_CHECKING:
     import torch
@@ -115,8 +116,6 @@ def dispatch(
     happens when neither ``device_map`` nor ``max_memory`` is given."""
     if device_map is None and max_memory is None:
         return
-    import tempfile
-
     from accelerate import dispatch_model, infer_auto_device_map
 
     if not isinstance(device_map, dict):  # "auto", or a memory budget alone
@@ -127,7 +126,8 @@ def dispatch(
             infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
         )
     if "disk" in device_map.values() and offload_folder is None:
-        offload_folder = tempfile.mkdtemp(prefix="headmech-offload-")
+        # the offloaded weights go with the model (or at exit), not left in /tmp
+        offload_folder = str(scratch_folder("headmech-offload-", owner=model))
     dispatch_model(model, device_map=device_map, offload_dir=offload_folder)
 
 

@@ -10,7 +10,6 @@ Hugging Face folder, so that :func:`headmech.load_model` loads it like any local
 from __future__ import annotations
 
 import functools
-import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from headmech.core.errors import UnsupportedModelError
+from headmech.core.scratch import scratch_folder
 from headmech.models.families import INIT, N_CTX, VOCAB_SIZE, family_spec, unsupported
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ def tiny_model(
     from headmech.models import load_model
 
     if folder is None:
-        folder = tempfile.mkdtemp(prefix=f"headmech-{name or f'tiny-{family}'}-")
+        folder = scratch_folder(f"headmech-{name or f'tiny-{family}'}-")  # removed at exit
     path = build_tiny(family, folder, seed=seed, **options)
     return load_model(str(path), device=device, dtype=dtype)
 

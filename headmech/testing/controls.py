@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import functools
 import math
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from headmech.core.head_index import HeadIndex
+from headmech.core.scratch import scratch_folder
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -83,7 +82,7 @@ def _llama(d_model: int, d_head: int, rope_theta: float, seed: int) -> Any:
 def _load(model: Any, name: str) -> TransformerBridge:
     from headmech.models import load_model
 
-    path = Path(tempfile.mkdtemp(prefix=f"headmech-{name}-"))
+    path = scratch_folder(f"headmech-{name}-")  # removed at exit
     model.save_pretrained(path)
     _smollm2().save_pretrained(path)
     return load_model(str(path))
