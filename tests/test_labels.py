@@ -220,6 +220,8 @@ def test_controls_widen_to_nearby_layers_when_the_same_layers_hold_too_few_sets(
     assert not drawn & set(excluded) and frozenset(heads) not in {frozenset(s) for s in sets}
     pool, possible = control_space(heads, 30, 9, kind, excluded)
     assert pool == 27 - 5 and possible == 1539  # C(22, 3) - 1
+    # as many sets as one layer on either side holds: still that distance, not two
+    assert draw_controls(info, heads, 1539, 0, excluded)[1] == "layers_within_1"
 
 
 def test_redundancy_is_the_set_over_the_sum_and_none_across_signs():

@@ -279,6 +279,12 @@ def test_the_sink_test_is_spearman_by_permutation_on_what_it_measured(wide):
     assert t["statistic"] == pytest.approx(rho) == pytest.approx(v["rho"])
     e = sum(r >= rho for r in t["controls"])
     assert t["exceedances"] == e and t["p"] == pytest.approx((1 + e) / 1000)
+    score = cat["attention_sink"].score  # each set's dose: its heads' mean sink score
+    for d in dose:
+        assert d["sink_score"] == pytest.approx(
+            float(sum(score[la, h] for la, h in d["heads"]) / len(d["heads"]))
+        )
+    assert t["units"].startswith("10 head sets in 5 sink-score bins, on ") and v["claim"]
     top = [d["effect"] for d in dose if d["bin"] == 4]
     assert v["effect"] == pytest.approx(sum(top) / len(top))
     assert v["verdict"] in ("validated", "not validated")
@@ -335,5 +341,7 @@ def test_backups_restoration_is_the_difference_of_two_ablations(wide):
         e = sum(c >= row.restoration for c in rec.controls["costs"])
         assert row.exceedances == e and row.p == pytest.approx((1 + e) / (1 + row.n))
         assert row.backup == (row.q <= 0.05 and row.interval[0] > 0)
+        assert (row.own_effect, row.own_interval) == own[h]  # each row's own effect, its own
+    assert rec.heads == [list(h) for h in rejected if rec.tested[str(h)].backup]
     assert rec.all_ablated_effect == pytest.approx(every, abs=1e-5)
     assert all(HeadIndex(*c) not in {*labelled, *rejected} for c in rec.controls["heads"])
