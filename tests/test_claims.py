@@ -158,6 +158,8 @@ def test_ablating_a_dead_head_leaves_the_claims_unchanged(dead_head_model):
     assert abs(prev["effect"]) < 1e-6 and prev["metric"].startswith("mean loss on the repeated")
     assert prev["secondary"]["k_composition"]["verdict"] == "untestable here"
     assert abs(nm["effect"]) < 1e-6 and nm["validation"] == "direct_path"
+    low, high = nm["effect_interval"]  # paired over the probe's units, about the effect
+    assert low <= nm["effect"] <= high and high - low < 1e-6
     assert nm["backup"]["labelled_direct_effect"] == 0.0
     # two control sets asked for: p >= 1/3 at best, whatever the effect
     assert nm["verdict"] == "inconclusive" and nm["claim"].startswith("Wang et al.")
