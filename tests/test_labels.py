@@ -172,13 +172,19 @@ def test_syntactic_significance_is_the_exact_sign_test_then_benjamini_hochberg(m
     assert f"best q {float(q[0, 0, 1]):.3f}" in rejected[HeadIndex(0, 1)]
 
 
-def test_the_command_lines_table_and_report_name_the_heads_not_labelled(strict, capsys):
+def test_the_command_lines_table_and_report_name_the_heads_not_labelled(toy, strict, capsys):
     """`headmech classify` prints the table and the evidence: the rejected heads appear in
     both, with the criterion they failed and (validated) their own effect."""
     from headmech.cli import report
 
     table = strict.table()
     row = next(line for line in table.splitlines() if line.startswith("induction"))
+    assert " L1H0 0.99; not labelled: " in row and "none (best" not in row
+    # a type that labels no head names its best-scoring one instead
+    nothing = headmech.classify(toy, ["induction"], thresholds={"induction": 1.0}, **SIZE)
+    r = nothing["induction"]
+    best = HeadIndex(*divmod(int(r.score.argmax()), r.score.shape[1]))
+    assert f"none (best {best} {float(r.score[best]):.2f})" in nothing.table()
     effect, low, high = strict["induction"].details["copying_effect"]["L1H3"]
     assert (
         f"L1H3 0.98 (own effect {effect:+.3f} nats [{low:+.3f}, {high:+.3f}], not above 0.1:" in row
