@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shutil
 import subprocess
@@ -99,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         "the sample's mutants not run yet are counted and named as not checked)",
     )
     args = ap.parse_args(argv)
-    import os
-
     os.chdir(ROOT)
     if args.fresh and Path("mutants").exists():
         shutil.rmtree("mutants")
