@@ -75,13 +75,18 @@ def loads(request):
         "minilm-l6": "minilm",
     }
     seen: dict = {}
+    loading: set = set()  # session fixtures being set up: they call load_model themselves
 
     def load(name, device=None, dtype=None, **where):
         key = (str(name), str(device), str(dtype), tuple(sorted(where.items())))
         if key not in seen:
             plain = device is None and dtype is None and not any(where.values())
-            if plain and name in session:
-                seen[key] = request.getfixturevalue(session[name])
+            if plain and name in session and name not in loading:
+                loading.add(name)  # the first file to ask for it: the fixture loads it
+                try:
+                    seen[key] = request.getfixturevalue(session[name])
+                finally:
+                    loading.discard(name)
             else:
                 seen[key] = real(name, device=device, dtype=dtype, **where)
         return seen[key]
