@@ -379,6 +379,7 @@ PROBES: Registry[Any] = Registry(
         "headmech.probes.agreement",
         "headmech.probes.facts",
         "headmech.probes.nonliteral",
+        "headmech.probes.documents",
     ),
     error=InputError,
 )
