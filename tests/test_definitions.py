@@ -69,3 +69,24 @@ def test_smollm2s_qrhead_heads_are_early_and_not_wu_retrieval_heads(smollm2):
     wu = top_k(torch.tensor(json.loads(path.read_text())["types"]["retrieval"]["score"]), 16)
     assert jaccard(qr, wu) < 0.1
     assert max(h.layer for h in qr) <= 12 and sum(h.layer for h in qr) / 16 / 29 < 0.3
+
+
+def test_the_documents_task_is_the_citys_loss_and_its_corruption_removes_the_city(roomy):
+    import torch.nn.functional as F
+
+    from headmech.tasks import get_task
+
+    task = get_task("documents", roomy)
+    (batch,) = task.batches(roomy, ProbeOptions(n_sequences=4, batch_size=4))
+    sums, counts = task.metric(roomy, batch)
+    with torch.no_grad():
+        logits = roomy(batch.input_ids).float()
+    rows = torch.arange(4)
+    nll = F.cross_entropy(
+        logits[rows, batch.extras["end_pos"]], batch.extras["answer"], reduction="none"
+    )
+    assert torch.allclose(sums.flatten() / counts.flatten(), nll, atol=1e-4)
+    bad = task.corrupt(batch, roomy, 0)
+    changed = (bad.input_ids != batch.input_ids).nonzero().tolist()
+    assert changed == [[r, int(batch.extras["answer_pos"][r])] for r in range(4)]
+    assert not (bad.input_ids[rows, batch.extras["answer_pos"]] == batch.extras["answer"]).any()

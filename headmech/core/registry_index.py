@@ -213,6 +213,9 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
         "copy_suppression": {
             "summary": "log-probability of the in-context token the model predicts, on prose (decoders)"
         },
+        "documents": {
+            "summary": "NLL of the gold document's city after five documents (QRHead's setting; decoders)"
+        },
         "icl": {"summary": "answer loss of in-context prompts: antonyms, capitals, ... (decoders)"},
         "induction": {"summary": "loss on the repeated half of random-token sequences"},
         "ioi": {"summary": "minus the logit difference IO - S on IOI prompts (decoders)"},

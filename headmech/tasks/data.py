@@ -96,6 +96,34 @@ def _corrupt_retrieval(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
     return replace(batch, input_ids=ids)
 
 
+def _select_documents(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    """The last position, which predicts the gold document's city."""
+    rows = torch.arange(batch.input_ids.shape[0])
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    query[rows, batch.extras["end_pos"]] = True
+    target = torch.zeros_like(batch.input_ids)
+    target[rows, batch.extras["end_pos"]] = batch.extras["answer"]
+    return query, target
+
+
+def _corrupt_documents(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """The gold document's city replaced by another one-token city; the answer keeps the
+    real one (the question's answer is no longer in the context)."""
+    from headmech.probes.documents import one_token_cities
+
+    cities = torch.tensor(one_token_cities(model.tokenizer))
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    rows = torch.arange(ids.shape[0])
+    pick = torch.randint(len(cities) - 1, (len(rows),), generator=g)
+    answer = batch.extras["answer"]
+    # another city: skip the answer's own index in the list
+    index = (cities[None, :] == answer[:, None]).float().argmax(-1)
+    other = cities[pick + (pick >= index).long()]
+    ids[rows, batch.extras["answer_pos"]] = other
+    return replace(batch, input_ids=ids)
+
+
 def _select_succession(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
     query, target = _select_lm(batch)
     return query & batch.extras["next_item"], target
@@ -203,6 +231,16 @@ def _induction(model: Any) -> Task:
     )
 
 
+def _documents(model: Any) -> Task:
+    return TokenLossTask(
+        "documents",
+        "documents",
+        _select_documents,
+        "mean NLL of the gold document's city at the end of multi-document questions",
+        _corrupt_documents,
+    )
+
+
 def _retrieval(model: Any) -> Task:
     return TokenLossTask(
         "retrieval",
@@ -275,6 +313,11 @@ TASKS.register(
 )
 TASKS.register(
     "retrieval", _retrieval, summary="NLL of the needle's answer in a haystack (decoders)"
+)
+TASKS.register(
+    "documents",
+    _documents,
+    summary="NLL of the gold document's city after five documents (QRHead's setting; decoders)",
 )
 TASKS.register("ioi", _ioi, summary="minus the logit difference IO - S on IOI prompts (decoders)")
 TASKS.register(
