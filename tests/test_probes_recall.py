@@ -193,7 +193,7 @@ def test_documents_probe_puts_one_answer_in_one_of_five_documents(bpe_tokenizer)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("fixture", "agreement", "facts", "documents"),
-    [("smollm2", 0.6, 30, 0.35), ("qwen25", 0.9, 40, 0.9)],
+    [("smollm2", 0.6, 30, 0.3), ("qwen25", 0.9, 40, 0.85)],
 )
 def test_what_the_bundled_models_can_do_on_these_probes(
     request, fixture, agreement, facts, documents
@@ -211,9 +211,10 @@ def test_what_the_bundled_models_can_do_on_these_probes(
     assert acc >= agreement and float(diffs.mean()) > 0
     facts_probe = build_probe("facts", model, ProbeOptions(n_sequences=len(FACTS)))
     assert int(known_facts(model, facts_probe.batches).sum()) >= facts
-    # five documents, one holding the answer (chance 0.2): measured 0.475 and 0.975 of 40
-    # (Gemma 3: 0.825)
+    # five documents, one holding the answer (chance 0.2): measured 0.40 and 0.95 of these 20
+    # (0.475 and 0.975 of 40, Gemma 3 0.825: docs/findings.md); 20 questions of Qwen2.5 cost
+    # about 30 s on one thread
     from headmech.probes.documents import document_recall
 
-    questions = build_probe("documents", model, ProbeOptions(n_sequences=40))
+    questions = build_probe("documents", model, ProbeOptions(n_sequences=20))
     assert float(document_recall(model, questions.batches).float().mean()) >= documents
