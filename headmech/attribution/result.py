@@ -114,7 +114,6 @@ class ImportanceResult(ResultFile):
 
     def top(self, k: int = 5) -> list[tuple[int, int]]:
         """The ``k`` highest-scoring heads as ``(layer, head)``."""
-        flat = torch.nan_to_num(self.score.flatten(), nan=-float("inf"))
-        idx = flat.argsort(descending=True)[:k]
-        n_heads = self.score.shape[1]
-        return [(int(i) // n_heads, int(i) % n_heads) for i in idx]
+        from headmech.core.head_index import top_k
+
+        return [(h.layer, h.head) for h in top_k(self.score, k)]

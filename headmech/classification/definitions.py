@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
+from headmech.core.head_index import top_k as top_k  # re-exported: the rankings compared
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -69,15 +70,6 @@ def qrhead_scores(
         batches = build_probe("documents", model, options).batches
     stats = stream_statistics(model, batches, [target_reducer("qrhead", query_to_gold, hits=False)])
     return stats.mean("qrhead.mass")
-
-
-def top_k(score: Tensor, k: int) -> list[HeadIndex]:
-    """The ``k`` highest-scoring heads of a ``[n_layers, n_heads]`` grid, best first (NaN
-    last; ties in layer-head order)."""
-    flat = torch.nan_to_num(score.flatten().double(), nan=float("-inf"))
-    order = torch.argsort(-flat, stable=True)[:k].tolist()
-    n_heads = int(score.shape[1])
-    return [HeadIndex(i // n_heads, i % n_heads) for i in order]
 
 
 def jaccard(a: list[HeadIndex] | set[HeadIndex], b: list[HeadIndex] | set[HeadIndex]) -> float:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from headmech.core.errors import HeadIndexError
 
-__all__ = ["HeadIndex", "check_heads"]
+__all__ = ["HeadIndex", "check_heads", "top_k"]
 
 
 class HeadIndex(NamedTuple):
@@ -107,3 +107,14 @@ def _index(value: Any) -> int:
     if isinstance(value, bool):
         raise TypeError(value)
     return operator.index(value)
+
+
+def top_k(score: Any, k: int) -> list[HeadIndex]:
+    """The ``k`` highest-scoring heads of a ``[n_layers, n_heads]`` score tensor, best
+    first (NaN last; ties in layer-head order)."""
+    import torch
+
+    flat = torch.nan_to_num(score.flatten().double(), nan=float("-inf"))
+    order = torch.argsort(-flat, stable=True)[:k].tolist()
+    n_heads = int(score.shape[1])
+    return [HeadIndex(i // n_heads, i % n_heads) for i in order]
