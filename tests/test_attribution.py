@@ -16,7 +16,7 @@ from headmech.attribution.patching import patching_importance, prompt_pair_task,
 from headmech.cli import main
 from headmech.core.errors import HeadmechError
 from headmech.interventions.ablation import mean_head_outputs
-from headmech.probes import ProbeOptions
+from headmech.probes import ProbeOptions, build_probe
 from headmech.pruning import head_mask_hooks
 from headmech.tasks import CallableTask, get_task
 
@@ -244,6 +244,57 @@ def test_attribution_patching_correlates(tiny_models, kind):
         base = float(_logit_diff(model(corrupt)))
     rho = spearman(approx - base, exact - base)
     assert rho > 0.8
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_dla_by_source_adds_up_to_each_heads_dla_and_matches_a_hand_computation(tiny_models, kind):
+    """Chughtai et al.'s split: the shares of the source groups (and the rest) add up to
+    the head's direct effect at the query (:func:`direct_effects`); one key's share is
+    ``α_j (v_j W_O) · d / scale``, computed here from an eager forward's own pattern and
+    values (LLaMA: grouped-query attention, a value head per two query heads)."""
+    from headmech.attribution.logit import direct_effects, direct_effects_by_source
+
+    model = tiny_models[kind]
+    batch = build_probe("facts", model, ProbeOptions(n_sequences=4, seed=0)).batches[0]
+    e = batch.extras
+    end, answer = e["end_pos"], e["answer"]
+    split = direct_effects_by_source(model, batch, end, answer, [e["subject"], e["relation"]])
+    assert split.shape == (4, 3, 2, 4)
+    query = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    query[torch.arange(4), end] = True
+    target = torch.zeros_like(batch.input_ids)
+    target[torch.arange(4), end] = answer
+    whole, _ = direct_effects(model, batch, query, target)
+    torch.testing.assert_close(split.sum(1), whole, atol=1e-5, rtol=1e-4)
+    assert split[:, 0].abs().sum() > 0 and split[:, 1].abs().sum() > 0
+    # one key of sequence 0, by hand: layer 1, head 3, the subject's first token
+    store = {}
+    names = ["blocks.1.attn.hook_pattern", "blocks.1.attn.hook_v", "blocks.1.hook_out"]
+    with (
+        torch.no_grad(),
+        model.hooks(
+            fwd_hooks=[(n, lambda x, hook, n=n: store.__setitem__(n, x.detach())) for n in names]
+        ),
+    ):
+        model(batch.input_ids, attention_mask=batch.attention_mask)
+    j = int(e["subject"][0].nonzero()[0])
+    q = int(end[0])
+    n_kv = store["blocks.1.attn.hook_v"].shape[2]
+    v = store["blocks.1.attn.hook_v"][0, j, 3 // (4 // n_kv)]  # head 3's value head
+    write = v @ model.blocks[1].attn.W_O[3]
+    resid = store["blocks.1.hook_out"][0, q]
+    d = model.W_U[:, answer[0]] - model.W_U.mean(1)
+    d = d * model.ln_final.weight
+    if model.cfg.normalization_type == "LN":
+        write = write - write.mean()
+        scale = (resid - resid.mean()).pow(2).mean().add(1e-5).sqrt()
+    else:
+        scale = resid.pow(2).mean().add(model.cfg.eps).sqrt()
+    want = store["blocks.1.attn.hook_pattern"][0, 3, q, j] * (write @ d) / scale
+    one = torch.zeros_like(e["subject"])
+    one[0, j] = True
+    got = direct_effects_by_source(model, batch, end, answer, [one])[0, 0, 1, 3]
+    assert float(got) == pytest.approx(float(want.detach()), abs=1e-6, rel=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])

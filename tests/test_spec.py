@@ -101,6 +101,33 @@ def test_validation_options_only_with_validate_and_settings_ignored_without_it_w
         ClassifySpec.from_args(_parse("--n-random", "5"))
     with pytest.warns(UserWarning, match="--alone is ignored without --validate"):
         ClassifySpec.from_args(_parse("--alone", "1,1"))
+    with pytest.warns(UserWarning, match="--no-broad is ignored without --validate"):
+        ClassifySpec.from_args(_parse("--no-broad"))
+    assert ClassifySpec.from_args(_parse("--validate", "--no-broad")).validation == (
+        ValidationOptions(99, 0, None, broad=False)
+    )
+    with pytest.raises(HeadmechError, match="broad must be"):
+        ClassifySpec.create(validate=True, broad="no")
+
+
+def test_without_broad_the_heads_are_not_read_on_ordinary_text_and_the_catalog_says_so(toy):
+    """``broad=False`` (``--no-broad``) skips the reading on ordinary text: the per-head
+    records get no broad entry, each type's ``details["broad"]`` says why, and the
+    settings record it (the default leaves no trace, as every published catalog has it)."""
+    from headmech.classification.runner import NOT_READ
+
+    opts = dict(types=["induction"], validate=True, n_random=2, n_sequences=4, n_boot=0)
+    read = headmech.classify(toy, progress=False, **opts)["induction"]
+    spec = ClassifySpec.create(broad=False, **opts)
+    skipped = spec.run(toy, progress=False)
+    assert "broad" not in ClassifySpec.create(**opts).to_json()
+    assert spec.to_json()["broad"] is False and skipped.provenance["settings"]["broad"] is False
+    t = skipped["induction"]
+    assert t.details["broad"] == {"note": NOT_READ}
+    assert "lengths" in read.details["broad"] and read.heads == t.heads
+    assert any(r.broad is not None for r in read.per_head.values())
+    assert all(r.broad is None for r in t.per_head.values())
+    assert t.validation.to_json() == read.validation.to_json()  # the verdicts are the same
 
 
 def test_to_json_is_the_provenance_settings_and_the_manifest(toy, tmp_path):

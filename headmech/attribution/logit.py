@@ -44,7 +44,7 @@ from headmech.tasks import EmbeddingTask, LogitDiffTask, Task, TokenLossTask
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["direct_effects", "direct_logit_attribution", "frozen_norm"]
+__all__ = ["direct_effects", "direct_effects_by_source", "direct_logit_attribution", "frozen_norm"]
 
 
 def frozen_norm(
@@ -122,6 +122,59 @@ def direct_effects(
         per_row = torch.einsum("nhm,nm->nh", c / scale[:, None], direction)
         out[:, la] = out[:, la].index_add(0, seq, per_row)
     return out, query.sum(1)
+
+
+def direct_effects_by_source(
+    model: TransformerBridge,
+    batch: ProbeBatch,
+    query: Int[Tensor, " batch"],
+    target: Int[Tensor, " batch"],
+    groups: Sequence[Bool[Tensor, "batch pos"]],
+) -> Float[Tensor, "batch n_groups n_layers n_heads"]:
+    """Each head's direct effect on ``logit[target] - mean logit`` at one query position a
+    sequence, split by the source positions its attention reads (Chughtai et al. 2024).
+
+    A head's output at the query is ``z = Σ_j α_j v_j`` (``α`` its attention, ``v_j`` the
+    value at key ``j``), so with the final norm's scale frozen its direct effect
+    (:func:`direct_effects`) is a sum over keys of ``α_j (v_j W_O) · d``, ``d`` the
+    target's direction. Group ``g``'s share sums the keys where ``groups[g]`` is True; a
+    last group takes every other key, so the groups add up to the head's direct effect.
+
+    Returns ``[batch, len(groups) + 1, n_layers, n_heads]``.
+
+    References:
+        Chughtai, Cooney, Nanda 2024, "Summing Up the Facts: Additive Mechanisms Behind
+        Factual Recall in LLMs", arXiv:2402.07321 (subject and relation heads).
+    """
+    _check_linear_readout(model)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
+    names = [f"blocks.{la}.attn.{h}" for la in range(n_layers) for h in ("hook_v", "hook_pattern")]
+    names.append(f"blocks.{n_layers - 1}.hook_out")
+    st = capture(model, batch, names)
+    dev = next(model.parameters()).device
+    rows = torch.arange(len(query), device=dev)
+    query, target = query.to(dev), target.to(dev)
+    resid = st[f"blocks.{n_layers - 1}.hook_out"][rows, query]  # [batch, d_model]
+    W_U = model.W_U.float()
+    direction = W_U[:, target].T - W_U.mean(1)  # [batch, d_model]
+    w_final = norm_weight(model.ln_final)
+    direction = direction if w_final is None else direction * w_final.float()
+    if kind == "LN":  # (c - mean c) · d = c · (d - mean d)
+        direction = direction - direction.mean(-1, keepdim=True)
+    direction = (direction / _norm_scale(model, resid, kind)).detach()
+    other = ~torch.stack(list(groups)).to(dev).any(0)
+    masks = torch.stack([*groups, other], 1).to(dev, torch.float32)  # [batch, groups, pos]
+    out = torch.zeros(len(query), masks.shape[1], n_layers, n_heads, device=dev)
+    with torch.no_grad():
+        for la in range(n_layers):
+            v = st[f"blocks.{la}.attn.hook_v"].float()  # [batch, pos, n_kv, d_head]
+            v = v.repeat_interleave(n_heads // v.shape[2], dim=2)  # a query head's value head
+            wd = torch.einsum("hdm,bm->bhd", model.blocks[la].attn.W_O.float(), direction)
+            along = torch.einsum("bjhd,bhd->bhj", v, wd)  # each key's write along d
+            alpha = st[f"blocks.{la}.attn.hook_pattern"][rows, :, query].float()  # [b, h, j]
+            out[:, :, la] = torch.einsum("bhj,bgj->bgh", alpha * along, masks)
+    return out
 
 
 def _norm_scale(model: TransformerBridge, resid: Tensor, kind: str) -> Tensor:

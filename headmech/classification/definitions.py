@@ -12,11 +12,24 @@ agreement matrix.
   princeton-pli/QRHead): a head's attention mass from the question's tokens to the gold
   document, averaged over the question's tokens and over the questions, on the
   ``documents`` probe (:mod:`headmech.probes.documents`). The paper keeps the top 16.
+
+* :func:`locos_scores`: LOCOS (arXiv 2607.01002; code aryopg/locos,
+  ``locos/detectors/logit_contrib.py``): what the head writes toward the answer from the
+  needle, ``φ_j = α_j · u_yᵀ W_O v_j`` summed over the needle's keys (``L+``) minus the
+  same sum over every other key rescaled to the needle's length (``L-``), on the trials
+  the model answers, averaged; here the needle is the gold document of the ``documents``
+  probe and the answer step its city.
+
+Beyond retrieval, :func:`subject_relation_scores` splits each head's direct logit
+attribution to a fact's answer by the tokens it reads (Chughtai, Cooney, Nanda 2024,
+"Summing Up the Facts", arXiv:2402.07321): *subject heads* write the answer from the
+subject's tokens, *relation heads* from the relation's, on the facts the model completes
+(``facts`` probe, :mod:`headmech.probes.facts`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -29,7 +42,15 @@ if TYPE_CHECKING:
 
     from headmech.core.stats import ProbeBatch
 
-__all__ = ["QRHEAD_TOP_K", "jaccard", "qrhead_scores", "query_to_gold", "top_k"]
+__all__ = [
+    "QRHEAD_TOP_K",
+    "jaccard",
+    "locos_scores",
+    "qrhead_scores",
+    "query_to_gold",
+    "subject_relation_scores",
+    "top_k",
+]
 
 QRHEAD_TOP_K = 16
 """Heads QRHead keeps (its paper's default on Llama-3.1-8B)."""
@@ -76,3 +97,99 @@ def jaccard(a: list[HeadIndex] | set[HeadIndex], b: list[HeadIndex] | set[HeadIn
     """``|a ∩ b| / |a ∪ b|`` of two head sets (1.0 for two empty sets)."""
     x, y = set(a), set(b)
     return len(x & y) / len(x | y) if x | y else 1.0
+
+
+def subject_relation_scores(
+    model: TransformerBridge, n_facts: int = 64, *, batches: list[ProbeBatch] | None = None
+) -> dict[str, Any]:
+    """Every head's direct effect on the answer's logit (against the vocabulary's mean) at
+    a fact prompt's last token, split by source (module docstring;
+    :func:`headmech.attribution.logit.direct_effects_by_source`) and averaged over the
+    facts the model completes (its top token is the answer's first): ``{"subject",
+    "relation", "other"}`` grids ``[n_layers, n_heads]`` in nats, ``"known"`` and
+    ``"asked"`` (facts). A model that knows none of them gets all-zero grids."""
+    from headmech.attribution.logit import direct_effects_by_source
+    from headmech.probes import ProbeOptions, build_probe
+    from headmech.probes.facts import answer_is_top
+
+    if batches is None:
+        batches = build_probe("facts", model, ProbeOptions(n_sequences=n_facts)).batches
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    total = torch.zeros(3, n_layers, n_heads)
+    known = asked = 0
+    tops = answer_is_top(model, batches).split([len(b.input_ids) for b in batches])
+    for batch, top in zip(batches, tops, strict=True):
+        e = batch.extras
+        split = direct_effects_by_source(
+            model, batch, e["end_pos"], e["answer"], [e["subject"], e["relation"]]
+        )
+        total += split[top.to(split.device)].sum(0).cpu()
+        known, asked = known + int(top.sum()), asked + len(top)
+    mean = total / max(known, 1)
+    return {
+        "subject": mean[0],
+        "relation": mean[1],
+        "other": mean[2],
+        "known": known,
+        "asked": asked,
+    }
+
+
+def locos_scores(
+    model: TransformerBridge,
+    n_questions: int = 40,
+    *,
+    batches: list[ProbeBatch] | None = None,
+    answered_only: bool = True,
+) -> dict[str, Any]:
+    """LOCOS's logit-contribution score of every head (module docstring), on the
+    ``documents`` probe's questions the model answers (its top token at the end is the
+    gold city): ``{"score": S = L+ - L-, "L_plus", "L_minus"}`` grids ``[n_layers,
+    n_heads]``, ``"answered"`` and ``"asked"``. As the authors' code: ``u_y`` is the
+    unembedding's column of the answer token (no final norm), the values and ``W_O`` the
+    attention's own (Gemma's norm after the attention is not applied), the off-needle
+    keys every other key up to the answer step. ``answered_only=False`` averages over
+    every question instead (``"answered"`` then counts them all)."""
+    from headmech.interventions import capture
+    from headmech.probes import ProbeOptions, build_probe
+    from headmech.probes.documents import document_recall
+
+    if batches is None:
+        options = ProbeOptions(n_sequences=n_questions)
+        batches = build_probe("documents", model, options).batches
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    plus, minus = torch.zeros(n_layers, n_heads), torch.zeros(n_layers, n_heads)
+    answered = asked = 0
+    sizes = [len(b.input_ids) for b in batches]
+    if answered_only:
+        recalled = document_recall(model, batches).split(sizes)
+    else:
+        recalled = tuple(torch.ones(n, dtype=torch.bool) for n in sizes)
+    W_U = model.W_U.detach().float()
+    for batch, ok in zip(batches, recalled, strict=True):
+        e = batch.extras
+        rows = torch.arange(len(ok))
+        end, gold = e["end_pos"], e["gold"]
+        lo, hi = e["doc_start"][rows, gold], e["doc_end"][rows, gold]
+        pos = torch.arange(batch.input_ids.shape[1])
+        keys = pos[None] <= end[:, None]  # every key the answer step sees
+        needle = (pos[None] >= lo[:, None]) & (pos[None] < hi[:, None])
+        rescale = (hi - lo).float() / (keys & ~needle).sum(1).float()  # [batch]
+        u = W_U[:, e["answer"]].T  # [batch, d_model]
+        names = [f"blocks.{la}.attn.{h}" for la in range(n_layers) for h in ("hook_v", "hook_pattern")]  # fmt: skip
+        st = capture(model, batch, names)
+        with torch.no_grad():
+            for la in range(n_layers):
+                v = st[f"blocks.{la}.attn.hook_v"].float()  # [batch, pos, n_kv, d_head]
+                v = v.repeat_interleave(n_heads // v.shape[2], dim=2)
+                uo = torch.einsum("hdm,bm->bhd", model.blocks[la].attn.W_O.detach().float(), u)
+                alpha = st[f"blocks.{la}.attn.hook_pattern"][rows, :, end].float()  # [b, h, j]
+                phi = alpha * torch.einsum("bjhd,bhd->bhj", v, uo)
+                on = (phi * needle[:, None]).sum(-1)  # [batch, n_heads]
+                off = (phi * (keys & ~needle)[:, None]).sum(-1) * rescale[:, None]
+                plus[la] += on[ok].sum(0).cpu()
+                minus[la] += off[ok].sum(0).cpu()
+        answered, asked = answered + int(ok.sum()), asked + len(ok)
+    n = max(answered, 1)
+    return {"score": (plus - minus) / n, "L_plus": plus / n, "L_minus": minus / n,
+            "answered": answered, "asked": asked}  # fmt: skip

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 
     from headmech.runs.resume import Units
 
-__all__ = ["build_or_skip", "not_labelled", "run_spec", "runnable_types", "score_type"]
+__all__ = ["NOT_READ", "build_or_skip", "not_labelled", "run_spec", "runnable_types", "score_type"]
+
+NOT_READ = "not read on ordinary text (validated with broad=False, --no-broad)"
+"""A type's ``details["broad"]`` note when its heads were not read on ordinary text."""
 
 
 def runnable_types(
@@ -209,7 +212,11 @@ def _classify(spec: Any, model: TransformerBridge, progress: bool) -> HeadCatalo
         runnable = [t for t in runnable if t.name in results]
         if check is not None and runnable:
             validate_types(model, runnable, results, options, check.test, check.alone, unit, meta)
-            _beyond_the_probe(model, runnable, results, unit)
+            if check.broad:
+                _beyond_the_probe(model, runnable, results, unit)
+            else:
+                for t in runnable:
+                    results[t.name].details["broad"] = {"note": NOT_READ}
     except (Exception, KeyboardInterrupt) as e:
         # keep what is finished: the types scored (and validated, with validation)
         done = [t for t in runnable if t.name in results]

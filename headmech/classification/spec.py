@@ -121,6 +121,7 @@ PARAMETERS: dict[str, Param] = {
     ),
     "control_tokens": Param(Integer(0), "--control-tokens"),
     "alone": Param(Custom(_alone), "--alone", _alone_text),
+    "broad": Param(Boolean(), "--no-broad", default=True),
     "n_boot": Param(Integer(0), None, default=N_BOOT),
     "corpus": Param(None, "--corpus", _corpus_path),
     **PROBE_PARAMETERS,
@@ -137,11 +138,14 @@ class ValidationOptions:
         control_tokens: the test measured on every k-th probe batch that still holds this
             many tokens (0: every batch).
         alone: at most this many labelled and rejected heads ablated alone (None: 24, 8).
+        broad: read the labelled and rejected heads on ordinary text
+            (:mod:`headmech.classification.broad`); False: skipped, and said.
     """
 
     n_random: int = N_RANDOM
     control_tokens: int = 0
     alone: tuple[int, int] | None = None
+    broad: bool = True
 
     @property
     def test(self) -> TestOptions:
@@ -197,6 +201,8 @@ class ClassifySpec:
             for key in ("n_random", "alone", "control_tokens"):
                 if v[key] is not None:
                     V.warn(f"{flag(key)} is ignored without {flag('validate')}")
+            if not v["broad"]:
+                V.warn(f"{flag('broad')} is ignored without {flag('validate')}")
         types = _resolved(v["types"], v["thresholds"], origin)
         probe = ProbeOptions(**{k: v[k] for k in PROBE_FIELDS if v[k] is not None})
         validation = None
@@ -205,6 +211,7 @@ class ClassifySpec:
                 N_RANDOM if v["n_random"] is None else v["n_random"],
                 v["control_tokens"] or 0,
                 v["alone"],
+                v["broad"],
             )
         thresholds = None if v["thresholds"] is None else dict(v["thresholds"])
         return cls(tuple(types), v["types"] is not None, probe, validation, v["n_boot"], thresholds)
@@ -215,6 +222,7 @@ class ClassifySpec:
         the flags a command does not have keep their defaults)."""
         given: dict[str, Any] = {k: getattr(args, _CLI_NAMES.get(k, k), None) for k in PARAMETERS}
         given["validate"] = bool(getattr(args, "validate", False))
+        given["broad"] = bool(getattr(args, "broad", True))
         return cls.create(origin="cli", **given)
 
     def fit(self, tokenizer: Any, causal: bool | None) -> tuple[ClassifySpec, dict[str, str]]:
@@ -252,7 +260,7 @@ class ClassifySpec:
 
     def to_json(self) -> dict[str, Any]:
         """The settings as the catalog's provenance records them and a resumable run's
-        manifest compares them (a default of ``control_tokens``, ``alone`` or
+        manifest compares them (a default of ``control_tokens``, ``alone``, ``broad`` or
         ``thresholds`` leaves no trace)."""
         from headmech.runs.provenance import options_json
 
@@ -268,6 +276,8 @@ class ClassifySpec:
             out["control_tokens"] = v.control_tokens
         if v is not None and v.alone is not None:
             out["alone"] = list(v.alone)
+        if v is not None and not v.broad:
+            out["broad"] = False
         if self.thresholds is not None:
             out["thresholds"] = {n: float(x) for n, x in self.thresholds.items()}
         return out

@@ -163,6 +163,9 @@ def _add_classify(sub: Any) -> None:
     p.add_argument("--control-tokens", type=int, default=None, metavar="N", help=tokens)
     alone = "--validate ablates at most L labelled and R rejected heads alone (default 24,8)"
     p.add_argument("--alone", default=None, metavar="L,R", help=alone)
+    broad = "--validate without reading the heads on ordinary text (a forward pass over ~3,800 "
+    broad += "tokens; the catalog says it was skipped)"
+    p.add_argument("--no-broad", dest="broad", action="store_false", help=broad)
     p.add_argument(
         "--threshold", action="append", default=None, metavar="TYPE=VALUE",
         help="a head type's threshold instead of its default (`headmech types` lists them), "

@@ -216,6 +216,9 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
         "documents": {
             "summary": "NLL of the gold document's city after five documents (QRHead's setting; decoders)"
         },
+        "facts": {
+            "summary": "NLL of a fact's answer after subject and relation (Chughtai et al.; decoders)"
+        },
         "icl": {"summary": "answer loss of in-context prompts: antonyms, capitals, ... (decoders)"},
         "induction": {"summary": "loss on the repeated half of random-token sequences"},
         "ioi": {"summary": "minus the logit difference IO - S on IOI prompts (decoders)"},

@@ -9,6 +9,9 @@
 * ``succession`` — the next item of ordinal sequences (" Monday, Tuesday, ..."), every
   item but the first (predicted at the comma before it); corrupted by shuffling each
   sequence's items (no order left);
+* ``facts`` — the answer's first token after a fact's subject and relation (Chughtai et
+  al. 2024's prompts, :mod:`headmech.probes.facts`); corrupted by random tokens in place
+  of the subject;
 * ``ioi`` — minus the logit difference IO − S at the end of IOI prompts (Wang et al.
   2022); corrupted into their ABC prompts (three other names, none repeated);
 * ``icl`` — the answer's loss after 8 in-context examples (antonyms, country capitals,
@@ -18,7 +21,7 @@
   log-probability (McDougall et al. 2023: copy suppression lowers it; ablating the heads
   raises it). Higher is worse: the naive copy the heads should have suppressed.
 
-Importing this module registers the seven in :data:`headmech.core.registry.TASKS`.
+Importing this module registers them in :data:`headmech.core.registry.TASKS`.
 """
 
 from __future__ import annotations
@@ -121,6 +124,17 @@ def _corrupt_documents(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
     index = (cities[None, :] == answer[:, None]).float().argmax(-1)
     other = cities[pick + (pick >= index).long()]
     ids[rows, batch.extras["answer_pos"]] = other
+    return replace(batch, input_ids=ids)
+
+
+def _corrupt_facts(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """The subject's tokens replaced by random tokens; the answer keeps the real one (the
+    relation is left: which fact is asked is gone)."""
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    subject = batch.extras["subject"]
+    fresh = random_token_ids(model.tokenizer, g, tuple(ids.shape))
+    ids[subject] = fresh[subject]
     return replace(batch, input_ids=ids)
 
 
@@ -241,6 +255,16 @@ def _documents(model: Any) -> Task:
     )
 
 
+def _facts(model: Any) -> Task:
+    return TokenLossTask(
+        "facts",
+        "facts",
+        _select_documents,  # the same: the last position, which predicts ``answer``
+        "mean NLL of a fact's answer (its first token) after the subject and relation",
+        _corrupt_facts,
+    )
+
+
 def _retrieval(model: Any) -> Task:
     return TokenLossTask(
         "retrieval",
@@ -318,6 +342,11 @@ TASKS.register(
     "documents",
     _documents,
     summary="NLL of the gold document's city after five documents (QRHead's setting; decoders)",
+)
+TASKS.register(
+    "facts",
+    _facts,
+    summary="NLL of a fact's answer after subject and relation (Chughtai et al.; decoders)",
 )
 TASKS.register("ioi", _ioi, summary="minus the logit difference IO - S on IOI prompts (decoders)")
 TASKS.register(
