@@ -55,7 +55,7 @@ def test_top_k_and_jaccard():
 
 @pytest.mark.slow
 def test_smollm2s_qrhead_heads_are_early_and_not_wu_retrieval_heads(smollm2):
-    """docs/findings.md, "Retrieval heads by three definitions": on 40 questions SmolLM2's
+    """docs/findings.md, "Retrieval heads by four definitions": on 40 questions SmolLM2's
     16 QRHead heads lie in layers 0-9 (mean relative depth 0.14), none of them among the
     top 16 by the published catalog's retrieval score (Jaccard 0; Gemma 3 0.28, Qwen2.5
     0.19): the question's name meets its copy in the gold document early, the copy-paste
