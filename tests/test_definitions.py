@@ -114,7 +114,7 @@ def test_smollm2s_subject_and_relation_heads_are_different_heads(smollm2):
     and from the relation's by L29H1 (+1.75), not the same heads. Mean-ablating each top
     4 against 19 same-layer control sets (docs/findings.md): subject heads +1.80 nats of
     answer loss (controls' median +0.88), relation heads +0.43 (+0.04), p = 0.05 each."""
-    from headmech.classification.definitions import subject_relation_scores
+    from headmech.attribution.logit import subject_relation_scores
 
     r = subject_relation_scores(smollm2, 64)
     assert r["known"] >= 30 and r["asked"] == 64

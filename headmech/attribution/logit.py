@@ -44,7 +44,13 @@ from headmech.tasks import EmbeddingTask, LogitDiffTask, Task, TokenLossTask
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["direct_effects", "direct_effects_by_source", "direct_logit_attribution", "frozen_norm"]
+__all__ = [
+    "direct_effects",
+    "direct_effects_by_source",
+    "direct_logit_attribution",
+    "frozen_norm",
+    "subject_relation_scores",
+]
 
 
 def frozen_norm(
@@ -175,6 +181,41 @@ def direct_effects_by_source(
             alpha = st[f"blocks.{la}.attn.hook_pattern"][rows, :, query].float()  # [b, h, j]
             out[:, :, la] = torch.einsum("bhj,bgj->bgh", alpha * along, masks)
     return out
+
+
+def subject_relation_scores(
+    model: TransformerBridge, n_facts: int = 64, *, batches: list[ProbeBatch] | None = None
+) -> dict[str, Any]:
+    """Chughtai et al.'s subject and relation heads: every head's direct effect on the
+    answer's logit (against the vocabulary's mean) at a fact prompt's last token, split by
+    source (:func:`direct_effects_by_source`: the subject's tokens, the relation's, the
+    rest) and averaged over the facts the model completes (its top token is the answer's first): ``{"subject",
+    "relation", "other"}`` grids ``[n_layers, n_heads]`` in nats, ``"known"`` and
+    ``"asked"`` (facts). A model that knows none of them gets all-zero grids."""
+    from headmech.probes import ProbeOptions, build_probe
+    from headmech.probes.facts import answer_is_top
+
+    if batches is None:
+        batches = build_probe("facts", model, ProbeOptions(n_sequences=n_facts)).batches
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    total = torch.zeros(3, n_layers, n_heads)
+    known = asked = 0
+    tops = answer_is_top(model, batches).split([len(b.input_ids) for b in batches])
+    for batch, top in zip(batches, tops, strict=True):
+        e = batch.extras
+        split = direct_effects_by_source(
+            model, batch, e["end_pos"], e["answer"], [e["subject"], e["relation"]]
+        )
+        total += split[top.to(split.device)].sum(0).cpu()
+        known, asked = known + int(top.sum()), asked + len(top)
+    mean = total / max(known, 1)
+    return {
+        "subject": mean[0],
+        "relation": mean[1],
+        "other": mean[2],
+        "known": known,
+        "asked": asked,
+    }
 
 
 def _norm_scale(model: TransformerBridge, resid: Tensor, kind: str) -> Tensor:

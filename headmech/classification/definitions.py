@@ -20,11 +20,9 @@ agreement matrix.
   the model answers, averaged; here the needle is the gold document of the ``documents``
   probe and the answer step its city.
 
-Beyond retrieval, :func:`subject_relation_scores` splits each head's direct logit
-attribution to a fact's answer by the tokens it reads (Chughtai, Cooney, Nanda 2024,
-"Summing Up the Facts", arXiv:2402.07321): *subject heads* write the answer from the
-subject's tokens, *relation heads* from the relation's, on the facts the model completes
-(``facts`` probe, :mod:`headmech.probes.facts`).
+Beyond retrieval, :func:`headmech.attribution.logit.subject_relation_scores` splits each
+head's direct logit attribution to a fact's answer by the tokens it reads (Chughtai et al.
+2024's subject and relation heads).
 """
 
 from __future__ import annotations
@@ -48,7 +46,6 @@ __all__ = [
     "locos_scores",
     "qrhead_scores",
     "query_to_gold",
-    "subject_relation_scores",
     "top_k",
 ]
 
@@ -97,42 +94,6 @@ def jaccard(a: list[HeadIndex] | set[HeadIndex], b: list[HeadIndex] | set[HeadIn
     """``|a ∩ b| / |a ∪ b|`` of two head sets (1.0 for two empty sets)."""
     x, y = set(a), set(b)
     return len(x & y) / len(x | y) if x | y else 1.0
-
-
-def subject_relation_scores(
-    model: TransformerBridge, n_facts: int = 64, *, batches: list[ProbeBatch] | None = None
-) -> dict[str, Any]:
-    """Every head's direct effect on the answer's logit (against the vocabulary's mean) at
-    a fact prompt's last token, split by source (module docstring;
-    :func:`headmech.attribution.logit.direct_effects_by_source`) and averaged over the
-    facts the model completes (its top token is the answer's first): ``{"subject",
-    "relation", "other"}`` grids ``[n_layers, n_heads]`` in nats, ``"known"`` and
-    ``"asked"`` (facts). A model that knows none of them gets all-zero grids."""
-    from headmech.attribution.logit import direct_effects_by_source
-    from headmech.probes import ProbeOptions, build_probe
-    from headmech.probes.facts import answer_is_top
-
-    if batches is None:
-        batches = build_probe("facts", model, ProbeOptions(n_sequences=n_facts)).batches
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    total = torch.zeros(3, n_layers, n_heads)
-    known = asked = 0
-    tops = answer_is_top(model, batches).split([len(b.input_ids) for b in batches])
-    for batch, top in zip(batches, tops, strict=True):
-        e = batch.extras
-        split = direct_effects_by_source(
-            model, batch, e["end_pos"], e["answer"], [e["subject"], e["relation"]]
-        )
-        total += split[top.to(split.device)].sum(0).cpu()
-        known, asked = known + int(top.sum()), asked + len(top)
-    mean = total / max(known, 1)
-    return {
-        "subject": mean[0],
-        "relation": mean[1],
-        "other": mean[2],
-        "known": known,
-        "asked": asked,
-    }
 
 
 def locos_scores(
