@@ -35,6 +35,7 @@ from torch import Tensor
 
 from headmech.core.errors import HeadmechError
 from headmech.interventions import Cost, capture, recording
+from headmech.interventions.direct_effects import key_writes
 from headmech.models.weights import norm_weight
 from headmech.runs import resume
 from headmech.stream.engine import ProbeBatch
@@ -153,7 +154,7 @@ def direct_effects_by_source(
         Factual Recall in LLMs", arXiv:2402.07321 (subject and relation heads).
     """
     _check_linear_readout(model)
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    n_layers = int(model.cfg.n_layers)
     kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
     names = [f"blocks.{la}.attn.{h}" for la in range(n_layers) for h in ("hook_v", "hook_pattern")]
     names.append(f"blocks.{n_layers - 1}.hook_out")
@@ -171,16 +172,7 @@ def direct_effects_by_source(
     direction = (direction / _norm_scale(model, resid, kind)).detach()
     other = ~torch.stack(list(groups)).to(dev).any(0)
     masks = torch.stack([*groups, other], 1).to(dev, torch.float32)  # [batch, groups, pos]
-    out = torch.zeros(len(query), masks.shape[1], n_layers, n_heads, device=dev)
-    with torch.no_grad():
-        for la in range(n_layers):
-            v = st[f"blocks.{la}.attn.hook_v"].float()  # [batch, pos, n_kv, d_head]
-            v = v.repeat_interleave(n_heads // v.shape[2], dim=2)  # a query head's value head
-            wd = torch.einsum("hdm,bm->bhd", model.blocks[la].attn.W_O.float(), direction)
-            along = torch.einsum("bjhd,bhd->bhj", v, wd)  # each key's write along d
-            alpha = st[f"blocks.{la}.attn.hook_pattern"][rows, :, query].float()  # [b, h, j]
-            out[:, :, la] = torch.einsum("bhj,bgj->bgh", alpha * along, masks)
-    return out
+    return torch.einsum("blhj,bgj->bglh", key_writes(model, st, query, direction), masks)
 
 
 def subject_relation_scores(

@@ -112,6 +112,7 @@ def locos_scores(
     keys every other key up to the answer step. ``answered_only=False`` averages over
     every question instead (``"answered"`` then counts them all)."""
     from headmech.interventions import capture
+    from headmech.interventions.direct_effects import key_writes
     from headmech.probes import ProbeOptions, build_probe
     from headmech.probes.documents import document_recall
 
@@ -138,18 +139,11 @@ def locos_scores(
         rescale = (hi - lo).float() / (keys & ~needle).sum(1).float()  # [batch]
         u = W_U[:, e["answer"]].T  # [batch, d_model]
         names = [f"blocks.{la}.attn.{h}" for la in range(n_layers) for h in ("hook_v", "hook_pattern")]  # fmt: skip
-        st = capture(model, batch, names)
-        with torch.no_grad():
-            for la in range(n_layers):
-                v = st[f"blocks.{la}.attn.hook_v"].float()  # [batch, pos, n_kv, d_head]
-                v = v.repeat_interleave(n_heads // v.shape[2], dim=2)
-                uo = torch.einsum("hdm,bm->bhd", model.blocks[la].attn.W_O.detach().float(), u)
-                alpha = st[f"blocks.{la}.attn.hook_pattern"][rows, :, end].float()  # [b, h, j]
-                phi = alpha * torch.einsum("bjhd,bhd->bhj", v, uo)
-                on = (phi * needle[:, None]).sum(-1)  # [batch, n_heads]
-                off = (phi * (keys & ~needle)[:, None]).sum(-1) * rescale[:, None]
-                plus[la] += on[ok].sum(0).cpu()
-                minus[la] += off[ok].sum(0).cpu()
+        phi = key_writes(model, capture(model, batch, names), end, u)  # [batch, layer, head, key]
+        on = (phi * needle[:, None, None]).sum(-1)  # [batch, n_layers, n_heads]
+        off = (phi * (keys & ~needle)[:, None, None]).sum(-1) * rescale[:, None, None]
+        plus += on[ok].sum(0).cpu()
+        minus += off[ok].sum(0).cpu()
         answered, asked = answered + int(ok.sum()), asked + len(ok)
     n = max(answered, 1)
     return {"score": (plus - minus) / n, "L_plus": plus / n, "L_minus": minus / n,

@@ -10,6 +10,9 @@ logits). With ``w = z[head] @ W_O[head]`` the head's write at the prompt's last 
   writes its corrupted-run output instead of its own, ``Δ = Σ (z_src - z) @ W_O`` (per
   layer through the norm), and only the logits read ``r + Δ`` (final norm recomputed);
   the effect is ``metric(r + Δ) - metric(r)`` per prompt;
+* :func:`key_writes` — what each head writes along a direction at one query a sequence,
+  per key it reads: ``α_j (v_j W_O) · d`` (the split of a direct effect by source, and
+  LOCOS's logit contribution);
 * :func:`head_direct_effects` — every head's own direct effect on the logit difference,
   ``ld(r) - ld(r - w)``, in the clean run or under an intervention (ablated name movers:
   the heads whose direct effect then rises are Wang et al.'s backup name movers).
@@ -40,6 +43,7 @@ __all__ = [
     "direct_path_effects",
     "direct_writes",
     "head_direct_effects",
+    "key_writes",
     "layer_write",
     "layer_z",
     "post_norm",
@@ -196,3 +200,29 @@ def head_direct_effects(
                 w = layer_write(model, la, dz, attn[la]).to(resid)
                 out[:, la, h] = (base + _logit_diff(model, resid + w, g, b)).cpu()
     return out
+
+
+def key_writes(
+    model: TransformerBridge,
+    store: dict[str, Tensor],
+    query: Tensor,
+    direction: Float[Tensor, "batch d_model"],
+) -> Float[Tensor, "batch n_layers n_heads key_pos"]:
+    """Per sequence, layer, head and key ``j``: ``α_j (v_j W_O) · d``, the head's write at
+    the sequence's ``query`` position along its ``direction`` row that comes from key
+    ``j`` (``α`` the head's attention there, ``v_j`` its value head's value: grouped-query
+    attention repeats each value head over its query heads). Summed over the keys it is
+    ``z W_O · d``. ``store``: every layer's ``attn.hook_v`` and ``attn.hook_pattern``
+    (:func:`headmech.interventions.capture`)."""
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    rows = torch.arange(len(query), device=direction.device)
+    out = []
+    with torch.no_grad():
+        for la in range(n_layers):
+            v = store[f"blocks.{la}.attn.hook_v"].float()  # [batch, pos, n_kv, d_head]
+            v = v.repeat_interleave(n_heads // v.shape[2], dim=2)  # a query head's value head
+            wd = torch.einsum("hdm,bm->bhd", model.blocks[la].attn.W_O.detach().float(), direction)
+            along = torch.einsum("bjhd,bhd->bhj", v, wd)  # each key's write along d
+            alpha = store[f"blocks.{la}.attn.hook_pattern"][rows, :, query].float()  # [b, h, j]
+            out.append(alpha * along)
+    return torch.stack(out, 1)
