@@ -24,7 +24,7 @@ PYTEST_WORKERS ?= 2
 COVERAGE ?=
 COV_ARGS := $(if $(COVERAGE),--cov=headmech --cov-report=term-missing:skip-covered --cov-report=json:coverage.json)
 
-.PHONY: setup demo test test-fast lint docs format index bench catalog site site-screenshots tutorials browser mutation clean kv-peers-env
+.PHONY: setup demo test test-fast test-tutorials lint docs format index bench catalog site site-screenshots tutorials browser mutation clean kv-peers-env
 
 setup: $(STAMP)
 
@@ -78,11 +78,17 @@ browser:
 	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
 		|| { echo "make browser: /usr/bin/chromium is missing; run: sudo apt-get install -y chromium"; exit 1; }
 
-# Everything: lint, the API docs, every test (the findings on the bundled real models and
-# the tutorials included). CI's gate.
+# CI's gate: lint, the API docs, every test (the findings on the bundled real models
+# included) but the notebooks' execution, which is `make test-tutorials` (CI runs both)
 test: setup lint docs
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(COV_ARGS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not tutorial" $(COV_ARGS) $(PYTEST_ARGS)
 	$(if $(COVERAGE),$(PY) tests/coverage_floor.py coverage.json)
+
+# The eleven tutorials executed top to bottom at the small size (nbclient), their assert
+# cells on the published findings passing: about 4.5 minutes on 2 cores. Not measured by
+# coverage (the kernels are other processes, and trace the paths the tests cover).
+test-tutorials: setup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m tutorial tests/test_tutorials.py $(PYTEST_ARGS)
 
 # Every claim about code, on tiny random models, planted circuits and hand-built models
 # (the tests not marked slow), in at most 3 minutes; loading a bundled real model there

@@ -182,6 +182,10 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
         assert v["verdict"] == "inconclusive" and "p >= 0.33 at best" in validation_line(
             TypeValidation.from_json(v)
         )
+        assert v["control"] == "same_layers" and v["test"]["p_min"] == pytest.approx(1 / 3)
+    if model == "smollm2-135m":  # the command that crashed printing the sink's evidence
+        assert len(catalog["types"]["attention_sink"]["heads"]) > 0.6 * 270  # Gu et al.'s ε 0.3
+        assert f"; 2 random sets of {v['n_heads']} from the same layers: " in printed
 
 
 IMPORTANCE = {

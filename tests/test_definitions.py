@@ -124,11 +124,12 @@ def test_smollm2s_subject_and_relation_heads_are_different_heads(smollm2):
     assert float(r["subject"][23, 4]) > 0.8 and float(r["relation"][29, 1]) > 1.2
 
 
-def test_locos_is_the_answers_logit_contribution_from_the_gold_document(roomy):
+def test_locos_is_the_answers_logit_contribution_from_the_gold_document(roomy, monkeypatch):
     """LOCOS's score by the authors' formula (``compute_logit_contribution_per_step``),
     by hand for one head from an eager forward: ``φ_j = α_j u_yᵀ W_O v_j`` at the answer
     step, summed over the gold document minus the other keys' sum rescaled by the
-    document's length over theirs."""
+    document's length over theirs; by default averaged over the questions the model
+    answers only (``document_recall``'s mask, here made up: the second of two)."""
     from headmech.classification.definitions import locos_scores
 
     (batch,) = build_probe("documents", roomy, ProbeOptions(n_sequences=2, batch_size=2)).batches
@@ -151,3 +152,14 @@ def test_locos_is_the_answers_logit_contribution_from_the_gold_document(roomy):
     mean = float(sum(want).detach()) / 2
     assert float(got["score"][layer, head]) == pytest.approx(mean, rel=1e-4, abs=1e-7)
     assert got["score"].abs().sum() > 0
+    import headmech.probes.documents as documents
+
+    monkeypatch.setattr(documents, "document_recall", lambda model, bs: torch.tensor([False, True]))
+    only = locos_scores(roomy, batches=[batch])
+    assert (only["answered"], only["asked"]) == (1, 2)
+    assert float(only["score"][layer, head]) == pytest.approx(float(want[1]), rel=1e-4, abs=1e-7)
+    monkeypatch.setattr(
+        documents, "document_recall", lambda model, bs: torch.tensor([False, False])
+    )
+    none = locos_scores(roomy, batches=[batch])  # nothing answered: zeros, not NaN
+    assert none["answered"] == 0 and not none["score"].any()

@@ -203,3 +203,23 @@ def test_a_first_load_says_it_dequantises_once(monkeypatch, tmp_path):
     (tmp_path / "qwen2.5-coder-1.5b").mkdir()
     assert first_load("qwen2.5-coder-1.5b") is None
     assert first_load("minilm-l6") is None  # shipped as safetensors: nothing to convert
+
+
+def test_the_bridge_keeps_the_tokenizer_a_folder_loads_with(tiny_dirs):
+    """``load_hf_dir`` loads a tokenizer that names a BOS token with ``add_bos_token``,
+    so TransformerLens' ``get_tokenizer_with_bos`` keeps it instead of loading it again
+    (4 s a Gemma 3 load); it encodes as the bridge's own reload would."""
+    from transformer_lens.utilities.tokenize_utils import get_tokenizer_with_bos
+    from transformers import AutoTokenizer
+
+    from headmech.models.files import load_hf_dir
+
+    _, tok = load_hf_dir(tiny_dirs["llama"])
+    assert tok.bos_token is not None and get_tokenizer_with_bos(tok) is tok
+    theirs = get_tokenizer_with_bos(AutoTokenizer.from_pretrained(tiny_dirs["llama"]))
+    assert theirs is not tok and theirs.get_vocab() == tok.get_vocab()
+    texts = ["The keys to the cabinet are", "", " two  spaces\nand a line", "é 🎉"]
+    for text in texts:
+        assert tok(text)["input_ids"] == theirs(text)["input_ids"], text
+    assert tok(texts, padding=True)["input_ids"] == theirs(texts, padding=True)["input_ids"]
+    assert (tok.padding_side, tok.pad_token) == (theirs.padding_side, theirs.pad_token)

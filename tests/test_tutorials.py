@@ -46,6 +46,7 @@ def kernel_name(tmp_path_factory) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.tutorial
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
     monkeypatch.setenv("HEADMECH_TUTORIAL_SMALL", "1")

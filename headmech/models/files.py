@@ -127,13 +127,27 @@ def quiet() -> Iterator[None]:
         logging.getLogger("transformers").setLevel(level)
 
 
+def _bos_keywords(path: Path) -> dict[str, Any]:
+    """``add_bos_token=True`` where the folder's tokenizer names a BOS token: the bridge
+    (TransformerLens' ``get_tokenizer_with_bos``) otherwise loads the tokenizer a second
+    time with it (Gemma 3's 262k-token vocabulary: 4 s a load); with it set, the bridge
+    keeps this one, which encodes alike (tests/test_models.py)."""
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict) or config.get("bos_token") is None:
+        return {}
+    return {"add_bos_token": True}
+
+
 def load_hf_dir(path: Path) -> tuple[Any, Any]:
     """A local Hugging Face folder's model (eager attention) and tokenizer; one-line errors."""
     import transformers as hf
 
     try:
         config = hf.AutoConfig.from_pretrained(path)
-        tokenizer = hf.AutoTokenizer.from_pretrained(path)
+        tokenizer = hf.AutoTokenizer.from_pretrained(path, **_bos_keywords(path))
     except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' load errors
         raise UnsupportedModelError(
             f"cannot read a Hugging Face model from {path}: {str(e).splitlines()[0]}"
