@@ -182,8 +182,9 @@ def test_classify_validate_prints_every_type_and_validation(loads, outputs, caps
         assert v["verdict"] == "inconclusive" and "p >= 0.33 at best" in validation_line(
             TypeValidation.from_json(v)
         )
-        assert v["control"] == "same_layers" and v["test"]["p_min"] == pytest.approx(1 / 3)
+        assert v["test"]["p_min"] == pytest.approx(1 / 3)
     if model == "smollm2-135m":  # the command that crashed printing the sink's evidence
+        assert v["control"] == "same_layers"
         assert len(catalog["types"]["attention_sink"]["heads"]) > 0.6 * 270  # Gu et al.'s ε 0.3
         assert f"; 2 random sets of {v['n_heads']} from the same layers: " in printed
 
@@ -259,8 +260,10 @@ DISCOVER = {"qwen2.5-coder-0.5b": ["--n-sentences", "4", "--n-sequences", "2"]}
 @pytest.mark.parametrize("model", MODELS)
 def test_discover(loads, outputs, capsys, model):
     out = outputs / model / "discover"
+    # on the real decoders, types read from attention alone: induction's copying test ablates
+    # each candidate head (17 s of Qwen2.5's 43 s), which the classify row already runs
     types = {"minilm-l6": "positional,previous_token", "toy-induction": "duplicate_token,induction"}
-    types = types.get(model, "previous_token,induction")
+    types = types.get(model, "previous_token,duplicate_token")
     sizes = DISCOVER.get(model, ["--n-sentences", "8", "--n-sequences", "4"])
     argv = ["discover", model, "--types", types, *sizes, "--clusters", "2"]
     code, printed, err = run(capsys, *argv, "--out", out)
