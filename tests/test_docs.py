@@ -156,7 +156,10 @@ def test_make_commands_are_the_makefiles():
     line = next(x for x in readme.splitlines() if x.startswith("make demo "))
     assert recipes["demo"][0] == "setup" and line.endswith(f"sets up .venv, then: {demo}")
     line = next(x for x in readme.splitlines() if x.startswith("make test "))
-    assert recipes["test"][0] == "setup lint docs"
+    assert recipes["test"][0] == "setup" and "-j2 lint docs" in recipes["test"][1]
+    assert (
+        '-m "not tutorial"' in recipes["test"][1] and "-m tutorial" in recipes["test-tutorials"][1]
+    )
     assert "sets up .venv, lints (ruff, mypy, import-linter), builds the API docs" in line
     for tool in ("ruff check", "mypy", "lint-imports"):
         assert tool in recipes["lint"][1]
