@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_client import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -45,10 +48,28 @@ def kernel_name(tmp_path_factory) -> str:
     return "headmech-tutorials"
 
 
+@pytest.fixture
+def kernel_client(kernel_name, tmp_path):
+    """Makes clients whose kernel talks over Unix sockets, not TCP ports: jupyter_client
+    picks five free ports and releases them before the kernel binds them, a race another
+    process can win (CI once failed with "Address already in use" and a kernel that did
+    not answer in 60 s). A socket file in a fresh folder cannot be taken."""
+    folder = tempfile.mkdtemp(prefix="hmk")  # short: a socket path holds at most 107 bytes
+
+    def make(nb, timeout: int) -> NotebookClient:
+        km = KernelManager(kernel_name=kernel_name, transport="ipc", ip=os.path.join(folder, "k"))
+        return NotebookClient(
+            nb, km=km, timeout=timeout, resources={"metadata": {"path": str(tmp_path)}}
+        )
+
+    yield make
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.slow
 @pytest.mark.tutorial
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
+def test_tutorial_runs(path, monkeypatch, kernel_client):
     monkeypatch.setenv("HEADMECH_TUTORIAL_SMALL", "1")
     # the kernel is not measured by coverage (COVERAGE=1 measures the processes tests start):
     # the notebooks call the library paths the tests cover, and tracing them costs minutes
@@ -63,9 +84,7 @@ def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
         "PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     )
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
-        nb, timeout=900, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}}
-    )
+    client = kernel_client(nb, timeout=900)
     try:
         client.execute()
     except CellExecutionError as e:
@@ -74,9 +93,7 @@ def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_name):
     _render(nb, path)
 
 
-def test_a_notebook_shows_classify_progress_without_a_tqdm_warning(
-    tmp_path, monkeypatch, kernel_name
-):
+def test_a_notebook_shows_classify_progress_without_a_tqdm_warning(monkeypatch, kernel_client):
     """``classify`` shows progress by default; in a kernel without ipywidgets (this one)
     tqdm.auto, first imported by transformers, would warn in a block of stderr
     (``TqdmWarning: IProgress not found``) that opened every tutorial's output. The
@@ -93,10 +110,7 @@ def test_a_notebook_shows_classify_progress_without_a_tqdm_warning(
         "PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     )
     monkeypatch.delenv("COVERAGE_PROCESS_START", raising=False)
-    client = NotebookClient(
-        nb, timeout=300, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute()
+    kernel_client(nb, timeout=300).execute()
     outputs = nb.cells[0].outputs
     stderr = "".join(o.text for o in outputs if o.get("name") == "stderr")
     assert "TqdmWarning" not in stderr and "IProgress" not in stderr, stderr
