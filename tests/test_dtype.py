@@ -75,10 +75,13 @@ def test_unknown_dtype_is_one_line(tiny_dirs, bad):
 
 @pytest.mark.slow
 def test_smollm2_in_bf16_labels_the_same_induction_heads(smollm2):
-    opts = {"n_sequences": 16, "n_boot": 0}
+    # 8 sequences: the same 7 heads as at 16 in both dtypes, scores 0.0028 apart (0.0035
+    # at 16), half the time (measured)
+    opts = {"n_sequences": 8, "n_boot": 0}
     full = headmech.classify(smollm2, ["induction"], **opts)["induction"]
     half_model = headmech.load_model("smollm2-135m", dtype="bfloat16")
     half = headmech.classify(half_model, ["induction"], **opts)["induction"]
+    assert len(full.heads) >= 4 and (18, 6) in full.heads, full.heads
     assert half.heads == full.heads, (half.heads, full.heads)
     torch.testing.assert_close(half.score, full.score, atol=0.02, rtol=0)
 

@@ -18,7 +18,7 @@ from headmech.probes import ProbeOptions, build_probe
 from headmech.probes.needle import needle_recall
 from headmech.stream.engine import stream_statistics
 from headmech.tasks import get_task
-from headmech.testing import CONTROL_OPTIONS, check_causal, tiny_model
+from headmech.testing import CONTROL_OPTIONS, tiny_model
 from headmech.testing.planting import ideal_pattern
 
 
@@ -163,7 +163,11 @@ SMALL = ProbeOptions(needle_lengths=(150, 300), needle_depths=(0.1, 0.5, 0.9))
 
 @pytest.fixture(scope="module")
 def smollm2_retrieval(smollm2):
-    return headmech.classify(smollm2, [RetrievalHead()], **vars(SMALL))["retrieval"]
+    """Classified and validated once (as ``headmech.testing.check_causal`` does: the set and
+    4 control sets, no head alone): the tests below read the labels and the verdict."""
+    return headmech.classify(
+        smollm2, [RetrievalHead()], validate=True, n_random=4, alone=(0, 0), **vars(SMALL)
+    )["retrieval"]
 
 
 def _copy_paste_by_hand(model, batches) -> torch.Tensor:
@@ -232,8 +236,9 @@ def test_smollm2_recalls_the_needle_and_loses_it_without_retrieval_heads(
 
 
 @pytest.mark.slow
-def test_masking_retrieval_heads_hurts_recall_far_more_than_random_heads(smollm2):
-    v = check_causal(RetrievalHead(), smollm2, SMALL, n_random=4)
+def test_masking_retrieval_heads_hurts_recall_far_more_than_random_heads(smollm2_retrieval):
+    v = smollm2_retrieval.validation
+    assert v is not None
     # measured: answer NLL 0.119 clean; +1.72 with the 11 retrieval heads masked (uniform
     # attention); +0.17, +0.35, +0.88, +0.88 for 4 random relabellings of their layers
     # (which may hold some of the labelled heads: the exact test's controls), none as much
