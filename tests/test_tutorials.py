@@ -41,7 +41,13 @@ def kernel_name(tmp_path_factory) -> str:
     from ipykernel.kernelspec import install
 
     prefix = tmp_path_factory.mktemp("jupyter")
-    install(kernel_name="headmech-tutorials", prefix=str(prefix))
+    # ipykernel writes the spec into a folder of its own under the temporary directory and
+    # leaves that folder behind (empty): here it is pytest's, which pytest removes
+    default, tempfile.tempdir = tempfile.tempdir, str(prefix)
+    try:
+        install(kernel_name="headmech-tutorials", prefix=str(prefix))
+    finally:
+        tempfile.tempdir = default
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
         filter(None, [str(prefix / "share" / "jupyter"), os.environ.get("JUPYTER_PATH")])
     )
@@ -69,8 +75,11 @@ def kernel_client(kernel_name, tmp_path):
 @pytest.mark.slow
 @pytest.mark.tutorial
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_tutorial_runs(path, monkeypatch, kernel_client):
+def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_client):
     monkeypatch.setenv("HEADMECH_TUTORIAL_SMALL", "1")
+    # the folders a notebook makes with tempfile (a contributor's catalog in 06) go where
+    # pytest removes them
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     # the kernel is not measured by coverage (COVERAGE=1 measures the processes tests start):
     # the notebooks call the library paths the tests cover, and tracing them costs minutes
     monkeypatch.delenv("COVERAGE_PROCESS_CONFIG", raising=False)
