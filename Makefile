@@ -12,7 +12,7 @@ PIP := $(PY) -m pip install --disable-pip-version-check -q
 # reads no pip configuration: it gets pip's find-links (here a folder holding the CPU build
 # of torch, which pip would pick the same way), from the environment or pip's config files
 UV ?= $(VENV)/bin/uv
-PIP_LINKS := $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
+PIP_LINKS = $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 INSTALL = $(if $(UV),$(UV) pip install -q --python $(PY) $(addprefix --find-links ,$(PIP_LINKS)),$(PIP))
 # pip warns about every missing local index folder; keep its exit status, drop that noise
 QUIET := 2>&1 | { grep -v "is ignored" || true; }; test $${PIPESTATUS[0]} -eq 0
