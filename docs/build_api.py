@@ -30,6 +30,7 @@ PUBLIC = (
     "headmech.pruning",
     "headmech.circuits",
     "headmech.discover",
+    "headmech.compare",
     "headmech.kv",
     "headmech.testing",
 )

@@ -23,6 +23,7 @@ KEY_NAMES = {
     "headmech.circuits": "path_patch",
     "headmech.headtypes": "HeadType",
     "headmech.discover": "discover",
+    "headmech.compare": "agreement_matrix",
     "headmech.testing": "check_head_type",
 }
 

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from headmech.cli import commands, kv
+from headmech.cli import commands, compare, kv
 from headmech.core.checks import HeadmechWarning
 from headmech.core.errors import HeadmechError, IncompleteRunError
 
@@ -300,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_circuit(sub)
     _add_prune(sub)
     _add_discover(sub)
+    compare.add_parser(sub, _add_output, _add_resume, _add_placement)
     kv.add_parser(sub, _add_placement)
     _add_serve(sub)
     return parser

@@ -143,6 +143,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
     "prune": ("pruning.json", "pruning.png", "run.json"),
     "circuit": ("circuit.graphml", "circuit.json", "circuit.png", "run.json"),
     "discover": ("discovery.json", "discovery.png", "run.json"),  # + cluster_<id>.png
+    "compare-definitions": ("definitions.json", "definitions.png", "run.json"),
 }
 
 

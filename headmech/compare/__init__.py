@@ -1,0 +1,33 @@
+"""Competing definitions of one head role on one model, side by side (the agreement matrix).
+
+:func:`agreement_matrix` ranks every head by each definition of "the heads that retrieve
+from context" (:data:`DEFINITIONS`), keeps each ranking's top ``k``, and measures
+
+* how much the sets agree: their pairwise Jaccard overlap and mean relative depth;
+* what each set does: mean-ablated on each recall task (:data:`RECALL_TASKS`: multi-document
+  recall, literal needle recall, parametric recall of facts without context) against random
+  control sets of as many heads from the same layers, in the sequential Monte Carlo test of
+  :func:`headmech.classification.validation.validate_heads`, with Benjamini-Hochberg's q
+  over every set and task of the matrix.
+
+``headmech compare-definitions`` writes the result (:class:`AgreementMatrix`) as
+``definitions.json`` and its Jaccard heatmap.
+"""
+
+from headmech.compare.matrix import (
+    DEFINITIONS,
+    RECALL_TASKS,
+    AgreementMatrix,
+    Definition,
+    MatrixOptions,
+    agreement_matrix,
+)
+
+__all__ = [
+    "DEFINITIONS",
+    "RECALL_TASKS",
+    "AgreementMatrix",
+    "Definition",
+    "MatrixOptions",
+    "agreement_matrix",
+]

@@ -1,0 +1,201 @@
+"""The agreement matrix of retrieval-head definitions (headmech.compare, ``headmech
+compare-definitions``) on a tiny LLaMA with grouped-query attention: each set is its
+definition's top k, the Jaccard overlaps and depths are the sets', every ablation is a
+sequential test whose q is Benjamini-Hochberg's over the matrix, controls keep out the
+definition's next k heads, the KV ranking's score is its KV head's, a stopped run resumes
+from its units, and bad input is refused in one line before any score is measured.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from headmech.classification.definitions import jaccard
+from headmech.compare import AgreementMatrix, MatrixOptions, agreement_matrix
+from headmech.core.errors import InputError
+from headmech.core.head_index import HeadIndex, top_k
+
+SMALL = {"k": 3, "n_questions": 6, "cri_questions": 2, "context": (200,), "kv_context": 200,
+         "kv_window": 32, "n_random": 5}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, bpe_tokenizer):
+    """A tiny LLaMA (3 layers x 4 query heads, 2 KV heads) whose 512 positions hold the
+    documents probe's five documents and a 200-token needle trial."""
+    from headmech.models.tiny import build_tiny
+
+    path = tmp_path_factory.mktemp("compare") / "llama"
+    return build_tiny(
+        "llama", path, tokenizer=bpe_tokenizer, pad_token_id=None, n_ctx=512, n_layers=3,
+        n_heads=4, n_kv_heads=2, d_model=32, d_mlp=64, seed=1,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    import headmech
+
+    return headmech.load_model(str(folder))
+
+
+@pytest.fixture(scope="module")
+def matrix(model):
+    options = MatrixOptions(definitions=("wu", "qrhead", "cri", "kv"), tasks=("facts",), **SMALL)
+    return agreement_matrix(model, options, progress=False)
+
+
+def test_sets_are_each_definitions_top_k_and_their_overlap_is_jaccards(matrix, model):
+    from headmech.classification.definitions import qrhead_scores
+
+    names = ["wu", "qrhead", "cri", "kv"]
+    assert list(matrix.scores) == names
+    assert all(matrix.scores[n].shape == (3, 4) for n in names)
+    sets = {n: top_k(matrix.scores[n], 3) for n in names}
+    assert {n: matrix.top(n) for n in names} == sets
+    jac = matrix.jaccard()
+    for a in names:
+        for b in names:
+            x, y = set(sets[a]), set(sets[b])
+            assert jac[a][b] == pytest.approx(len(x & y) / len(x | y)) == jaccard(x, y)
+        assert matrix.depth(a) == pytest.approx(sum(h.layer for h in sets[a]) / 3 / 2)
+    assert jac["wu"]["wu"] == 1.0
+    # QRHead's score is qrhead_scores itself on the same questions
+    assert torch.allclose(matrix.scores["qrhead"], qrhead_scores(model, 6))
+
+
+def test_the_kv_ranking_gives_each_query_head_its_kv_heads_score(matrix, model):
+    from headmech.kv import hf_model, kv_importance, needle_batches, prose_batches
+
+    grid, note = matrix.scores["kv"], matrix.notes["kv"]
+    imp = kv_importance(
+        hf_model(model), needle_batches(model, 200, seeds=(0,)), prose_batches(model, 200, n=1),
+        window=32,
+    )  # fmt: skip
+    assert imp.score.shape == (3, 2) and grid.shape == (3, 4)
+    for la in range(3):
+        for h in range(4):
+            assert grid[la, h] == pytest.approx(float(imp.score[la, h // 2]))
+    assert "its 2 query heads" in note
+
+
+def test_every_ablation_is_a_test_and_q_is_benjamini_hochbergs_over_the_matrix(matrix):
+    from scipy.stats import false_discovery_control
+
+    claims = [(d, t, c) for d, tasks in matrix.effects.items() for t, c in tasks.items()]
+    assert [(d, t) for d, t, _ in claims] == [(d, "facts") for d in ("wu", "qrhead", "cri", "kv")]
+    ps = []
+    for d, _, c in claims:
+        test = c["test"]
+        assert 1 <= test["n"] <= 5 and test["n"] == len(test["controls"]) == len(c["control_sets"])
+        e = sum(x >= test["statistic"] for x in test["controls"])
+        assert test["exceedances"] == e and test["p"] == pytest.approx((1 + e) / (1 + test["n"]))
+        assert c["n_heads"] == 3 and c["mode"] == "mean"
+        # controls: as many heads, none of the definition's next 3 (the set's own heads
+        # stay in the pool: relabellings, an exact permutation test), never the set itself
+        top = top_k(matrix.scores[d], 6)
+        near, own = set(top[3:]), set(top[:3])
+        for s in c["control_sets"]:
+            drawn = {HeadIndex(a, b) for a, b in s}
+            assert len(drawn) == 3 and not drawn & near and drawn != own
+        ps.append(test["p"])
+    qs = false_discovery_control(ps, method="bh")
+    for (_, _, c), q in zip(claims, qs, strict=True):
+        assert c["test"]["q"] == pytest.approx(float(q)) and c["test"]["family"] == 4
+        assert c["verdict"] in ("inconclusive", "untestable here")  # p cannot reach 0.05
+    text = matrix.table()
+    assert "wu on facts:" in text and "q " in text and "n " in text
+
+
+def test_saved_and_read_back(matrix, tmp_path):
+    path = matrix.save(tmp_path)
+    assert path.name == "definitions.json" and (tmp_path / "definitions.png").is_file()
+    back = AgreementMatrix.load(tmp_path)
+    assert back == matrix and back.options == matrix.options
+    data = json.loads(path.read_text())
+    assert data["definitions"]["qrhead"]["top"] == [str(h) for h in matrix.top("qrhead")]
+    assert "Query-Focused" in data["definitions"]["qrhead"]["citation"]
+    assert data["provenance"]["settings"]["agreement_matrix"]["k"] == 3
+
+
+def test_a_stopped_run_resumes_from_its_units(model, tmp_path):
+    """Each score and each test is stored as it finishes and read back: a stored score
+    changed by hand is what the resumed run's set is taken from."""
+    from headmech.runs.resume import Units
+
+    options = MatrixOptions(definitions=("qrhead", "cri"), tasks=("documents",), **SMALL)
+    units = Units(tmp_path / "units")
+    first = agreement_matrix(model, options, progress=False, units=units)
+    assert units.saved == 4 and units.count() == 4
+    stored = json.loads((tmp_path / "units" / "units" / "score" / "qrhead.json").read_text())
+    stored["score"] = [[float(i * 4 + j) for j in range(4)] for i in range(3)]
+    (tmp_path / "units" / "units" / "score" / "qrhead.json").write_text(json.dumps(stored))
+    (tmp_path / "units" / "units" / "ablate" / "qrhead" / "documents.json").unlink()
+    store = Units(tmp_path / "units")
+    again = agreement_matrix(model, options, progress=False, units=store)
+    assert store.saved == 1  # the one test deleted, measured again on the changed set
+    assert again.top("qrhead") == [HeadIndex(2, 3), HeadIndex(2, 2), HeadIndex(2, 1)]
+    assert again.effects["qrhead"]["documents"]["n_heads"] == 3
+    cri, cri_first = again.effects["cri"]["documents"], first.effects["cri"]["documents"]
+    assert cri["test"]["controls"] == cri_first["test"]["controls"]
+
+
+def test_locos_refuses_a_model_that_answers_no_question(model):
+    from headmech.compare.matrix import _locos
+
+    with pytest.raises(InputError, match="answers none of 6"):
+        _locos(model, MatrixOptions(**SMALL), False)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--definitions", "wu,bogus"], "unknown definition bogus; known: wu, qrhead, locos, cri, kv"),
+        (["--tasks", "documents,parametric"], "unknown task parametric; known: documents, retrieval, facts"),
+        (["--definitions", "wu", "--tasks", ""], "nothing to compare: give two definitions or a task"),
+        (["--k", "0"], "k must be at least 1, got 0"),
+        (["--k", "7"], "k=7: the sets and the heads kept from their controls (2k) need more than the model's 12 heads"),
+        (["--context", "2x"], "--context '2x': expected comma-separated ints"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_before_any_score(folder, tmp_path, capsys, args, message):
+    from headmech.cli import main
+
+    status = main(["compare-definitions", str(folder), "--out", str(tmp_path / "o"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status != 0 and len(err) <= 2 and message in err[-1]
+    assert not (tmp_path / "o" / "definitions.json").exists()
+
+
+def test_an_encoder_is_refused(tiny_dirs, tmp_path, capsys):
+    from headmech.cli import main
+
+    status = main(["compare-definitions", str(tiny_dirs["bert"]), "--out", str(tmp_path / "o")])
+    assert status != 0 and "this model is an encoder" in capsys.readouterr().err
+
+
+def test_the_command_writes_the_matrix(folder, tmp_path, capsys):
+    from headmech.cli import main
+
+    out = tmp_path / "o"
+    argv = ["compare-definitions", str(folder), "--definitions", "qrhead,cri", "--tasks", "facts",
+            "--k", "2", "--n-questions", "6", "--cri-questions", "2", "--context", "200",
+            "--n-random", "4", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "qrhead on facts:" in printed and "definitions.png" in printed
+    assert {p.name for p in out.iterdir()} >= {"definitions.json", "definitions.png", "run.json"}
+    back = AgreementMatrix.load(out)
+    assert list(back.scores) == ["qrhead", "cri"] and back.options.k == 2
+    assert json.loads((out / "run.json").read_text())["command"] == "compare-definitions"
+
+
+def test_the_command_lines_names_are_the_librarys():
+    """--help imports no torch, so the command line keeps its own copy of the names."""
+    from headmech.cli.compare import DEFINITION_NAMES, TASK_NAMES
+    from headmech.compare import DEFINITIONS, RECALL_TASKS
+
+    assert tuple(DEFINITIONS) == DEFINITION_NAMES and tuple(RECALL_TASKS) == TASK_NAMES
