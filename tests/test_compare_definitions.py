@@ -199,3 +199,43 @@ def test_the_command_lines_names_are_the_librarys():
     from headmech.compare import DEFINITIONS, RECALL_TASKS
 
     assert tuple(DEFINITIONS) == DEFINITION_NAMES and tuple(RECALL_TASKS) == TASK_NAMES
+
+
+def test_published_matrices_become_the_findings_block_and_the_compare_page(matrix, tmp_path):
+    """catalog/<model>/definitions.json -> docs/findings.md's block (every set, depth,
+    Jaccard and effect with p, q and n) and the atlas's compare view (the same rows)."""
+    from headmech.publish import site
+    from headmech.publish.agreement import (
+        DEFS_BEGIN,
+        DEFS_END,
+        findings_block,
+        matrix_rows,
+        replace_defs_block,
+    )  # fmt: skip
+
+    assert findings_block(tmp_path) is None
+    matrix.save(tmp_path / "tiny-a")
+    block = findings_block(tmp_path)
+    assert block is not None and block.startswith(DEFS_BEGIN) and block.endswith(DEFS_END)
+    rows = {r["name"]: r for r in matrix_rows(matrix)}
+    assert list(rows) == ["wu", "qrhead", "cri", "kv"]
+    for name, r in rows.items():
+        c = matrix.effects[name]["facts"]
+        want = (
+            f"{c['effect']:+.2f} (controls {c['random_median']:+.2f}), p {c['test']['p']:.3f}, "
+            f"q {c['test']['q']:.3f}, n {c['test']['n']}: {c['verdict']}"
+        )
+        assert r["effects"]["facts"] == want
+        line = next(x for x in block.splitlines() if x.startswith(f"| {name} | "))
+        assert line.endswith(f" | {want} |") and f" | {matrix.depth(name):.2f} | " in line
+    text = f"before\n{DEFS_BEGIN}\nold\n{DEFS_END}\nafter"
+    assert replace_defs_block(text, block) == f"before\n{block}\nafter"
+    found = site._definitions(tmp_path)
+    assert list(found) == ["tiny-a"] and found["tiny-a"]["rows"] == matrix_rows(matrix)
+    html = (
+        site._environment()
+        .get_template("compare.html")
+        .render(root=".", scale=None, definitions=found, models=[], types=[])
+    )
+    assert "Retrieval heads by competing definitions" in html and "<h3>tiny-a</h3>" in html
+    assert rows["kv"]["effects"]["facts"] in html

@@ -87,10 +87,18 @@ def _command(name: str, types: list[str], verb: str) -> str:
 
 
 def readmes(out: Path) -> None:
-    """``out/README.md``, and the cross-model table in the project's README beside it."""
+    """``out/README.md``, the cross-model table in the project's README beside it, and the
+    published agreement matrices in its docs/findings.md."""
+    from headmech.publish.agreement import DEFS_BEGIN, findings_block, replace_defs_block
+
     (out / "README.md").write_text(publish.readme(out))
     print(f"wrote {out}/README.md", file=sys.stderr)
     front = out.resolve().parent / "README.md"  # the project's README, beside catalog/
     if front.is_file() and BEGIN in (text := front.read_text()):
         front.write_text(replace_block(text, readme_block(out)))
         print(f"updated the cross-model table in {front}", file=sys.stderr)
+    findings = out.resolve().parent / "docs" / "findings.md"
+    block = findings_block(out)
+    if block is not None and findings.is_file() and DEFS_BEGIN in (text := findings.read_text()):
+        findings.write_text(replace_defs_block(text, block))
+        print(f"updated the agreement matrices in {findings}", file=sys.stderr)

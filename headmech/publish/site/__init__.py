@@ -271,6 +271,17 @@ def _scale(catalog_dir: Path) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
+def _definitions(catalog_dir: Path) -> dict[str, Any]:
+    """model -> the rows and options of its published agreement matrix of retrieval-head
+    definitions (:mod:`headmech.publish.agreement`), where one is published."""
+    from headmech.publish.agreement import matrix_rows, published_matrices
+
+    return {
+        m: {"rows": matrix_rows(x), "options": x.options, "names": list(x.scores)}
+        for m, x in published_matrices(catalog_dir).items()
+    }
+
+
 def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSummary:
     """Write the site for every ``catalog_dir/<model>/catalog.json`` into ``out`` (the
     pages are replaced; ``out/tutorials/`` is kept and linked); where ``catalog_dir`` is a
@@ -299,7 +310,9 @@ def build_site(catalog_dir: str | os.PathLike, out: str | os.PathLike) -> SiteSu
     )
     pages += _write(
         out / "compare.html",
-        env.get_template("compare.html").render(root=".", scale=_scale(catalog_dir), **common),
+        env.get_template("compare.html").render(
+            root=".", scale=_scale(catalog_dir), definitions=_definitions(catalog_dir), **common
+        ),
     )
     for m in models:
         pages += _write_model(env, out, m, common)
