@@ -157,6 +157,7 @@ def test_locos_refuses_a_model_that_answers_no_question(model):
         (["--tasks", "documents,parametric"], "unknown task parametric; known: documents, retrieval, facts"),
         (["--definitions", "wu", "--tasks", ""], "nothing to compare: give two definitions or a task"),
         (["--k", "0"], "k must be at least 1, got 0"),
+        (["--control-tokens", "-1"], "control_tokens must be 0 or more, got -1"),
         (["--k", "7"], "k=7: the sets and the heads kept from their controls (2k) need more than the model's 12 heads"),
         (["--context", "2x"], "--context '2x': expected comma-separated ints"),
     ],
@@ -183,13 +184,15 @@ def test_the_command_writes_the_matrix(folder, tmp_path, capsys):
     out = tmp_path / "o"
     argv = ["compare-definitions", str(folder), "--definitions", "qrhead,cri", "--tasks", "facts",
             "--k", "2", "--n-questions", "6", "--cri-questions", "2", "--context", "200",
-            "--n-random", "4", "--out", str(out)]  # fmt: skip
+            "--n-random", "4", "--control-tokens", "40", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "qrhead on facts:" in printed and "definitions.png" in printed
     assert {p.name for p in out.iterdir()} >= {"definitions.json", "definitions.png", "run.json"}
     back = AgreementMatrix.load(out)
     assert list(back.scores) == ["qrhead", "cri"] and back.options.k == 2
+    test = back.effects["qrhead"]["facts"]["test"]
+    assert back.options.control_tokens == 40 and "probe sequences" in test["units"]
     assert json.loads((out / "run.json").read_text())["command"] == "compare-definitions"
 
 

@@ -56,7 +56,8 @@ def matrix_options(args: argparse.Namespace) -> Any:
         definitions=definitions, tasks=tasks,
         k=args.k, n_questions=args.n_questions, cri_questions=args.cri_questions,
         context=V.number_list(args.context, "--context", int, low=1),
-        n_random=args.n_random, mode=args.mode, seed=V.seed(args.seed),
+        n_random=args.n_random, control_tokens=args.control_tokens, mode=args.mode,
+        seed=V.seed(args.seed),
     )  # fmt: skip
 
 
@@ -114,6 +115,11 @@ def add_parser(sub: Any, add_output: Callable[..., None], add_resume: Callable[.
     p.add_argument(
         "--n-random", type=int, default=99,
         help="control sets per set and task at most (default 99: p can reach 0.01)",
+    )  # fmt: skip
+    p.add_argument(
+        "--control-tokens", type=int, default=0,
+        help="measure each test on every k-th piece of the task that still holds this many "
+        "tokens (default 0: every batch)",
     )  # fmt: skip
     p.add_argument("--mode", default="mean", choices=("mean", "zero"), help="the ablation")
     p.add_argument("--seed", type=int, default=0, help="seed for every sampler (default 0)")

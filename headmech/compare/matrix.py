@@ -82,6 +82,8 @@ class MatrixOptions:
         context: the needle haystacks' lengths (Wu et al.'s score and the ``retrieval`` task).
         kv_context, kv_window: the KV ranking's trials and the window a KV head is cut to.
         n_random: control sets per claim at most (the sequential test stops earlier).
+        control_tokens: each test measured on every k-th piece of the task's batches that
+            still holds this many tokens (0: on every batch; ``TestOptions.test_batches``).
         mode: the ablation (``mean``: LOCOS's; ``zero``).
         seed: seeds the probes and the control sets.
     """
@@ -95,6 +97,7 @@ class MatrixOptions:
     kv_context: int = 512
     kv_window: int = 64
     n_random: int = 99
+    control_tokens: int = 0
     mode: str = "mean"
     seed: int = 0
 
@@ -110,6 +113,8 @@ class MatrixOptions:
         for name in ("k", "n_questions", "cri_questions", "kv_context", "kv_window", "n_random"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.control_tokens < 0:
+            raise InputError(f"control_tokens must be 0 or more, got {self.control_tokens}")
         if self.mode not in ("mean", "zero"):
             raise InputError(f"unknown ablation {self.mode!r}; known: mean, zero")
 
@@ -462,7 +467,7 @@ def agreement_matrix(
 
     retrieval = get_head_type("retrieval")()
     validations: dict[str, TypeValidation | None] = {}
-    test = TestOptions(n_max=options.n_random)
+    test = TestOptions(n_max=options.n_random, control_tokens=options.control_tokens)
     for name in options.definitions:
         heads = matrix.top(name)
         near = [h for h in top_k(scores[name], 2 * options.k) if h not in heads]
