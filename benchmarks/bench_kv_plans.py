@@ -178,6 +178,19 @@ def rankings_for(hf: Any, catalog: Any, importance: list) -> dict[str, list]:
     return {"importance": importance, "catalog": cat, "union": union}
 
 
+def definition_rankings(hf: Any, path: str | None) -> dict[str, list]:
+    """``def-<name>``: each retrieval-head definition's KV ranking of an agreement matrix
+    (``headmech compare-definitions``' definitions.json; :meth:`AgreementMatrix.kv_ranking`),
+    the plans the matrix's KV column is measured with (none without ``--definitions``)."""
+    if path is None:
+        return {}
+    from headmech.compare import AgreementMatrix
+
+    matrix = AgreementMatrix.load(path)
+    group = hf.config.num_attention_heads // hf.config.num_key_value_heads
+    return {f"def-{name}": matrix.kv_ranking(name, group) for name in matrix.scores}
+
+
 def measured_rankings(store: dict, ctx: dict) -> dict[str, list]:
     """The measured rankings of a context (``importance``, ``restored`` where stored) and
     their per-task orders (``<kind>-task``: :meth:`KVImportance.ranking` ``by="task"``),
@@ -227,6 +240,7 @@ def run(args: argparse.Namespace, store: dict, save: Any) -> None:
                 print(f"{context}: {key} in {imp.seconds:.0f}s, top {imp.ranking()[:6]}")
         measured = measured_rankings(store, ctx)
         rankings = rankings_for(hf, catalog, measured["importance"]) | measured
+        rankings |= definition_rankings(hf, args.definitions)
         cells = [("full", 1.0, 0)] + [
             (k, b, d) for b in budgets for k in args.plans.split(",")
             for d in range(args.draws if k == "random" else 1)
@@ -351,13 +365,13 @@ def report(args: argparse.Namespace, store: dict) -> list[dict]:
         print(f"\n{model}, {context} tokens, {ctx.get('needle_trials')} needle trials, "
               f"{ctx.get('prose_sequences')} prose (corpus copies: {ctx.get('corpus_repeats', 1)}); "
               f"full cache: recall {full['recall']:.2f}, perplexity {full['perplexity']:.3f}")  # fmt: skip
-        print("| budget | " + " | ".join(p for p in PLANS if p in table) + " |")
-        print("|---" * (1 + sum(p in table for p in PLANS)) + "|")
-        for b in sorted({b for p in PLANS for b in table.get(p, {})}):
+        # the plans of PLANS, then the others measured (def-<name>: --definitions)
+        kinds = [p for p in PLANS if p in table] + sorted(set(table) - set(PLANS) - {"full"})
+        print("| budget | " + " | ".join(kinds) + " |")
+        print("|---" * (1 + len(kinds)) + "|")
+        for b in sorted({b for p in kinds for b in table[p]}):
             cells = []
-            for p in PLANS:
-                if p not in table:
-                    continue
+            for p in kinds:
                 r = table[p].get(b)
                 cells.append(
                     "-"
@@ -365,9 +379,7 @@ def report(args: argparse.Namespace, store: dict) -> list[dict]:
                     else f"{r['recall']:.2f} / {r['perplexity'] / full['perplexity'] - 1:+.1%}"
                 )
             print(f"| {b:.0%} | " + " | ".join(cells) + " |")
-        for p in PLANS:
-            if p not in table:
-                continue
+        for p in kinds:
             got = best(table[p], full)
             text = f"{got[1]:.2f}x (budget {got[0]:.0%})" if got else "none"
             print(f"  best compression meeting {CRITERIA}, {p}: {text}")
@@ -448,6 +460,12 @@ def main() -> None:
         type=int,
         default=None,
         help="use the importance ranking measured at this context (not measured anew)",
+    )
+    ap.add_argument(
+        "--definitions",
+        default=None,
+        help="an agreement matrix (definitions.json): each definition's KV ranking as plan "
+        "def-<name> (add them to --plans)",
     )
     ap.add_argument("--prose", type=int, default=2, help="held-out prose sequences per context")
     ap.add_argument("--sinks", type=int, default=4)

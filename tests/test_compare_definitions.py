@@ -242,3 +242,32 @@ def test_published_matrices_become_the_findings_block_and_the_compare_page(matri
     )
     assert "Retrieval heads by competing definitions" in html and "<h3>tiny-a</h3>" in html
     assert rows["kv"]["effects"]["facts"] in html
+
+
+def test_a_definitions_kv_ranking_orders_kv_heads_by_their_best_query_head(matrix):
+    """For a KV plan (bench_kv_plans --definitions): KV head (l, g) scored by the highest
+    score among query heads 2g and 2g + 1, by hand."""
+    for name in matrix.scores:
+        s = matrix.scores[name]
+        best = {(la, g): max(float(s[la, 2 * g]), float(s[la, 2 * g + 1])) for la in range(3) for g in range(2)}  # fmt: skip
+        order = sorted(best, key=lambda p: (-best[p], p))
+        assert matrix.kv_ranking(name, 2) == order
+    with pytest.raises(InputError, match="4 query heads do not split into KV groups of 3"):
+        matrix.kv_ranking("wu", 3)
+
+
+def test_the_kv_benchmark_plans_each_definitions_ranking(matrix, tmp_path, monkeypatch):
+    """bench_kv_plans --definitions: a plan def-<name> per definition of the matrix, ranked
+    by :meth:`AgreementMatrix.kv_ranking` at the model's KV group."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.modules.pop("bench_kv_plans", None)
+    import bench_kv_plans
+
+    hf = SimpleNamespace(config=SimpleNamespace(num_attention_heads=4, num_key_value_heads=2))
+    assert bench_kv_plans.definition_rankings(hf, None) == {}
+    got = bench_kv_plans.definition_rankings(hf, str(matrix.save(tmp_path)))
+    assert got == {f"def-{n}": matrix.kv_ranking(n, 2) for n in ("wu", "qrhead", "cri", "kv")}

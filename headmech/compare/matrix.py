@@ -292,6 +292,18 @@ class AgreementMatrix(ResultFile):
         heads = self.top(name)
         return sum(h.layer for h in heads) / len(heads) / max(self.n_layers - 1, 1)
 
+    def kv_ranking(self, name: str, group: int) -> list[tuple[int, int]]:
+        """Definition ``name``'s ranking of the KV heads (``(layer, kv_head)``, best first)
+        for a KV plan (:meth:`headmech.kv.KVPlan.from_ranking`): each KV head by the highest
+        score among its ``group`` query heads (a head it cannot score, NaN, last)."""
+        score = self.scores[name]
+        n_layers, n_heads = score.shape
+        if group < 1 or n_heads % group:
+            raise InputError(f"{n_heads} query heads do not split into KV groups of {group}")
+        kv = torch.nan_to_num(score.float(), nan=float("-inf"))
+        best = kv.reshape(n_layers, n_heads // group, group).amax(-1)
+        return [(h.layer, h.head) for h in top_k(best, best.numel())]
+
     def jaccard(self) -> dict[str, dict[str, float]]:
         """``|a ∩ b| / |a ∪ b|`` of every two definitions' sets."""
         from headmech.classification.definitions import jaccard
