@@ -154,7 +154,7 @@ def test_locos_refuses_a_model_that_answers_no_question(model):
     ("args", "message"),
     [
         (["--definitions", "wu,bogus"], "unknown definition bogus; known: wu, qrhead, locos, cri, kv"),
-        (["--tasks", "documents,parametric"], "unknown task parametric; known: documents, retrieval, facts"),
+        (["--tasks", "documents,parametric"], "unknown task parametric; known: documents, retrieval, nonliteral, literal, facts"),
         (["--definitions", "wu", "--tasks", ""], "nothing to compare: give two definitions or a task"),
         (["--k", "0"], "k must be at least 1, got 0"),
         (["--control-tokens", "-1"], "control_tokens must be 0 or more, got -1"),

@@ -53,6 +53,20 @@ def test_top_k_and_jaccard():
     assert jaccard(a, b) == pytest.approx(2 / 3) and jaccard([], []) == 1.0
 
 
+@pytest.mark.parametrize("name", ["nonliteral", "literal"])
+def test_the_needle_name_tasks_are_the_names_loss_and_corruption_renames_the_needle(roomy, name):
+    from headmech.probes.ioi import ioi_names
+
+    task, batch = _task_is_the_answers_loss_at_the_end(name, roomy, 4)
+    e, rows = batch.extras, torch.arange(4)
+    assert (batch.input_ids[rows, e["name_pos"]] == e["answer"]).all()
+    bad = task.corrupt(batch, roomy, 0)
+    changed = (bad.input_ids != batch.input_ids).nonzero().tolist()
+    assert changed == [[r, int(e["name_pos"][r])] for r in range(4)]  # the name alone
+    names = set(ioi_names(roomy.tokenizer))
+    assert all(int(t) in names for t in bad.input_ids[rows, e["name_pos"]])
+
+
 @pytest.mark.slow
 def test_smollm2s_qrhead_heads_are_early_and_not_wu_retrieval_heads(smollm2):
     """docs/findings.md, "Retrieval heads by four definitions": on 40 questions SmolLM2's

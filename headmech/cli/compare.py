@@ -24,6 +24,7 @@ from headmech.core import checks as V
 from headmech.core.errors import InputError
 
 __all__ = [
+    "DEFAULT_TASKS",
     "DEFINITION_NAMES",
     "TASK_NAMES",
     "add_parser",
@@ -34,7 +35,8 @@ __all__ = [
 # the names of headmech.compare's DEFINITIONS and RECALL_TASKS, here so that --help and the
 # name checks import no torch (tests/test_compare_definitions.py keeps them equal)
 DEFINITION_NAMES = ("wu", "qrhead", "locos", "cri", "kv")
-TASK_NAMES = ("documents", "retrieval", "facts")
+TASK_NAMES = ("documents", "retrieval", "nonliteral", "literal", "facts")
+DEFAULT_TASKS = ("documents", "retrieval", "facts")
 
 
 def _names(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
@@ -98,9 +100,9 @@ def add_parser(sub: Any, add_output: Callable[..., None], add_resume: Callable[.
         help=f"comma-separated definitions (default: all: {', '.join(DEFINITION_NAMES)})",
     )  # fmt: skip
     p.add_argument(
-        "--tasks", default=",".join(TASK_NAMES),
-        help=f"comma-separated recall tasks each set is ablated on ('' for none; default: "
-        f"{', '.join(TASK_NAMES)})",
+        "--tasks", default=",".join(DEFAULT_TASKS),
+        help=f"comma-separated recall tasks each set is ablated on, of {', '.join(TASK_NAMES)} "
+        f"('' for none; default: {', '.join(DEFAULT_TASKS)})",
     )  # fmt: skip
     p.add_argument("--k", type=int, default=16, help="heads in each set (default 16, QRHead's)")
     p.add_argument(

@@ -56,6 +56,9 @@ RECALL_TASKS = {
     "documents": "multi-document recall: the gold document's city after five documents "
     "(QRHead's setting)",
     "retrieval": "literal needle recall: the needle's answer in a haystack (Wu et al.'s setting)",
+    "nonliteral": "non-literal needle recall: a hidden name asked without the needle's words "
+    "(NoLiMa's design, LOCOS's task)",
+    "literal": "literal needle recall: the same needles asked with their own words",
     "facts": "parametric recall: a fact's answer with no context (the control a retrieval "
     "head should not move)",
 }
@@ -74,7 +77,9 @@ class MatrixOptions:
 
     Attributes:
         definitions: the definitions compared (names of :data:`DEFINITIONS`).
-        tasks: the recall tasks each set is ablated on (names of :data:`RECALL_TASKS`).
+        tasks: the recall tasks each set is ablated on (names of :data:`RECALL_TASKS`;
+            the needle tasks ``nonliteral`` and ``literal`` on request: at 135M-0.5B the
+            models answer no non-literal needle).
         k: heads in each definition's set (QRHead keeps 16).
         n_questions: questions of the ``documents`` probe the scores and the ablations are
             measured on (also the number of facts and of needle trials' sequences).
@@ -89,7 +94,7 @@ class MatrixOptions:
     """
 
     definitions: tuple[str, ...] = ("wu", "qrhead", "locos", "cri", "kv")
-    tasks: tuple[str, ...] = tuple(RECALL_TASKS)
+    tasks: tuple[str, ...] = ("documents", "retrieval", "facts")
     k: int = 16
     n_questions: int = 40
     cri_questions: int = 10
@@ -428,7 +433,7 @@ def _check(model: TransformerBridge, options: MatrixOptions) -> None:
         )
     probe = options.probe_options()
     for name in {"documents", *(t if t != "retrieval" else "needle" for t in options.tasks)}:
-        build_probe("facts" if name == "facts" else name, model, probe)
+        build_probe(name, model, probe)
 
 
 def agreement_matrix(

@@ -222,8 +222,14 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
         "icl": {"summary": "answer loss of in-context prompts: antonyms, capitals, ... (decoders)"},
         "induction": {"summary": "loss on the repeated half of random-token sequences"},
         "ioi": {"summary": "minus the logit difference IO - S on IOI prompts (decoders)"},
+        "literal": {
+            "summary": "NLL of a hidden name asked with the needle's words (nonliteral's control)"
+        },
         "lm": {
             "summary": "next-token loss (decoders), 1 - cos of the sentence embedding (encoders)"
+        },
+        "nonliteral": {
+            "summary": "NLL of a hidden name asked without the needle's words (NoLiMa's; decoders)"
         },
         "relation_tail": {
             "summary": "loss of dependency tails whose head word came earlier, on prose (decoders)"

@@ -12,6 +12,9 @@
 * ``facts`` — the answer's first token after a fact's subject and relation (Chughtai et
   al. 2024's prompts, :mod:`headmech.probes.facts`); corrupted by random tokens in place
   of the subject;
+* ``nonliteral`` / ``literal`` — the hidden name after a question that shares no word with
+  its needle (NoLiMa's design, :mod:`headmech.probes.nonliteral`) / that asks with the
+  needle's own words; corrupted by another name in the needle (the answer keeps the real one);
 * ``ioi`` — minus the logit difference IO − S at the end of IOI prompts (Wang et al.
   2022); corrupted into their ABC prompts (three other names, none repeated);
 * ``icl`` — the answer's loss after 8 in-context examples (antonyms, country capitals,
@@ -124,6 +127,21 @@ def _corrupt_documents(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
     index = (cities[None, :] == answer[:, None]).float().argmax(-1)
     other = cities[pick + (pick >= index).long()]
     ids[rows, batch.extras["answer_pos"]] = other
+    return replace(batch, input_ids=ids)
+
+
+def _corrupt_needle_name(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
+    """The needle's name replaced by another single-token name; the answer keeps the real
+    one (the name asked for is no longer in the context)."""
+    from headmech.probes.ioi import ioi_names
+
+    names = torch.tensor(ioi_names(model.tokenizer))
+    g = torch.Generator().manual_seed(CORRUPT_SEED + seed)
+    ids = batch.input_ids.clone()
+    rows = torch.arange(ids.shape[0])
+    pick = torch.randint(len(names) - 1, (len(rows),), generator=g)
+    index = (names[None, :] == batch.extras["answer"][:, None]).float().argmax(-1)
+    ids[rows, batch.extras["name_pos"]] = names[pick + (pick >= index).long()]
     return replace(batch, input_ids=ids)
 
 
@@ -265,6 +283,26 @@ def _facts(model: Any) -> Task:
     )
 
 
+def _nonliteral(model: Any) -> Task:
+    return TokenLossTask(
+        "nonliteral",
+        "nonliteral",
+        _select_documents,  # the last position, which predicts ``answer`` (the name)
+        "mean NLL of the needle's name after a question sharing no word with the needle",
+        _corrupt_needle_name,
+    )
+
+
+def _literal(model: Any) -> Task:
+    return TokenLossTask(
+        "literal",
+        "literal",
+        _select_documents,
+        "mean NLL of the needle's name after a question asked with the needle's words",
+        _corrupt_needle_name,
+    )
+
+
 def _retrieval(model: Any) -> Task:
     return TokenLossTask(
         "retrieval",
@@ -347,6 +385,16 @@ TASKS.register(
     "facts",
     _facts,
     summary="NLL of a fact's answer after subject and relation (Chughtai et al.; decoders)",
+)
+TASKS.register(
+    "nonliteral",
+    _nonliteral,
+    summary="NLL of a hidden name asked without the needle's words (NoLiMa's; decoders)",
+)
+TASKS.register(
+    "literal",
+    _literal,
+    summary="NLL of a hidden name asked with the needle's words (nonliteral's control)",
 )
 TASKS.register("ioi", _ioi, summary="minus the logit difference IO - S on IOI prompts (decoders)")
 TASKS.register(
