@@ -146,8 +146,12 @@ def test_a_stopped_run_resumes_from_its_units(model, tmp_path):
 def test_locos_refuses_a_model_that_answers_no_question(model):
     from headmech.compare.matrix import _locos
 
-    with pytest.raises(InputError, match="answers none of 6"):
+    with pytest.raises(InputError, match=r"answers none of 6 \(documents probe\)"):
         _locos(model, MatrixOptions(**SMALL), False)
+    with pytest.raises(InputError, match=r"answers none of 6 \(nonliteral probe\)"):
+        _locos(model, MatrixOptions(**SMALL, locos_probe="nonliteral"), False)
+    with pytest.raises(InputError, match="unknown LOCOS probe 'needle'"):
+        MatrixOptions(locos_probe="needle")
 
 
 @pytest.mark.parametrize(

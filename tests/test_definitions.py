@@ -166,14 +166,42 @@ def test_locos_is_the_answers_logit_contribution_from_the_gold_document(roomy, m
     mean = float(sum(want).detach()) / 2
     assert float(got["score"][layer, head]) == pytest.approx(mean, rel=1e-4, abs=1e-7)
     assert got["score"].abs().sum() > 0
-    import headmech.probes.documents as documents
+    import headmech.probes.facts as facts
 
-    monkeypatch.setattr(documents, "document_recall", lambda model, bs: torch.tensor([False, True]))
+    monkeypatch.setattr(facts, "answer_is_top", lambda model, bs: torch.tensor([False, True]))
     only = locos_scores(roomy, batches=[batch])
     assert (only["answered"], only["asked"]) == (1, 2)
     assert float(only["score"][layer, head]) == pytest.approx(float(want[1]), rel=1e-4, abs=1e-7)
-    monkeypatch.setattr(
-        documents, "document_recall", lambda model, bs: torch.tensor([False, False])
-    )
+    monkeypatch.setattr(facts, "answer_is_top", lambda model, bs: torch.tensor([False, False]))
     none = locos_scores(roomy, batches=[batch])  # nothing answered: zeros, not NaN
     assert none["answered"] == 0 and not none["score"].any()
+
+
+def test_locos_on_non_literal_needles_reads_the_needle_sentence(roomy):
+    """LOCOS's own setting: on the ``nonliteral`` probe the needle is the sentence that
+    hides the name (``needle_start`` to ``needle_end``), the answer the name; by hand for
+    one head, as above."""
+    from headmech.classification.definitions import locos_scores, needle_span
+
+    opts = ProbeOptions(n_sequences=2, batch_size=2)
+    (batch,) = build_probe("nonliteral", roomy, opts).batches
+    lo_all, hi_all = needle_span(batch)
+    assert (lo_all == batch.extras["needle_start"]).all() and (
+        hi_all == batch.extras["needle_end"]
+    ).all()
+    got = locos_scores(roomy, batches=[batch], answered_only=False)
+    layer, head = 0, 2
+    st = capture(roomy, batch, [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"])
+    e, want = batch.extras, []
+    for r in range(2):
+        end, lo, hi = int(e["end_pos"][r]), int(lo_all[r]), int(hi_all[r])
+        v = st[f"blocks.{layer}.attn.hook_v"][r, : end + 1, head // 2]
+        u = roomy.W_U[:, int(e["answer"][r])]
+        phi = st[f"blocks.{layer}.attn.hook_pattern"][r, head, end, : end + 1] * (
+            v @ roomy.blocks[layer].attn.W_O[head] @ u
+        )
+        on = phi[lo:hi].sum()
+        want.append(on - (phi.sum() - on) * (hi - lo) / (end + 1 - (hi - lo)))
+    mean = float(sum(want).detach()) / 2
+    assert float(got["score"][layer, head]) == pytest.approx(mean, rel=1e-4, abs=1e-7)
+    assert locos_scores(roomy, batches=[batch])["answered"] == 0  # a random model: no name

@@ -44,6 +44,7 @@ __all__ = [
     "QRHEAD_TOP_K",
     "jaccard",
     "locos_scores",
+    "needle_span",
     "qrhead_scores",
     "query_to_gold",
     "top_k",
@@ -96,43 +97,54 @@ def jaccard(a: list[HeadIndex] | set[HeadIndex], b: list[HeadIndex] | set[HeadIn
     return len(x & y) / len(x | y) if x | y else 1.0
 
 
+def needle_span(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    """The needle's half-open span ``(start, end)`` per sequence: the gold document of a
+    ``documents`` batch, the needle sentence of a ``nonliteral`` / ``literal`` one."""
+    e = batch.extras
+    if "needle_start" in e:
+        return e["needle_start"], e["needle_end"]
+    rows = torch.arange(batch.input_ids.shape[0])
+    return e["doc_start"][rows, e["gold"]], e["doc_end"][rows, e["gold"]]
+
+
 def locos_scores(
     model: TransformerBridge,
     n_questions: int = 40,
     *,
     batches: list[ProbeBatch] | None = None,
     answered_only: bool = True,
+    probe: str = "documents",
 ) -> dict[str, Any]:
     """LOCOS's logit-contribution score of every head (module docstring), on the
-    ``documents`` probe's questions the model answers (its top token at the end is the
-    gold city): ``{"score": S = L+ - L-, "L_plus", "L_minus"}`` grids ``[n_layers,
+    ``probe``'s questions the model answers (its top token at the end is the answer: the
+    gold city of ``documents``, the hidden name of ``nonliteral``, LOCOS's own setting, or
+    ``literal``): ``{"score": S = L+ - L-, "L_plus", "L_minus"}`` grids ``[n_layers,
     n_heads]``, ``"answered"`` and ``"asked"``. As the authors' code: ``u_y`` is the
     unembedding's column of the answer token (no final norm), the values and ``W_O`` the
     attention's own (Gemma's norm after the attention is not applied), the off-needle
-    keys every other key up to the answer step. ``answered_only=False`` averages over
-    every question instead (``"answered"`` then counts them all)."""
+    keys every other key up to the answer step (:func:`needle_span`). ``answered_only=False``
+    averages over every question instead (``"answered"`` then counts them all)."""
     from headmech.interventions import capture
     from headmech.interventions.direct_effects import key_writes
     from headmech.probes import ProbeOptions, build_probe
-    from headmech.probes.documents import document_recall
+    from headmech.probes.facts import answer_is_top
 
     if batches is None:
         options = ProbeOptions(n_sequences=n_questions)
-        batches = build_probe("documents", model, options).batches
+        batches = build_probe(probe, model, options).batches
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     plus, minus = torch.zeros(n_layers, n_heads), torch.zeros(n_layers, n_heads)
     answered = asked = 0
     sizes = [len(b.input_ids) for b in batches]
     if answered_only:
-        recalled = document_recall(model, batches).split(sizes)
+        recalled = answer_is_top(model, batches).split(sizes)
     else:
         recalled = tuple(torch.ones(n, dtype=torch.bool) for n in sizes)
     W_U = model.W_U.detach().float()
     for batch, ok in zip(batches, recalled, strict=True):
         e = batch.extras
-        rows = torch.arange(len(ok))
-        end, gold = e["end_pos"], e["gold"]
-        lo, hi = e["doc_start"][rows, gold], e["doc_end"][rows, gold]
+        end = e["end_pos"]
+        lo, hi = needle_span(batch)
         pos = torch.arange(batch.input_ids.shape[1])
         keys = pos[None] <= end[:, None]  # every key the answer step sees
         needle = (pos[None] >= lo[:, None]) & (pos[None] < hi[:, None])

@@ -57,6 +57,7 @@ def matrix_options(args: argparse.Namespace) -> Any:
     return MatrixOptions(
         definitions=definitions, tasks=tasks,
         k=args.k, n_questions=args.n_questions, cri_questions=args.cri_questions,
+        locos_probe=args.locos_probe,
         context=V.number_list(args.context, "--context", int, low=1),
         n_random=args.n_random, control_tokens=args.control_tokens, mode=args.mode,
         seed=V.seed(args.seed),
@@ -112,6 +113,11 @@ def add_parser(sub: Any, add_output: Callable[..., None], add_resume: Callable[.
     p.add_argument(
         "--cri-questions", type=int, default=10,
         help="questions CRI patches every head on (default 10: a pass per head each)",
+    )  # fmt: skip
+    p.add_argument(
+        "--locos-probe", default="documents", choices=("documents", "nonliteral", "literal"),
+        help="what LOCOS scores heads on (default documents; nonliteral: LOCOS's own needles, "
+        "where the model answers some)",
     )  # fmt: skip
     p.add_argument("--context", default="300", help="needle haystack lengths (default 300)")
     p.add_argument(

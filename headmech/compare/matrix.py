@@ -84,6 +84,9 @@ class MatrixOptions:
         n_questions: questions of the ``documents`` probe the scores and the ablations are
             measured on (also the number of facts and of needle trials' sequences).
         cri_questions: questions CRI patches every head on (a patched pass per head each).
+        locos_probe: what LOCOS is scored on: the ``documents`` probe's gold document, or
+            the needle sentence of ``nonliteral`` (LOCOS's own setting) or ``literal``
+            needles, on the trials the model answers.
         context: the needle haystacks' lengths (Wu et al.'s score and the ``retrieval`` task).
         kv_context, kv_window: the KV ranking's trials and the window a KV head is cut to.
         n_random: control sets per claim at most (the sequential test stops earlier).
@@ -98,6 +101,7 @@ class MatrixOptions:
     k: int = 16
     n_questions: int = 40
     cri_questions: int = 10
+    locos_probe: str = "documents"
     context: tuple[int, ...] = (300,)
     kv_context: int = 512
     kv_window: int = 64
@@ -118,6 +122,10 @@ class MatrixOptions:
         for name in ("k", "n_questions", "cri_questions", "kv_context", "kv_window", "n_random"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.locos_probe not in ("documents", "nonliteral", "literal"):
+            raise InputError(
+                f"unknown LOCOS probe {self.locos_probe!r}; known: documents, nonliteral, literal"
+            )
         if self.control_tokens < 0:
             raise InputError(f"control_tokens must be 0 or more, got {self.control_tokens}")
         if self.mode not in ("mean", "zero"):
@@ -184,14 +192,17 @@ def _documents(model: TransformerBridge, n: int, seed: int) -> list[Any]:
 
 def _locos(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
     from headmech.classification.definitions import locos_scores
+    from headmech.probes import ProbeOptions, build_probe
 
-    out = locos_scores(model, batches=_documents(model, o.n_questions, o.seed))
+    probe = ProbeOptions(n_sequences=o.n_questions, seed=o.seed)
+    out = locos_scores(model, batches=build_probe(o.locos_probe, model, probe).batches)
     if not out["answered"]:
         raise InputError(
             f"LOCOS averages over the questions the model answers: it answers none of "
-            f"{out['asked']}"
+            f"{out['asked']} ({o.locos_probe} probe)"
         )
-    return out["score"].float(), f"{out['answered']} of {out['asked']} questions answered"
+    note = f"{out['answered']} of {out['asked']} {o.locos_probe} questions answered"
+    return out["score"].float(), note
 
 
 def _cri(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
