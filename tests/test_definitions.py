@@ -138,6 +138,23 @@ def test_smollm2s_subject_and_relation_heads_are_different_heads(smollm2):
     assert float(r["subject"][23, 4]) > 0.8 and float(r["relation"][29, 1]) > 1.2
 
 
+def _locos_by_hand(model, batch, layer: int, head: int, spans) -> list:
+    """Per sequence, ``φ_j = α_j u_yᵀ W_O v_j`` at the answer step from an eager forward,
+    summed over the needle's span minus the other keys' sum rescaled by the span's length
+    over theirs (the authors' ``compute_logit_contribution_per_step``)."""
+    names = [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"]
+    st = capture(model, batch, names)
+    e, out = batch.extras, []
+    for r, (lo, hi) in enumerate(spans):
+        end = int(e["end_pos"][r])
+        v = st[names[1]][r, : end + 1, head // 2]  # GQA: 2 query heads a value
+        u = model.W_U[:, int(e["answer"][r])]
+        phi = st[names[0]][r, head, end, : end + 1] * (v @ model.blocks[layer].attn.W_O[head] @ u)
+        on = phi[lo:hi].sum()
+        out.append(on - (phi.sum() - on) * (hi - lo) / (end + 1 - (hi - lo)))
+    return out
+
+
 def test_locos_is_the_answers_logit_contribution_from_the_gold_document(roomy, monkeypatch):
     """LOCOS's score by the authors' formula (``compute_logit_contribution_per_step``),
     by hand for one head from an eager forward: ``φ_j = α_j u_yᵀ W_O v_j`` at the answer
@@ -151,18 +168,10 @@ def test_locos_is_the_answers_logit_contribution_from_the_gold_document(roomy, m
     assert got["answered"] == got["asked"] == 2
     torch.testing.assert_close(got["score"], got["L_plus"] - got["L_minus"])
     layer, head = 1, 3
-    st = capture(roomy, batch, [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"])
-    e, want = batch.extras, []
-    for r in range(2):
-        end, gold = int(e["end_pos"][r]), int(e["gold"][r])
-        lo, hi = int(e["doc_start"][r, gold]), int(e["doc_end"][r, gold])
-        v = st[f"blocks.{layer}.attn.hook_v"][r, : end + 1, head // 2]  # GQA: 2 query heads a value
-        u = roomy.W_U[:, int(e["answer"][r])]
-        phi = st[f"blocks.{layer}.attn.hook_pattern"][r, head, end, : end + 1] * (
-            v @ roomy.blocks[layer].attn.W_O[head] @ u
-        )
-        on = phi[lo:hi].sum()
-        want.append(on - (phi.sum() - on) * (hi - lo) / (end + 1 - (hi - lo)))
+    e = batch.extras
+    gold = e["gold"]
+    spans = [(int(e["doc_start"][r, gold[r]]), int(e["doc_end"][r, gold[r]])) for r in range(2)]
+    want = _locos_by_hand(roomy, batch, layer, head, spans)
     mean = float(sum(want).detach()) / 2
     assert float(got["score"][layer, head]) == pytest.approx(mean, rel=1e-4, abs=1e-7)
     assert got["score"].abs().sum() > 0
@@ -191,17 +200,7 @@ def test_locos_on_non_literal_needles_reads_the_needle_sentence(roomy):
     ).all()
     got = locos_scores(roomy, batches=[batch], answered_only=False)
     layer, head = 0, 2
-    st = capture(roomy, batch, [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"])
-    e, want = batch.extras, []
-    for r in range(2):
-        end, lo, hi = int(e["end_pos"][r]), int(lo_all[r]), int(hi_all[r])
-        v = st[f"blocks.{layer}.attn.hook_v"][r, : end + 1, head // 2]
-        u = roomy.W_U[:, int(e["answer"][r])]
-        phi = st[f"blocks.{layer}.attn.hook_pattern"][r, head, end, : end + 1] * (
-            v @ roomy.blocks[layer].attn.W_O[head] @ u
-        )
-        on = phi[lo:hi].sum()
-        want.append(on - (phi.sum() - on) * (hi - lo) / (end + 1 - (hi - lo)))
-    mean = float(sum(want).detach()) / 2
+    spans = [(int(lo_all[r]), int(hi_all[r])) for r in range(2)]
+    mean = float(sum(_locos_by_hand(roomy, batch, layer, head, spans)).detach()) / 2
     assert float(got["score"][layer, head]) == pytest.approx(mean, rel=1e-4, abs=1e-7)
     assert locos_scores(roomy, batches=[batch])["answered"] == 0  # a random model: no name
