@@ -151,6 +151,24 @@ def test_readme_cross_model_table_is_the_catalogs():
     assert all(m in got for m in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "minilm-l6"))
 
 
+def test_findings_agreement_matrices_are_the_published_files():
+    """docs/findings.md's block of agreement matrices is what
+    :func:`headmech.publish.agreement.findings_block` makes of the published
+    ``definitions.json`` files, each computed on its catalog's weights."""
+    from headmech.publish.agreement import DEFS_BEGIN, DEFS_END, findings_block, published_matrices
+
+    matrices = published_matrices(ROOT)
+    assert matrices, "no catalog/<model>/definitions.json published"
+    for name, m in matrices.items():
+        weights = m.provenance["model"]["weights_sha256"]
+        assert weights == _read(name, "catalog.json")["provenance"]["model"]["weights_sha256"]
+        assert set(m.scores) == {"wu", "qrhead", "locos", "cri", "kv"} and m.effects
+    text = (ROOT.parent / "docs" / "findings.md").read_text()
+    got = text[text.index(DEFS_BEGIN) : text.index(DEFS_END) + len(DEFS_END)]
+    if got != findings_block(ROOT):
+        _stale("docs/findings.md", "the agreement matrices differ from the published files")
+
+
 def test_cross_model_table_flags_differing_probe_sizes(tmp_path):
     """The table's first row gives each model's probe sizes and largest number of control
     sets, as its provenance records them, flagged with a note below when they differ;

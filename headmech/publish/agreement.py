@@ -72,8 +72,14 @@ def _table(model: str, matrix: Any) -> str:
     head = [
         f"**{model}**: top {o.k} heads of each definition; {o.n_questions} questions, "
         f"CRI on {o.cri_questions}, needles of {', '.join(map(str, o.context))} tokens, "
-        f"{o.mode} ablation, at most {o.n_random} control sets per claim, Benjamini-Hochberg "
-        f"over the {len(names) * len(tasks)} claims.",
+        f"{o.mode} ablation, at most {o.n_random} control sets per claim"
+        + (
+            f" (each test on pieces of at least {o.control_tokens} tokens)"
+            if o.control_tokens
+            else ""
+        )
+        + f", Benjamini-Hochberg over the {len(names) * len(tasks)} claims; LOCOS on the "
+        f"{o.locos_probe} probe.",
         "",
         "| definition | set (best first) | depth | "
         + " | ".join(f"J {n}" for n in names)
