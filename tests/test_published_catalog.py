@@ -247,7 +247,7 @@ def test_compare_page_shows_the_cross_scale_table_when_both_sizes_are_published(
     html = (
         site._environment()
         .get_template("compare.html")
-        .render(root=".", scale=scale, models=[], types=[])
+        .render(root=".", scale=scale, definitions={}, models=[], types=[])
     )
     assert f"One family at two sizes: {small} and {large}" in html and "⚠" not in html
     n = len(_read(small, "catalog.json")["types"]["induction"]["heads"])
