@@ -48,6 +48,7 @@ UNIT_SECONDS = {
     "tests/test_tutorials.py::test_tutorial_runs[10_kv_compression]": 43,
     "tests/test_tutorials.py::test_tutorial_runs[04_retrieval_heads]": 42,
     "tests/test_findings.py": 40,
+    "tests/test_compare_definitions.py": 40,
     "tests/test_hostile.py": 39,
     "tests/test_packaging.py": 35,
     "tests/test_models.py": 32,

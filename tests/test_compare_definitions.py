@@ -126,20 +126,20 @@ def test_a_stopped_run_resumes_from_its_units(model, tmp_path):
     changed by hand is what the resumed run's set is taken from."""
     from headmech.runs.resume import Units
 
-    options = MatrixOptions(definitions=("qrhead", "cri"), tasks=("documents",), **SMALL)
+    options = MatrixOptions(definitions=("qrhead", "cri"), tasks=("facts",), **SMALL)
     units = Units(tmp_path / "units")
     first = agreement_matrix(model, options, progress=False, units=units)
     assert units.saved == 4 and units.count() == 4
     stored = json.loads((tmp_path / "units" / "units" / "score" / "qrhead.json").read_text())
     stored["score"] = [[float(i * 4 + j) for j in range(4)] for i in range(3)]
     (tmp_path / "units" / "units" / "score" / "qrhead.json").write_text(json.dumps(stored))
-    (tmp_path / "units" / "units" / "ablate" / "qrhead" / "documents.json").unlink()
+    (tmp_path / "units" / "units" / "ablate" / "qrhead" / "facts.json").unlink()
     store = Units(tmp_path / "units")
     again = agreement_matrix(model, options, progress=False, units=store)
     assert store.saved == 1  # the one test deleted, measured again on the changed set
     assert again.top("qrhead") == [HeadIndex(2, 3), HeadIndex(2, 2), HeadIndex(2, 1)]
-    assert again.effects["qrhead"]["documents"]["n_heads"] == 3
-    cri, cri_first = again.effects["cri"]["documents"], first.effects["cri"]["documents"]
+    assert again.effects["qrhead"]["facts"]["n_heads"] == 3
+    cri, cri_first = again.effects["cri"]["facts"], first.effects["cri"]["facts"]
     assert cri["test"]["controls"] == cri_first["test"]["controls"]
 
 
