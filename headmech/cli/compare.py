@@ -85,6 +85,8 @@ def cmd_compare_definitions(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any, add_output: Callable[..., None], add_resume: Callable[..., None],
                add_placement: Callable[..., None]) -> None:  # fmt: skip
+    """The ``compare-definitions`` subcommand and its arguments (the shared ``--out``,
+    ``--resume`` and placement flags through the given adders)."""
     p = sub.add_parser(
         "compare-definitions",
         help="compare published definitions of retrieval heads on one model",

@@ -140,12 +140,14 @@ class MatrixOptions:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The options as JSON (tuples as lists): definitions.json's and the resume manifest's."""
         return {
             k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MatrixOptions:
+        """The options back from :meth:`to_json` (keys it does not know left out)."""
         fields = {f.name for f in dataclasses.fields(cls)}
         kept: dict[str, Any] = {
             k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields
@@ -370,8 +372,8 @@ class AgreementMatrix(ResultFile):
 
         from headmech.core.plot import finish
 
-        names = list(self.scores)
-        grid = [[self.jaccard()[a][b] for b in names] for a in names]
+        names, jac = list(self.scores), self.jaccard()
+        grid = [[jac[a][b] for b in names] for a in names]
         fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(names), 1.2 + 0.8 * len(names)))
         sns.heatmap(
             grid, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis", square=True,
