@@ -288,6 +288,25 @@ def _semantic(batch: ProbeBatch, model) -> Targets:
     return out
 
 
+def _concordance(batch: ProbeBatch, model) -> Targets:
+    """The verb (the last token) attends to the noun of its number: the subject (the token
+    after the prompt's "The") when they agree, else the attractor (the token before it)."""
+    from headmech.probes.agreement import NOUNS
+
+    tok = model.tokenizer
+    (the,) = tok.encode("The", add_special_tokens=False)
+    plural_nouns = {" " + p for _, p in NOUNS}
+    out = []
+    for ids, _, n in _rows(batch):
+        subject = ids.index(the) + 1
+        noun_plural = tok.decode([ids[subject]]) in plural_nouns
+        verb_plural = tok.decode([ids[n - 1]]) in {" are", " were", " have"}
+        row: list[set[int]] = [set() for _ in ids]
+        row[n - 1] = {subject if noun_plural == verb_plural else n - 2}
+        out.append(row)
+    return out
+
+
 HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "previous_token": _previous,
     "positional": _previous,  # its perfect head is a previous-token head (offset -1)
@@ -306,6 +325,7 @@ HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "inactive": _sink,  # a dormant head parks its attention on the first token
     "concept_induction": _concept,
     "semantic_induction": _semantic,
+    "concordance": _concordance,
 }
 # Types whose score reads the attention pattern: every type but those scored from weights
 # or runs of the model, whose positive control is a hand-built model (checked at the end

@@ -28,6 +28,20 @@ def concept_induction_lines(details: dict[str, Any]) -> list[str]:
     return lines
 
 
+def concordance_lines(details: dict[str, Any]) -> list[str]:
+    """Per head, its accuracy on the grammatical and the ungrammatical half against the
+    positional baseline, and how often it picks the subject whatever the verb."""
+    gram, ungram = details.get("grammatical", {}), details.get("ungrammatical", {})
+    subject, q = details.get("picks_subject", {}), details.get("q", {})
+    base = details.get("baseline", 0.0)
+    return [
+        f"{h}: follows the verb's number {a:.2f} (grammatical {gram.get(h, 0):.2f}, "
+        f"ungrammatical {ungram.get(h, 0):.2f}; baseline {base:.2f}), picks the subject "
+        f"{subject.get(h, 0):.2f}, q {q.get(h, 1):.3g}"
+        for h, a in details.get("accuracy", {}).items()
+    ]
+
+
 def copy_suppression_lines(details: dict[str, Any]) -> list[str]:
     """Per head, the share of tokens whose own logit it suppresses."""
     share = details.get("suppressed_share", {})
@@ -122,6 +136,7 @@ def syntactic_lines(details: dict[str, Any]) -> list[str]:
 
 EVIDENCE_LINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "concept_induction": concept_induction_lines,
+    "concordance": concordance_lines,
     "copy_suppression": copy_suppression_lines,
     "function_vector": function_vector_lines,
     "inactive": inactive_lines,

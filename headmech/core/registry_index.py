@@ -24,6 +24,15 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
             "task": "word_copying",
             "threshold": 0.4,
         },
+        "concordance": {
+            "causal_only": True,
+            "citation": "Kamath, Ameisen, Kauvar, Luger, Gurnee, Pearce, Zimmerman, Batson, Conerly, Olah, Lindsey 2025, Tracing Attention Computation Through Feature Interactions, Transformer Circuits Thread; Linzen, Dupoux, Goldberg 2016, Assessing the Ability of LSTMs to Learn Syntax-Sensitive Dependencies, TACL",
+            "probe": "agreement",
+            "reference": "Kamath et al. 2025",
+            "summary": "attends from a verb to the noun that agrees with it in number, subject or attractor",
+            "task": "agreement",
+            "threshold": 0.1,
+        },
         "copy_suppression": {
             "causal_only": True,
             "citation": "McDougall, Conmy, Rushing, McGrath, Nanda 2023, Copy Suppression: Comprehensively Understanding an Attention Head, arXiv:2310.04625",
@@ -210,6 +219,9 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
     "tasks": {
+        "agreement": {
+            "summary": "minus the logit difference of the verb's number across an attractor (decoders)"
+        },
         "copy_suppression": {
             "summary": "log-probability of the in-context token the model predicts, on prose (decoders)"
         },

@@ -3,18 +3,25 @@
 "The keys to the cabinet" → " are": the subject ("keys") and the noun just before the verb
 (the *attractor*, "cabinet") differ in number, so a model that predicts the verb's number
 from the nearest noun gets it wrong; the verb agrees with the subject. Each prompt is
-``The <subject><preposition> the <attractor>``: the subject and the attractor are nouns of
+``The <subject><preposition> the <attractor>``, then a verb: the subject and the attractor are nouns of
 opposite number (one token each, with a leading space, for the model's tokenizer), the
-prepositional phrases are one to four words long, so the subject's distance from the
-prompt's end varies and a head that attends a fixed number of tokens back finds it only
-as often as that distance recurs (the positional baseline of
-:func:`positional_baseline`). Half the subjects are singular.
+prepositional phrases are one to four words long, and every subject and attractor is
+asked with each of them, so the subject's distance from the prompt's end varies within the
+same nouns and a head that attends a fixed number of tokens back finds it only as often as
+that distance recurs (the positional baseline of :func:`positional_baseline`, about 0.29).
+Half the subjects are singular.
 
-The ``agreement`` probe: the start tokens + one prompt per sequence; ``extras``
+The ``agreement`` probe: ``options.n_sequences`` pairs of nouns, each with every preposition
+of :data:`PREPOSITIONS` and each of those followed by either verb: the start tokens +
+one prompt per sequence, ``The <subject><preposition> the <attractor><verb>``. ``extras``
 (``LongTensor[batch]`` each): ``subj_pos`` and ``attr_pos`` (where the two nouns stand),
-``end_pos`` (the attractor, the last token, which predicts the verb), ``good`` and ``bad``
-(the verb of the subject's number and of the other: " is"/" are", " was"/" were",
-" has"/" have") and ``plural`` (1 where the subject is plural).
+``end_pos`` (the attractor, which predicts the verb: the ``agreement`` task reads it there,
+where the verb after it cannot be seen), ``verb_pos`` (the verb, the last token), ``good``
+and ``bad`` (the verb of the subject's number and of the other: " is"/" are", " was"/
+" were", " has"/" have"), ``plural`` (1 where the subject is plural) and ``agrees`` (1
+where the verb that follows is ``good``; 0 where it agrees with the attractor: an
+ungrammatical prompt, where a head that matches on number, not on syntax, attends to the
+attractor).
 :func:`corrupt_agreement` swaps each subject for its other number (the answer extras
 kept: a head that carries the subject's number now carries the wrong one).
 """
@@ -59,8 +66,8 @@ NOUNS = [
     ("painting", "paintings"), ("officer", "officers"), ("writer", "writers"),
     ("machine", "machines"), ("garden", "gardens"), ("building", "buildings"),
 ]  # fmt: skip
-# one to four words before the attractor's "the", about as many of each length: the
-# subject's distance from the prompt's end varies
+# one to four words before the attractor's "the": each pair of nouns is asked with all of
+# them, so the subject's distance from the prompt's end varies within the same nouns
 PREPOSITIONS = [
     " near", " behind", " beside", " under",
     " next to", " close to", " far from", " across from",
@@ -98,9 +105,10 @@ def _verbs(tokenizer: Any) -> list[tuple[int, int]]:
 
 @register_probe("agreement", "subject-verb agreement across an attractor (Linzen et al. 2016)")
 def agreement_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
-    """``options.n_sequences`` prompts, prepositions and verbs in turn, subjects and
-    attractors drawn from ``options.seed``, the subject singular in every other prompt
-    (module docstring)."""
+    """``2 * len(PREPOSITIONS) * options.n_sequences`` prompts (28 a pair):
+    ``options.n_sequences`` (subject, attractor) pairs drawn from ``options.seed``, each
+    with every preposition and each of those followed by either verb, the subject singular
+    in every other pair, verbs in turn by pair (module docstring)."""
     tok = model.tokenizer
     nouns, verbs = noun_pairs(tok), _verbs(tok)
     if len(nouns) < 4 or not verbs:
@@ -116,23 +124,37 @@ def agreement_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
         a, b = (nouns[int(j)] for j in torch.randperm(len(nouns), generator=g)[:2])
         plural = i % 2 == 1
         subj, attr = (a[1], b[0]) if plural else (a[0], b[1])
-        prep = tok.encode(PREPOSITIONS[i % len(PREPOSITIONS)], add_special_tokens=False)
-        ids = [*start, *head, subj, *prep, *the, attr]
         sing, plur = verbs[(i // 2) % len(verbs)]
-        seqs.append(ids)
-        extras.append(
-            {
-                "subj_pos": len(start) + len(head),
-                "attr_pos": len(ids) - 1,
-                "end_pos": len(ids) - 1,
-                "good": plur if plural else sing,
-                "bad": sing if plural else plur,
-                "plural": int(plural),
-            }
-        )
+        for preposition in PREPOSITIONS:
+            prep = tok.encode(preposition, add_special_tokens=False)
+            ids = [*start, *head, subj, *prep, *the, attr]
+            good, bad = (plur, sing) if plural else (sing, plur)
+            for verb in (good, bad):  # the verb of the subject's number, then the other's
+                seqs.append([*ids, verb])
+                extras.append(
+                    {
+                        "subj_pos": len(start) + len(head),
+                        "attr_pos": len(ids) - 1,
+                        "end_pos": len(ids) - 1,
+                        "verb_pos": len(ids),
+                        "good": good,
+                        "bad": bad,
+                        "plural": int(plural),
+                        "agrees": int(verb == good),
+                    }
+                )
     batches = batch_sequences(seqs, tok, options.batch_size, extras)
     for batch in batches:
-        for key in ("subj_pos", "attr_pos", "end_pos", "good", "bad", "plural"):
+        for key in (
+            "subj_pos",
+            "attr_pos",
+            "end_pos",
+            "verb_pos",
+            "good",
+            "bad",
+            "plural",
+            "agrees",
+        ):
             batch.extras[key] = torch.tensor(batch.extras[key], dtype=torch.long)
     info = {"noun_pairs": len(nouns), "verb_pairs": len(verbs), "prepositions": len(PREPOSITIONS)}
     return Probe("agreement", batches, info)
@@ -159,13 +181,15 @@ def corrupt_agreement(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
 
 def agreement_accuracy(model: Any, batches: list[ProbeBatch]) -> tuple[float, Tensor]:
     """The share of prompts whose verb of the subject's number has the higher logit, and
-    each prompt's logit difference (good - bad)."""
+    each prompt's logit difference (good - bad), read at the attractor; each prompt once
+    (its twin with the other verb reads the same position)."""
     diffs = []
     with torch.no_grad():
         for b in batches:
             logits = model(b.input_ids)  # right-padded: the prompts' own positions are exact
             rows = torch.arange(b.input_ids.shape[0])
             last = logits[rows, b.extras["end_pos"]].float()
-            diffs.append(last[rows, b.extras["good"]] - last[rows, b.extras["bad"]])
+            once = b.extras["agrees"].bool()
+            diffs.append((last[rows, b.extras["good"]] - last[rows, b.extras["bad"]])[once])
     d = torch.cat(diffs)
     return float((d > 0).float().mean()), d

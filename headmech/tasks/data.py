@@ -17,6 +17,9 @@
   needle's own words; corrupted by another name in the needle (the answer keeps the real one);
 * ``ioi`` — minus the logit difference IO − S at the end of IOI prompts (Wang et al.
   2022); corrupted into their ABC prompts (three other names, none repeated);
+* ``agreement`` — minus the logit difference between the verb of the subject's number and
+  the other at the attractor, "The keys to the cabinet" → " are" over " is" (Linzen et al.
+  2016's task, :mod:`headmech.probes.agreement`); corrupted by the subject's other number;
 * ``icl`` — the answer's loss after 8 in-context examples (antonyms, country capitals,
   capitalisation; Todd et al. 2023); corrupted by shuffling the examples' answers;
 * ``copy_suppression`` — on prose, at positions where the clean model's top prediction
@@ -184,8 +187,11 @@ def _succession(model: Any) -> Task:
     )
 
 
-def _select_ioi(batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor]:
-    """The prompt's last token; there the indirect object against the subject."""
+def _contrast_at_end(
+    batch: ProbeBatch, good_key: str, bad_key: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """At each prompt's ``end_pos``, the tokens ``extras[good_key]`` against
+    ``extras[bad_key]`` (a :class:`LogitDiffTask` contrast)."""
     e = batch.extras
     rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
     end = e["end_pos"].to(rows.device)
@@ -193,9 +199,14 @@ def _select_ioi(batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor]:
     query[rows, end] = True
     good = torch.zeros_like(batch.input_ids)
     bad = torch.zeros_like(batch.input_ids)
-    good[rows, end] = e["io"].to(rows.device)
-    bad[rows, end] = e["s"].to(rows.device)
+    good[rows, end] = e[good_key].to(rows.device)
+    bad[rows, end] = e[bad_key].to(rows.device)
     return query, good, bad
+
+
+def _select_ioi(batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """The prompt's last token; there the indirect object against the subject."""
+    return _contrast_at_end(batch, "io", "s")
 
 
 def _ioi(model: Any) -> Task:
@@ -207,6 +218,25 @@ def _ioi(model: Any) -> Task:
         _select_ioi,
         "logit(S) - logit(IO) at the end of IOI prompts (minus the IOI logit difference)",
         corrupt_ioi,
+    )
+
+
+def _select_agreement(batch: ProbeBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """The attractor (which predicts the verb); there the verb of the subject's number
+    against the verb of the attractor's."""
+    return _contrast_at_end(batch, "good", "bad")
+
+
+def _agreement(model: Any) -> Task:
+    from headmech.probes.agreement import corrupt_agreement
+
+    return LogitDiffTask(
+        "agreement",
+        "agreement",
+        _select_agreement,
+        "logit(verb of the attractor's number) - logit(verb of the subject's) after "
+        "'The <subject> <preposition> the <attractor>' (minus the agreement logit difference)",
+        corrupt_agreement,
     )
 
 
@@ -395,6 +425,11 @@ TASKS.register(
     "literal",
     _literal,
     summary="NLL of a hidden name asked with the needle's words (nonliteral's control)",
+)
+TASKS.register(
+    "agreement",
+    _agreement,
+    summary="minus the logit difference of the verb's number across an attractor (decoders)",
 )
 TASKS.register("ioi", _ioi, summary="minus the logit difference IO - S on IOI prompts (decoders)")
 TASKS.register(
