@@ -11,6 +11,7 @@ from torch import Tensor
 from headmech.core.head_index import HeadIndex
 from headmech.headtypes.base import at_or_above
 from headmech.headtypes.registry import HeadType
+from headmech.headtypes.syntactic import sign_test
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer
 
 # distances (in tokens) from the verb back to the noun it agrees with that the statistics
@@ -178,15 +179,11 @@ class ConcordanceHead(HeadType):
         On the same prompts the exact sign test counts those the head gets right and the
         baseline wrong (``n10``) against the reverse (``n01``): p = P(Bin(n10 + n01, 1/2)
         >= n10). With fewer than ``min_cases`` prompts, p = q = 1."""
-        from scipy.stats import binom, false_discovery_control
+        from scipy.stats import false_discovery_control
 
         acc, baseline, offset, n = self._table(stats)
-        both = stats.mean(f"{self.name}.hit_at_{offset}").nan_to_num(0.0).double()
-        n11 = (both * n).round()
-        n10 = (acc.double() * n).round() - n11
-        n01 = round(baseline * n) - n11
-        p = torch.from_numpy(binom.sf(n10.numpy() - 1, (n10 + n01).numpy(), 0.5))
-        p = torch.where(n10 + n01 > 0, p, torch.ones_like(p))
+        both = stats.mean(f"{self.name}.hit_at_{offset}").nan_to_num(0.0)
+        p = sign_test(acc, both, torch.tensor(baseline), torch.tensor(n))
         if n < self.min_cases:
             return torch.ones_like(p).float(), torch.ones_like(p).float()
         q = torch.from_numpy(false_discovery_control(p.flatten().numpy())).view_as(p)

@@ -23,6 +23,23 @@ MAX_OFFSET = 5
 OFFSETS: tuple[int, ...] = tuple(range(-MAX_OFFSET, MAX_OFFSET + 1))
 
 
+def sign_test(acc: Tensor, both: Tensor, baseline: Tensor, cases: Tensor) -> Tensor:
+    """One-sided p of a head beating the positional baseline on the same cases (shapes
+    broadcast): ``acc`` its accuracy, ``both`` the share both get right, ``baseline`` the
+    baseline's accuracy, ``cases`` how many. The exact sign test (McNemar's, conditional on
+    the discordant cases): ``n10`` right where the baseline is wrong against ``n01`` the
+    reverse, p = P(Bin(n10 + n01, 1/2) >= n10); 1 where no case is discordant."""
+    from scipy.stats import binom
+
+    cases = cases.double()
+    n11 = (both.double() * cases).round()
+    n10 = (acc.double() * cases).round() - n11
+    n01 = (baseline.double() * cases).round() - n11
+    n10, n01 = torch.broadcast_tensors(n10, n01)
+    p = torch.from_numpy(binom.sf(n10.numpy() - 1, (n10 + n01).numpy(), 0.5))
+    return torch.where(n10 + n01 > 0, p, torch.ones_like(p))
+
+
 @dataclass(frozen=True)
 class _Cases:
     """One batch's word pooling matrices and (relation, direction) cases."""
@@ -233,7 +250,7 @@ class SyntacticHead(HeadType):
         (``n10``) against the reverse (``n01``): p = P(Bin(n10 + n01, 1/2) >= n10), a
         permutation null that swaps the two predictions case by case. Pairs with fewer
         than ``min_cases`` cases are not tested (p = q = 1)."""
-        from scipy.stats import binom, false_discovery_control
+        from scipy.stats import false_discovery_control
 
         acc, baseline, offset, n = self._table(stats)
         both = torch.stack(
@@ -242,13 +259,9 @@ class SyntacticHead(HeadType):
                 for k, (r, d) in enumerate(self.pairs)
             ]
         )  # [n_pairs, n_layers, n_heads], a share of the pair's cases
-        cases = n.double()[:, None, None]
-        n11 = (both.double() * cases).round()
-        n10 = (acc.double() * cases).round() - n11
-        n01 = (baseline.double()[:, None, None] * cases).round() - n11
-        p = torch.from_numpy(binom.sf(n10.numpy() - 1, (n10 + n01).numpy(), 0.5))
+        p = sign_test(acc, both, baseline[:, None, None], n[:, None, None])
         eligible = (n >= self.min_cases)[:, None, None].expand_as(p)
-        p = torch.where(eligible & (n10 + n01 > 0), p, torch.ones_like(p))
+        p = torch.where(eligible, p, torch.ones_like(p))
         q = torch.ones_like(p)
         if bool(eligible.any()):
             q[eligible] = torch.from_numpy(false_discovery_control(p[eligible].numpy()))
