@@ -7,11 +7,15 @@ only. This module scores heads by the definitions that are not catalog types and
 any two rankings by the overlap of their top-``k`` sets (Jaccard), the first column of the
 agreement matrix.
 
-* :func:`qrhead_scores`: QRHead (Wu, Zhang et al. 2025, "Query-Focused Retrieval Heads
-  Improve Long-Context Reasoning and Re-ranking", arXiv 2506.09944; code
+* :func:`qrhead_scores`: QRHead (Zhang, Yin, Yen, Chen, Ye 2025, "Query-Focused Retrieval
+  Heads Improve Long-Context Reasoning and Re-ranking", EMNLP 2025, arXiv 2506.09944; code
   princeton-pli/QRHead): a head's attention mass from the question's tokens to the gold
   document, averaged over the question's tokens and over the questions, on the
   ``documents`` probe (:mod:`headmech.probes.documents`). The paper keeps the top 16.
+  Uncalibrated: the authors' detection (``attn_retriever.py``,
+  ``score_docs_per_head_for_detection``) subtracts the same attention with the question
+  replaced by "N/A" and drops each document's calibrated token scores below its mean minus
+  two standard deviations before summing; this score does neither (docs/findings.md).
 
 * :func:`locos_scores`: LOCOS (arXiv 2607.01002; code aryopg/locos,
   ``locos/detectors/logit_contrib.py``): what the head writes toward the answer from the
