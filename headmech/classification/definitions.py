@@ -12,10 +12,13 @@ agreement matrix.
   princeton-pli/QRHead): a head's attention mass from the question's tokens to the gold
   document, averaged over the question's tokens and over the questions, on the
   ``documents`` probe (:mod:`headmech.probes.documents`). The paper keeps the top 16.
-  Uncalibrated: the authors' detection (``attn_retriever.py``,
-  ``score_docs_per_head_for_detection``) subtracts the same attention with the question
-  replaced by "N/A" and drops each document's calibrated token scores below its mean minus
-  two standard deviations before summing; this score does neither (docs/findings.md).
+  As the authors' detection (``src/qrretriever/attn_retriever.py``,
+  ``score_docs_per_head_for_detection``), the score is *calibrated*: each key's attention,
+  averaged over the question's tokens, minus the same with the question replaced by
+  "N/A" (:func:`null_query_batch`); on the gold document the calibrated token scores below
+  their mean minus two standard deviations are dropped and the rest summed
+  (``calibrated=False``: the plain mass, what the matrices published before 2026-11-30
+  used).
 
 * :func:`locos_scores`: LOCOS (arXiv 2607.01002; code aryopg/locos,
   ``locos/detectors/logit_contrib.py``): what the head writes toward the answer from the
@@ -49,6 +52,7 @@ __all__ = [
     "jaccard",
     "locos_scores",
     "needle_span",
+    "null_query_batch",
     "qrhead_scores",
     "query_to_gold",
     "top_k",
@@ -74,16 +78,63 @@ def query_to_gold(batch: ProbeBatch) -> Tensor:
     return asks[:, :, None] & keys[:, None, :]
 
 
+NULL_QUERY = "Question: N/A"
+"""QRHead's calibration query ("N/A", the authors' ``null_query``), with the probe's label."""
+
+
+def null_query_batch(batch: ProbeBatch, tokenizer: Any) -> ProbeBatch:
+    """A ``documents`` batch with each question replaced by :data:`NULL_QUERY` (QRHead's
+    calibration prompt): the same tokens before ``query_start``, the null query from there,
+    nothing after it (masked, special); ``query_end`` moves to its end."""
+    from dataclasses import replace
+
+    null = torch.tensor(tokenizer.encode(NULL_QUERY, add_special_tokens=False))
+    ids, special = batch.input_ids.clone(), batch.special.clone()
+    mask = torch.zeros_like(batch.attention_mask)
+    start = batch.extras["query_start"]
+    end = start + len(null)
+    if int(end.max()) > ids.shape[1]:
+        raise ValueError("the null query does not fit where the question stood")
+    for r in range(ids.shape[0]):
+        s, e = int(start[r]), int(end[r])
+        ids[r, s:e] = null
+        mask[r, :e] = 1
+        special[r, s:e] = False
+        special[r, e:] = True
+    return replace(
+        batch, input_ids=ids, attention_mask=mask, special=special,
+        extras={**batch.extras, "query_end": end},
+    )  # fmt: skip
+
+
+def _question_attention(model: TransformerBridge, batch: ProbeBatch) -> Tensor:
+    """``[batch, n_layers, n_heads, key_pos]``: each key's attention averaged over the
+    question's tokens (``query_start`` to ``query_end``)."""
+    from headmech.interventions import capture
+
+    n_layers = int(model.cfg.n_layers)
+    names = [f"blocks.{la}.attn.hook_pattern" for la in range(n_layers)]
+    store = capture(model, batch, names)
+    pos = torch.arange(batch.input_ids.shape[1])
+    e = batch.extras
+    rows = ((pos >= e["query_start"][:, None]) & (pos < e["query_end"][:, None])).float()
+    weights = rows / rows.sum(1, keepdim=True)  # [batch, query_pos]
+    return torch.stack([torch.einsum("bhqk,bq->bhk", store[n].cpu(), weights) for n in names], 1)
+
+
 def qrhead_scores(
     model: TransformerBridge,
     n_questions: int = 40,
     *,
     seed: int = 0,
     batches: list[ProbeBatch] | None = None,
+    calibrated: bool = True,
 ) -> Tensor:
-    """QRHead's score of every head, ``[n_layers, n_heads]``: the mean attention mass from
-    a question's tokens to its gold document (module docstring), over ``n_questions`` of
-    the ``documents`` probe (or the given ``batches`` of it)."""
+    """QRHead's score of every head, ``[n_layers, n_heads]``, over ``n_questions`` of the
+    ``documents`` probe (or the given ``batches`` of it): the calibrated, outlier-trimmed
+    attention of the question to its gold document (module docstring), averaged over the
+    questions; ``calibrated=False``: the plain mean attention mass from the question's
+    tokens to the gold document."""
     from headmech.probes import ProbeOptions, build_probe
     from headmech.stream.engine import stream_statistics
     from headmech.stream.reducers import target_reducer
@@ -91,8 +142,22 @@ def qrhead_scores(
     if batches is None:
         options = ProbeOptions(n_sequences=n_questions, seed=seed)
         batches = build_probe("documents", model, options).batches
-    stats = stream_statistics(model, batches, [target_reducer("qrhead", query_to_gold, hits=False)])
-    return stats.mean("qrhead.mass")
+    if not calibrated:
+        reducer = target_reducer("qrhead", query_to_gold, hits=False)
+        return stream_statistics(model, batches, [reducer]).mean("qrhead.mass")
+    total, n = None, 0
+    for batch in batches:
+        real = _question_attention(model, batch)
+        null = _question_attention(model, null_query_batch(batch, model.tokenizer))
+        lo, hi = needle_span(batch)  # the gold document
+        for r in range(real.shape[0]):
+            cal = real[r, ..., int(lo[r]) : int(hi[r])] - null[r, ..., int(lo[r]) : int(hi[r])]
+            floor = cal.mean(-1, keepdim=True) - 2 * cal.std(-1, keepdim=True)
+            score = cal.masked_fill(~(cal > floor), 0.0).sum(-1)  # [n_layers, n_heads]
+            total = score if total is None else total + score
+            n += 1
+    assert total is not None
+    return total / n
 
 
 def jaccard(a: list[HeadIndex] | set[HeadIndex], b: list[HeadIndex] | set[HeadIndex]) -> float:

@@ -248,7 +248,8 @@ DEFINITIONS: dict[str, Definition] = {
         Definition(
             "qrhead", "Zhang et al. 2025, Query-Focused Retrieval Heads Improve Long-Context "
             "Reasoning and Re-ranking (arXiv 2506.09944)",
-            "attention mass from the question's tokens to the gold document",
+            "the question's attention to the gold document, minus a null ('N/A') question's, "
+            "outlying token scores dropped (the authors' calibrated QRScore)",
             _qrhead,
         ),
         Definition(

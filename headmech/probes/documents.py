@@ -1,4 +1,4 @@
-"""Multi-document question answering (QRHead's setting, Wu et al. 2025), written offline.
+"""Multi-document question answering (QRHead's setting, Zhang et al. 2025), written offline.
 
 QRHead scores a head by the attention mass that the *question's* tokens put on the *gold
 document*, the one that holds the answer, among distractors. Each sequence here: the start
