@@ -25,6 +25,7 @@ from headmech.headtypes.registry import get_head_type, head_types
 DEFAULTS = {
     "attention_sink": (0.3, {}),
     "concept_induction": (0.4, {}),
+    "concordance": (0.1, {"min_cases": 20, "alpha": 0.05}),
     "copy_suppression": (0.5, {"n_tokens": 500}),
     "duplicate_token": (0.4, {}),
     "function_vector": (0.01, {"max_prompts": 24}),
