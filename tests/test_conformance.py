@@ -35,6 +35,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from headmech.core.head_index import HeadIndex
 from headmech.headtypes.induction import InductionHead
 from headmech.headtypes.previous_token import PreviousTokenHead
 from headmech.headtypes.registry import HeadType, get_head_type, head_types
@@ -307,6 +308,50 @@ def _concordance(batch: ProbeBatch, model) -> Targets:
     return out
 
 
+def _qrhead(batch: ProbeBatch, model) -> Targets:
+    """From each token of the question (its "Question" through the "?") to every token of
+    the document naming the person it asks about (found by a plain search for the name
+    after "does"); a null twin ("Question: N/A") asks nothing."""
+    tok = model.tokenizer
+    out = []
+    for r, (ids, _, n) in enumerate(_rows(batch)):
+        words = [tok.decode([t]) for t in ids[:n]]
+        row: list[set[int]] = [set() for _ in ids]
+        out.append(row)
+        start = max(i for i, w in enumerate(words) if w.strip() == "Question")
+        if "?" not in "".join(words[start:]):
+            continue  # the null query
+        end = next(i for i in range(start, n) if "?" in words[i]) + 1
+        name = ids[next(i for i in range(start, end) if words[i].strip() == "does") + 1]
+        spans = zip(batch.extras["doc_start"][r].tolist(), batch.extras["doc_end"][r].tolist(), strict=True)  # fmt: skip
+        (gold,) = [(a, b) for a, b in spans if name in ids[a:b]]
+        for q in range(start, end):
+            row[q] = set(range(*gold))
+    return out
+
+
+def _fact_group(group: str) -> Callable[[ProbeBatch, object], Targets]:
+    """A fact's last token reads the subject's (or the relation's) tokens: the prompt is
+    the start tokens, then the subject, then the relation, as spelled by the tokenizer."""
+    from headmech.probes.facts import FACTS
+
+    def targets(batch: ProbeBatch, model) -> Targets:
+        tok = model.tokenizer
+        out = []
+        for ids, sp, n in _rows(batch):
+            text = tok.decode([t for t, s in zip(ids[:n], sp[:n], strict=True) if not s])
+            subject, relation, _ = next(f for f in FACTS if f[0] + f[1] == text)
+            start = next(i for i in range(n) if not sp[i])
+            n_subject = len(tok.encode(subject, add_special_tokens=False))
+            span = range(start, start + n_subject) if group == "subject" else range(start + n_subject, n)  # fmt: skip
+            row: list[set[int]] = [set() for _ in ids]
+            row[n - 1] = set(span)
+            out.append(row)
+        return out
+
+    return targets
+
+
 HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "previous_token": _previous,
     "positional": _previous,  # its perfect head is a previous-token head (offset -1)
@@ -326,6 +371,9 @@ HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "concept_induction": _concept,
     "semantic_induction": _semantic,
     "concordance": _concordance,
+    "qrhead": _qrhead,
+    "subject": _fact_group("subject"),
+    "relation": _fact_group("relation"),
 }
 # Types whose score reads the attention pattern: every type but those scored from weights
 # or runs of the model, whose positive control is a hand-built model (checked at the end
@@ -552,6 +600,33 @@ def test_hand_built_function_vector_head_carries_the_task():
         assert float((pattern[:, -1] * batch.extras["label"]).sum(-1).mean()) > 0.9
 
 
+@pytest.mark.parametrize("planted", ["subject", "relation"])
+def test_hand_built_fact_heads_write_the_answer_from_their_group(planted):
+    """The model completes every fact of the probe; at the last token PLANTED reads its
+    group's tokens and head 0 the other group's; without PLANTED's subject head the model
+    completes few facts (the relation head alone writes only a relation's mean answer)."""
+    from headmech.probes.facts import answer_is_top
+    from headmech.testing.controls import facts_model
+
+    model = facts_model(planted)
+    other = "relation" if planted == "subject" else "subject"
+    batches = build_probe("facts", model, CONTROL_OPTIONS).batches
+    assert bool(answer_is_top(model, batches).all())
+    subject_head = PLANTED if planted == "subject" else HeadIndex(1, 0)
+    ablated = [Intervention.on([subject_head], Zero(), site="z")]
+    with applied(model, ablated):
+        assert float(answer_is_top(model, batches).float().mean()) < 0.5
+    for batch in batches:
+        (pattern,) = _planted(model, batch, "pattern")  # PLANTED's [batch, query, key]
+        rows = torch.arange(len(pattern))
+        last = pattern[rows, batch.extras["end_pos"]]
+        assert float((last * batch.extras[planted]).sum(-1).min()) > 0.99
+        z = capture(model, batch, ["blocks.1.attn.hook_pattern"])["blocks.1.attn.hook_pattern"]
+        assert (
+            float((z[rows, 0, batch.extras["end_pos"]] * batch.extras[other]).sum(-1).min()) > 0.99
+        )
+
+
 def _mutant(module_name: str, function: str, old: str, new: str) -> Callable:
     """``module.function`` compiled again from its source with ``old`` replaced by ``new``."""
     import importlib
@@ -577,6 +652,12 @@ MUTANTS = [
      "(clean - values)", "(values - clean)"),
     ("function_vector", "headmech.headtypes.function_vector", "indirect_effects",
      '"z", pos=-1', '"z", pos=0'),  # patched at the first token, not the query
+    ("subject", "headmech.interventions.direct_effects", "subject_relation_scores",
+     '[e["subject"], e["relation"]]', '[e["relation"], e["subject"]]'),  # the other group
+    ("relation", "headmech.interventions.direct_effects", "subject_relation_scores",
+     '"relation": mean[1]', '"relation": mean[2]'),  # the keys of neither group
+    ("subject", "headmech.interventions.direct_effects", "direct_effects_by_source",
+     "W_U[:, target].T - W_U.mean(1)", "W_U.mean(1) - W_U[:, target].T"),  # the sign
     ("inactive", "headmech.headtypes.inactive", "output_norms",
      'torch.einsum("nhd,hdm->nhm", z[la][real], w_o[la].to(z.device))',
      "z[la][real]"),  # the norm of z, without W_O

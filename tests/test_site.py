@@ -41,9 +41,11 @@ def site(tmp_path_factory) -> Path:
     # examples.json, run.json, the heatmap PNGs: 10.2 MB), counted on their own.
     # what each head writes (a shaded copy of each text, its promoted and suppressed
     # tokens, there and at the last token) adds about 6 kB a head page, the layer views'
-    # second text 15 kB a layer: 17.9 MB, so the limit is 20 MB
+    # second text 15 kB a layer: 17.9 MB, so the limit is 20 MB. data/ grows with each type
+    # published (its scores, intervals and up to 99 control sets in catalog.json, a heatmap:
+    # 40-60 kB a type and model): 14.5 MB with 21 types, so its limit is 16 MB
     assert summary.bytes < 20_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
-    assert summary.data_bytes < 14_000_000, f"data/ is {summary.data_bytes / 1e6:.1f} MB"
+    assert summary.data_bytes < 16_000_000, f"data/ is {summary.data_bytes / 1e6:.1f} MB"
     return out
 
 

@@ -34,8 +34,17 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headmech.core.errors import HeadmechError
-from headmech.interventions import Cost, capture, recording
-from headmech.interventions.direct_effects import key_writes
+from headmech.interventions import Cost, capture
+from headmech.interventions.direct_effects import (
+    check_linear_readout as _check_linear_readout,
+)
+from headmech.interventions.direct_effects import (
+    direct_effects_by_source as direct_effects_by_source,  # re-exported
+)
+from headmech.interventions.direct_effects import norm_scale as _norm_scale
+from headmech.interventions.direct_effects import (
+    subject_relation_scores as subject_relation_scores,  # re-exported
+)
 from headmech.models.weights import norm_weight
 from headmech.runs import resume
 from headmech.stream.engine import ProbeBatch
@@ -131,96 +140,6 @@ def direct_effects(
     return out, query.sum(1)
 
 
-def direct_effects_by_source(
-    model: TransformerBridge,
-    batch: ProbeBatch,
-    query: Int[Tensor, " batch"],
-    target: Int[Tensor, " batch"],
-    groups: Sequence[Bool[Tensor, "batch pos"]],
-) -> Float[Tensor, "batch n_groups n_layers n_heads"]:
-    """Each head's direct effect on ``logit[target] - mean logit`` at one query position a
-    sequence, split by the source positions its attention reads (Chughtai et al. 2024).
-
-    A head's output at the query is ``z = Σ_j α_j v_j`` (``α`` its attention, ``v_j`` the
-    value at key ``j``), so with the final norm's scale frozen its direct effect
-    (:func:`direct_effects`) is a sum over keys of ``α_j (v_j W_O) · d``, ``d`` the
-    target's direction. Group ``g``'s share sums the keys where ``groups[g]`` is True; a
-    last group takes every other key, so the groups add up to the head's direct effect.
-
-    Returns ``[batch, len(groups) + 1, n_layers, n_heads]``.
-
-    References:
-        Chughtai, Cooney, Nanda 2024, "Summing Up the Facts: Additive Mechanisms Behind
-        Factual Recall in LLMs", arXiv:2402.07321 (subject and relation heads).
-    """
-    _check_linear_readout(model)
-    n_layers = int(model.cfg.n_layers)
-    kind = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
-    names = [f"blocks.{la}.attn.{h}" for la in range(n_layers) for h in ("hook_v", "hook_pattern")]
-    names.append(f"blocks.{n_layers - 1}.hook_out")
-    st = capture(model, batch, names)
-    dev = next(model.parameters()).device
-    rows = torch.arange(len(query), device=dev)
-    query, target = query.to(dev), target.to(dev)
-    resid = st[f"blocks.{n_layers - 1}.hook_out"][rows, query]  # [batch, d_model]
-    W_U = model.W_U.float()
-    direction = W_U[:, target].T - W_U.mean(1)  # [batch, d_model]
-    w_final = norm_weight(model.ln_final)
-    direction = direction if w_final is None else direction * w_final.float()
-    if kind == "LN":  # (c - mean c) · d = c · (d - mean d)
-        direction = direction - direction.mean(-1, keepdim=True)
-    direction = (direction / _norm_scale(model, resid, kind)).detach()
-    other = ~torch.stack(list(groups)).to(dev).any(0)
-    masks = torch.stack([*groups, other], 1).to(dev, torch.float32)  # [batch, groups, pos]
-    return torch.einsum("blhj,bgj->bglh", key_writes(model, st, query, direction), masks)
-
-
-def subject_relation_scores(
-    model: TransformerBridge, n_facts: int = 64, *, batches: list[ProbeBatch] | None = None
-) -> dict[str, Any]:
-    """Chughtai et al.'s subject and relation heads: every head's direct effect on the
-    answer's logit (against the vocabulary's mean) at a fact prompt's last token, split by
-    source (:func:`direct_effects_by_source`: the subject's tokens, the relation's, the
-    rest) and averaged over the facts the model completes (its top token is the answer's first): ``{"subject",
-    "relation", "other"}`` grids ``[n_layers, n_heads]`` in nats, ``"known"`` and
-    ``"asked"`` (facts). A model that knows none of them gets all-zero grids."""
-    from headmech.probes import ProbeOptions, build_probe
-    from headmech.probes.facts import answer_is_top
-
-    if batches is None:
-        batches = build_probe("facts", model, ProbeOptions(n_sequences=n_facts)).batches
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    total = torch.zeros(3, n_layers, n_heads)
-    known = asked = 0
-    tops = answer_is_top(model, batches).split([len(b.input_ids) for b in batches])
-    for batch, top in zip(batches, tops, strict=True):
-        e = batch.extras
-        split = direct_effects_by_source(
-            model, batch, e["end_pos"], e["answer"], [e["subject"], e["relation"]]
-        )
-        total += split[top.to(split.device)].sum(0).cpu()
-        known, asked = known + int(top.sum()), asked + len(top)
-    mean = total / max(known, 1)
-    return {
-        "subject": mean[0],
-        "relation": mean[1],
-        "other": mean[2],
-        "known": known,
-        "asked": asked,
-    }
-
-
-def _norm_scale(model: TransformerBridge, resid: Tensor, kind: str) -> Tensor:
-    """The final norm's clean scale for these residual vectors (what its hook_scale holds)."""
-    with torch.no_grad(), recording(model, ["ln_final.hook_scale"]) as store:
-        model.ln_final(resid.to(model.ln_final.weight.dtype))
-    if "ln_final.hook_scale" in store:
-        return store["ln_final.hook_scale"].detach().float().reshape(resid.shape[0], 1)
-    eps = float(getattr(model.cfg, "eps", 1e-5))
-    x = resid - resid.mean(-1, keepdim=True) if kind == "LN" else resid
-    return (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-
-
 def _encoder_batch(
     model: TransformerBridge, task: EmbeddingTask, batch: ProbeBatch
 ) -> tuple[Tensor, Tensor]:
@@ -248,21 +167,6 @@ def _encoder_batch(
         pooled = (c * m[..., None]).sum(1) / m.sum(1)[..., None]  # [batch, n_heads, d_model]
         out[:, la] = torch.einsum("bhm,bm->bh", pooled, proj)
     return out, torch.ones(mask.shape[0], device=dev)
-
-
-def _check_linear_readout(model: TransformerBridge) -> None:
-    """Refuse models where a head's direct write does not reach the logits linearly once
-    the final norm's scale is frozen (one line naming the layer)."""
-    if any(getattr(b, "ln1_post", None) is not None for b in model.blocks):
-        raise HeadmechError(
-            "direct logit attribution is not supported here: a norm follows each attention "
-            "block (post_attention_layernorm), so a head's write to the residual is not z @ W_O"
-        )
-    if float(getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0:
-        raise HeadmechError(
-            "direct logit attribution is not supported here: the final logit soft-capping "
-            "(tanh) makes the logits nonlinear in the residual stream"
-        )
 
 
 def direct_logit_attribution(

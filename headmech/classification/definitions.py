@@ -41,6 +41,9 @@ from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
 from headmech.core.head_index import top_k as top_k  # re-exported: the rankings compared
+from headmech.probes.documents import NULL_QUERY as NULL_QUERY  # re-exported
+from headmech.probes.documents import null_query_batch as null_query_batch  # re-exported
+from headmech.probes.documents import query_to_gold as query_to_gold  # re-exported
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -60,51 +63,6 @@ __all__ = [
 
 QRHEAD_TOP_K = 16
 """Heads QRHead keeps (its paper's default on Llama-3.1-8B)."""
-
-
-def query_to_gold(batch: ProbeBatch) -> Tensor:
-    """``Bool[batch, query_pos, key_pos]``: from each token of the question (``query_start``
-    to ``query_end``) to every token of the gold document (``doc_start`` to ``doc_end`` of
-    document ``gold``); other queries have no target."""
-    n_seq, n_pos = batch.input_ids.shape
-    pos = torch.arange(n_pos)
-    rows = torch.arange(n_seq)
-    gold = batch.extras["gold"]
-    lo, hi = batch.extras["doc_start"][rows, gold], batch.extras["doc_end"][rows, gold]
-    asks = (pos >= batch.extras["query_start"][:, None]) & (
-        pos < batch.extras["query_end"][:, None]
-    )
-    keys = (pos >= lo[:, None]) & (pos < hi[:, None])  # [batch, key_pos]
-    return asks[:, :, None] & keys[:, None, :]
-
-
-NULL_QUERY = "Question: N/A"
-"""QRHead's calibration query ("N/A", the authors' ``null_query``), with the probe's label."""
-
-
-def null_query_batch(batch: ProbeBatch, tokenizer: Any) -> ProbeBatch:
-    """A ``documents`` batch with each question replaced by :data:`NULL_QUERY` (QRHead's
-    calibration prompt): the same tokens before ``query_start``, the null query from there,
-    nothing after it (masked, special); ``query_end`` moves to its end."""
-    from dataclasses import replace
-
-    null = torch.tensor(tokenizer.encode(NULL_QUERY, add_special_tokens=False))
-    ids, special = batch.input_ids.clone(), batch.special.clone()
-    mask = torch.zeros_like(batch.attention_mask)
-    start = batch.extras["query_start"]
-    end = start + len(null)
-    if int(end.max()) > ids.shape[1]:
-        raise ValueError("the null query does not fit where the question stood")
-    for r in range(ids.shape[0]):
-        s, e = int(start[r]), int(end[r])
-        ids[r, s:e] = null
-        mask[r, :e] = 1
-        special[r, s:e] = False
-        special[r, e:] = True
-    return replace(
-        batch, input_ids=ids, attention_mask=mask, special=special,
-        extras={**batch.extras, "query_end": end},
-    )  # fmt: skip
 
 
 def _question_attention(model: TransformerBridge, batch: ProbeBatch) -> Tensor:
@@ -145,17 +103,18 @@ def qrhead_scores(
     if not calibrated:
         reducer = target_reducer("qrhead", query_to_gold, hits=False)
         return stream_statistics(model, batches, [reducer]).mean("qrhead.mass")
+    from headmech.headtypes.qrhead import calibrated_gold
+
     total, n = None, 0
     for batch in batches:
         real = _question_attention(model, batch)
         null = _question_attention(model, null_query_batch(batch, model.tokenizer))
         lo, hi = needle_span(batch)  # the gold document
-        for r in range(real.shape[0]):
-            cal = real[r, ..., int(lo[r]) : int(hi[r])] - null[r, ..., int(lo[r]) : int(hi[r])]
-            floor = cal.mean(-1, keepdim=True) - 2 * cal.std(-1, keepdim=True)
-            score = cal.masked_fill(~(cal > floor), 0.0).sum(-1)  # [n_layers, n_heads]
-            total = score if total is None else total + score
-            n += 1
+        pos = torch.arange(real.shape[-1])
+        gold = (pos >= lo[:, None]) & (pos < hi[:, None])
+        score = calibrated_gold(real.double(), null.double(), gold).sum(0).float()
+        total = score if total is None else total + score
+        n += real.shape[0]
     assert total is not None
     return total / n
 

@@ -42,6 +42,34 @@ def concordance_lines(details: dict[str, Any]) -> list[str]:
     ]
 
 
+def qrhead_lines(details: dict[str, Any]) -> list[str]:
+    """Per head of the top 16, the calibrated score, the question's and the null query's
+    attention mass on the gold document, and the share of questions above 0."""
+    mass, null = details.get("mass", {}), details.get("null_mass", {})
+    positive, q = details.get("positive", {}), details.get("q", {})
+    return [
+        f"{h}: calibrated {s:+.3f} (question {mass.get(h, 0):.3f}, null query "
+        f"{null.get(h, 0):.3f} on the gold document), above 0 in {positive.get(h, 0):.0%} "
+        f"of {details.get('questions', 0)} questions, q {q.get(h, 1):.3g}"
+        for h, s in details.get("score", {}).items()
+    ]
+
+
+def fact_source_lines(details: dict[str, Any]) -> list[str]:
+    """Per head of the top 8, its direct effect on the answer from its group (subject or
+    relation), the share of facts where it is above 0, and the last token's attention to
+    the group."""
+    group = details.get("group", "subject")
+    positive, attention = details.get("positive", {}), details.get("attention", {})
+    q = details.get("q", {})
+    known = f"{details.get('known', 0)} of {details.get('asked', 0)} facts completed"
+    return [known] + [
+        f"{h}: {d:+.3f} nats from the {group} (above 0 in {positive.get(h, 0):.0%} of "
+        f"facts), attention to it {attention.get(h, 0):.2f}, q {q.get(h, 1):.3g}"
+        for h, d in details.get("dla", {}).items()
+    ]
+
+
 def copy_suppression_lines(details: dict[str, Any]) -> list[str]:
     """Per head, the share of tokens whose own logit it suppresses."""
     share = details.get("suppressed_share", {})
@@ -143,8 +171,11 @@ EVIDENCE_LINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "name_mover": name_mover_lines,
     "negative_name_mover": name_mover_lines,
     "positional": positional_lines,
+    "qrhead": qrhead_lines,
+    "relation": fact_source_lines,
     "s_inhibition": s_inhibition_lines,
     "semantic_induction": semantic_induction_lines,
+    "subject": fact_source_lines,
     "successor": successor_lines,
     "syntactic": syntactic_lines,
 }

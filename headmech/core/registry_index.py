@@ -114,6 +114,15 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
             "task": "induction",
             "threshold": 0.5,
         },
+        "qrhead": {
+            "causal_only": True,
+            "citation": "Zhang, Yin, Yen, Chen, Ye 2025, Query-Focused Retrieval Heads Improve Long-Context Reasoning and Re-ranking, EMNLP 2025, arXiv:2506.09944",
+            "probe": "query_documents",
+            "reference": "Zhang et al. 2025",
+            "summary": "its attention from the question goes to the document that answers it",
+            "task": "documents",
+            "threshold": 0.1,
+        },
         "rare_word": {
             "causal_only": False,
             "citation": "Voita, Talbot, Moiseev, Sennrich, Titov 2019, Analyzing Multi-Head Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned, ACL",
@@ -122,6 +131,15 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
             "summary": "puts its maximum attention on the least frequent token of the sentence",
             "task": "lm",
             "threshold": 0.3,
+        },
+        "relation": {
+            "causal_only": True,
+            "citation": "Chughtai, Cooney, Nanda 2024, Summing Up the Facts: Additive Mechanisms Behind Factual Recall in LLMs, arXiv:2402.07321",
+            "probe": "facts",
+            "reference": "Chughtai et al. 2024",
+            "summary": "writes a fact's answer from the relation's tokens (direct logit attribution)",
+            "task": "facts",
+            "threshold": 0.25,
         },
         "retrieval": {
             "causal_only": True,
@@ -149,6 +167,15 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
             "summary": "attends to a relation's head word and raises its tail's logit",
             "task": "relation_tail",
             "threshold": 0.5,
+        },
+        "subject": {
+            "causal_only": True,
+            "citation": "Chughtai, Cooney, Nanda 2024, Summing Up the Facts: Additive Mechanisms Behind Factual Recall in LLMs, arXiv:2402.07321",
+            "probe": "facts",
+            "reference": "Chughtai et al. 2024",
+            "summary": "writes a fact's answer from the subject's tokens (direct logit attribution)",
+            "task": "facts",
+            "threshold": 0.25,
         },
         "successor": {
             "causal_only": True,

@@ -81,6 +81,40 @@ def at_or_above(score: Tensor, threshold: float) -> Tensor:
     return torch.round(score.double(), decimals=SCORE_DECIMALS) >= threshold
 
 
+def above_zero(share: Tensor, n: Tensor) -> tuple[Tensor, Tensor]:
+    """Per head, the exact one-sided sign test of per-example values against 0 and its
+    Benjamini-Hochberg q across every head: ``share`` of the ``n`` examples above 0 (both
+    ``[n_layers, n_heads]``), p = P(Bin(n, 1/2) >= share x n); p = 1 with no example."""
+    from scipy.stats import binom, false_discovery_control
+
+    n = n.double()
+    k = (share.nan_to_num(0.0).double() * n).round()
+    p = torch.from_numpy(binom.sf(k.numpy() - 1, n.numpy(), 0.5)).view_as(k)
+    p = torch.where(n > 0, p, torch.ones_like(p))
+    q = torch.from_numpy(false_discovery_control(p.flatten().numpy())).view_as(p)
+    return p.float(), q.float()
+
+
+def unconfirmed(
+    score: Tensor, threshold: float, q: Tensor, alpha: float, why: str
+) -> dict[HeadIndex, str]:
+    """The heads at the threshold whose q is above ``alpha``, each with the reason: ``why``
+    (what is not above 0 beyond chance), then the Benjamini-Hochberg cut over every head."""
+    return {
+        HeadIndex(a, b): (
+            f"{why}: Benjamini-Hochberg at q = {alpha:g} over {q.numel()} heads "
+            f"(q {float(q[a, b]):.3f})"
+        )
+        for a, b in (at_or_above(score, threshold) & (q > alpha)).nonzero().tolist()
+    }
+
+
+def best_heads(score: Tensor, k: int) -> list[HeadIndex]:
+    """The ``k`` heads of highest score, best first."""
+    order = score.flatten().argsort(descending=True)[:k].tolist()
+    return [HeadIndex(i // score.shape[1], i % score.shape[1]) for i in order]
+
+
 class HeadType:
     """Base class of a catalog head type.
 

@@ -64,6 +64,9 @@ class ModelInfo:
     d_head: int
     n_ctx: int
     causal: bool
+    # a head's write reaches the logits linearly once the final norm's scale is frozen (no
+    # norm after the attention block, no logit soft-capping): direct logit attribution holds
+    linear_readout: bool = True
 
 
 def model_info(model: TransformerBridge) -> ModelInfo:
@@ -79,6 +82,10 @@ def model_info(model: TransformerBridge) -> ModelInfo:
         d_head=int(cfg.d_head),
         n_ctx=int(cfg.n_ctx),
         causal=getattr(cfg, "attention_dir", "causal") != "bidirectional",
+        linear_readout=not any(
+            getattr(b, "ln1_post", None) is not None for b in getattr(model, "blocks", ())
+        )
+        and not float(getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0,
     )
 
 

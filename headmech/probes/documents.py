@@ -43,7 +43,18 @@ from headmech.probes.ioi import ioi_names
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-__all__ = ["CITIES", "N_DOCUMENTS", "document_recall", "documents_probe", "one_token_cities"]
+__all__ = [
+    "CITIES",
+    "NULL_QUERY",
+    "N_DOCUMENTS",
+    "document_recall",
+    "documents_probe",
+    "null_query_batch",
+    "one_token_cities",
+    "query_documents_probe",
+    "query_to_gold",
+    "with_null_twins",
+]
 
 N_DOCUMENTS = 5
 """Documents per question: the gold one and four distractors."""
@@ -158,7 +169,91 @@ def documents_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     return Probe("documents", batches, info)
 
 
+def query_to_gold(batch: ProbeBatch) -> Tensor:
+    """``Bool[batch, query_pos, key_pos]``: from each token of the question (``query_start``
+    to ``query_end``) to every token of the gold document (``doc_start`` to ``doc_end`` of
+    document ``gold``); other queries have no target."""
+    n_seq, n_pos = batch.input_ids.shape
+    pos = torch.arange(n_pos)
+    rows = torch.arange(n_seq)
+    gold = batch.extras["gold"]
+    lo, hi = batch.extras["doc_start"][rows, gold], batch.extras["doc_end"][rows, gold]
+    asks = (pos >= batch.extras["query_start"][:, None]) & (
+        pos < batch.extras["query_end"][:, None]
+    )
+    keys = (pos >= lo[:, None]) & (pos < hi[:, None])  # [batch, key_pos]
+    return asks[:, :, None] & keys[:, None, :]
+
+
+NULL_QUERY = "Question: N/A"
+"""QRHead's calibration query ("N/A", the authors' ``null_query``), with the probe's label."""
+
+
+def null_query_batch(batch: ProbeBatch, tokenizer: Any) -> ProbeBatch:
+    """A ``documents`` batch with each question replaced by :data:`NULL_QUERY` (QRHead's
+    calibration prompt): the same tokens before ``query_start``, the null query from there,
+    nothing after it (masked, special); ``query_end`` moves to its end."""
+    from dataclasses import replace
+
+    null = torch.tensor(tokenizer.encode(NULL_QUERY, add_special_tokens=False))
+    ids, special = batch.input_ids.clone(), batch.special.clone()
+    mask = torch.zeros_like(batch.attention_mask)
+    start = batch.extras["query_start"]
+    end = start + len(null)
+    if int(end.max()) > ids.shape[1]:
+        raise ValueError("the null query does not fit where the question stood")
+    for r in range(ids.shape[0]):
+        s, e = int(start[r]), int(end[r])
+        ids[r, s:e] = null
+        mask[r, :e] = 1
+        special[r, s:e] = False
+        special[r, e:] = True
+    return replace(
+        batch, input_ids=ids, attention_mask=mask, special=special,
+        extras={**batch.extras, "query_end": end},
+    )  # fmt: skip
+
+
 def document_recall(model: Any, batches: list[ProbeBatch]) -> Tensor:
     """Per question (in batch order), whether the model's top next token at the end is
     the gold document's city (``Bool[n]``; :func:`headmech.probes.facts.answer_is_top`)."""
     return answer_is_top(model, batches)
+
+
+def with_null_twins(batch: ProbeBatch, tokenizer: Any) -> ProbeBatch:
+    """The batch with each question followed by its :func:`null_query_batch` twin, rows
+    interleaved (row ``2i`` the question, ``2i + 1`` the same prompt with the null query),
+    ``extras["null"]`` True on the twins: QRHead's calibration read from one forward
+    pass of both. A cut at an even row keeps every pair."""
+    from dataclasses import replace
+
+    null = null_query_batch(batch, tokenizer)
+
+    def weave(a: Any, b: Any) -> Any:
+        if isinstance(a, Tensor):
+            return torch.stack([a, b], 1).flatten(0, 1)
+        return [x for pair in zip(a, b, strict=True) for x in pair]
+
+    n = batch.input_ids.shape[0]
+    extras = {k: weave(batch.extras[k], null.extras[k]) for k in batch.extras}
+    extras["null"] = torch.arange(2 * n) % 2 == 1
+    return replace(
+        batch,
+        input_ids=weave(batch.input_ids, null.input_ids),
+        attention_mask=weave(batch.attention_mask, null.attention_mask),
+        special=weave(batch.special, null.special),
+        extras=extras,
+    )
+
+
+@register_probe(
+    "query_documents",
+    "the documents probe with each question's null-query twin (QRHead's calibration)",
+)
+def query_documents_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
+    """The ``documents`` probe (:func:`documents_probe`) with every batch given its null
+    twins (:func:`with_null_twins`): ``options.batch_size`` questions a batch, twice as
+    many rows."""
+    probe = documents_probe(model, options)
+    batches = [with_null_twins(b, model.tokenizer) for b in probe.batches]
+    return Probe("query_documents", batches, {**probe.info, "null_query": NULL_QUERY})

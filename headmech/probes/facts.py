@@ -111,10 +111,11 @@ def facts_probe(model: TransformerBridge, options: ProbeOptions) -> Probe:
     tok = model.tokenizer
     start = start_ids(model)
     seqs, extras = [], []
+    unknown = {getattr(tok, "unk_token_id", None), getattr(tok, "pad_token_id", None)} - {None}
     for subject, relation, answer in FACTS[: options.n_sequences]:
         s, r, a = _encode(tok, subject), _encode(tok, relation), _encode(tok, answer)
-        if not (s and r and a):
-            continue
+        if not (s and r and a) or unknown & {*s, *r, *a}:
+            continue  # a word the tokenizer cannot spell (a toy's word-level vocabulary)
         ids = [*start, *s, *r]
         extras.append(
             {"subj": (len(start), len(start) + len(s)), "rel": (len(start) + len(s), len(ids)),

@@ -24,6 +24,7 @@ __all__ = [
     "PLANTED",
     "POSITIVE_CONTROLS",
     "copy_suppression_model",
+    "facts_model",
     "function_vector_model",
     "inactive_model",
     "successor_model",
@@ -358,10 +359,106 @@ def function_vector_model(seed: int = 0) -> TransformerBridge:
     return _load(model, "function-vector")
 
 
+def _lookup(x: torch.Tensor, y: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read and write weights ``(r [rank, d_in], w [d_out, rank])`` with ``w @ r @ x_i ≈
+    y_i`` for every row pair: the least-squares map ``y^T pinv(x^T)``, cut to ``rank``."""
+    m = y.T.double() @ torch.linalg.pinv(x.T.double(), rtol=1e-6)  # [d_out, d_in]
+    u, s, vh = torch.linalg.svd(m, full_matrices=False)
+    return (s[:rank, None] * vh[:rank]).float(), u[:, :rank].float()
+
+
+@functools.lru_cache(maxsize=2)
+def facts_model(planted: str = "subject", seed: int = 0, n_facts: int = 16) -> TransformerBridge:
+    """A model that completes the ``facts`` probe's first ``n_facts`` facts (the
+    conformance checks' probe size) through two heads of block 1:
+    a subject head that writes each fact's answer from the subject's tokens and a relation
+    head that writes, from the relation's, the mean answer of the facts that share it.
+    ``planted`` says which of the two is PLANTED (the other is head 0).
+
+    The residual stream: a constant dimension ORD, a dimension marking the tokens found
+    only in subjects (SUBJ) and one marking those found only in relations (REL), each
+    token's random identity code, and an answer space where the embedding is 0. Each head's
+    query reads ORD and its key its group's mark, in head dimensions that rotary
+    embeddings leave still (rope base 1e12), so at every position it spreads its
+    attention over the group's tokens. Its values read the identity codes and its output
+    writes, by a least-squares map from the mean code of a prompt's group, the answer's
+    direction (subject: 8 x the answer's unit vector; relation: 4 x the mean of the unit
+    vectors of the answers its relation has); the unembedding gives each answer token
+    1.5 x its unit vector and every other token 0. So the answer's logit is about 10 nats
+    and a head's direct effect from its own group is the whole of its effect.
+    """
+    from headmech.probes.facts import FACTS
+
+    tok = _smollm2()
+    d, d_head = 192, 64
+    model = _llama(d_model=d, d_head=d_head, rope_theta=1e12, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    subj_dim, rel_dim, fill = 1, 2, list(range(3, 20))
+    ident, answer_space = list(range(20, 100)), list(range(100, d))
+
+    def enc(text: str) -> list[int]:
+        return [int(t) for t in tok.encode(text, add_special_tokens=False)]
+
+    # no more facts than the codes of their subjects' tokens tell apart: "The capital of
+    # France" and "People in France" share " France", and a linear map from the subject's
+    # codes cannot send it to both " Paris" and " French" (a real model's relation heads
+    # choose between them); the first 16 facts' subjects are distinct in their tokens
+    facts = [(enc(s), enc(r), enc(a)[0]) for s, r, a in FACTS[:n_facts]]
+    in_subjects = {t for s, _, _ in facts for t in s}
+    in_relations = {t for _, r, _ in facts for t in r}
+    marks = {"subject": sorted(in_subjects - in_relations), "relation": sorted(in_relations - in_subjects)}  # fmt: skip
+    n_vocab = model.config.vocab_size
+    emb = torch.zeros(n_vocab, d)
+    emb[:, ORD] = 3.0
+    emb[:, fill] = torch.randn(n_vocab, len(fill), generator=g)
+    emb[:, ident] = 6.0 * _random_rows(n_vocab, len(ident), g)
+    emb[marks["subject"], subj_dim] = 3.0
+    emb[marks["relation"], rel_dim] = 3.0
+    _unit_rms(emb, fill)
+    answers = sorted({a for _, _, a in facts})
+    unit = _random_rows(len(answers), len(answer_space), g)  # [answer, answer_space]
+    row = {a: unit[i] for i, a in enumerate(answers)}
+
+    def mean_code(ids: list[int], group: str) -> torch.Tensor:
+        marked = [t for t in ids if t in set(marks[group])]
+        return emb[marked][:, ident].mean(0)
+
+    # subject: a fact's answer; relation: the mean answer of the facts that share it
+    by_relation: dict[tuple[int, ...], list[int]] = {}
+    for _, r, a in facts:
+        by_relation.setdefault(tuple(r), []).append(a)
+    x_subject = torch.stack([mean_code(s, "subject") for s, _, _ in facts])
+    y_subject = torch.stack([8.0 * row[a] for _, _, a in facts])
+    x_relation = torch.stack([mean_code(list(r), "relation") for r in by_relation])
+    y_relation = torch.stack([4.0 * torch.stack([row[a] for a in v]).mean(0) for v in by_relation.values()])  # fmt: skip
+    still = _still_dims(model, 1)
+    heads = {"subject": PLANTED.head, "relation": 0} if planted == "subject" else {"subject": 0, "relation": PLANTED.head}  # fmt: skip
+    for group, (x, y, mark) in {
+        "subject": (x_subject, y_subject, subj_dim),
+        "relation": (x_relation, y_relation, rel_dim),
+    }.items():
+        read, write = _lookup(x, y, d_head)
+        wq, wk, wv, wo = torch.zeros(d_head, d), torch.zeros(d_head, d), torch.zeros(d_head, d), torch.zeros(d, d_head)  # fmt: skip
+        wq[still, ORD] = 20.0 * d_head**0.5 / 9.0  # 20 nats on the group's tokens
+        wk[still, mark] = 1.0
+        wv[: read.shape[0], ident] = read
+        wo[answer_space, : write.shape[1]] = write
+        _set_head(model, 1, heads[group], q=wq, k=wk, v=wv, o=wo)
+    unemb = torch.zeros(n_vocab, d)
+    for a in answers:
+        unemb[a, answer_space] = 1.5 * row[a]
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(emb)
+        model.lm_head.weight.copy_(unemb)
+    return _load(model, f"facts-{planted}")
+
+
 # Types whose score reads no attention pattern: the hand-built model each is checked on.
 POSITIVE_CONTROLS: dict[str, Callable[[], TransformerBridge]] = {
     "copy_suppression": copy_suppression_model,
     "function_vector": function_vector_model,
     "inactive": inactive_model,
+    "relation": functools.partial(facts_model, "relation"),
+    "subject": functools.partial(facts_model, "subject"),
     "successor": successor_model,
 }
