@@ -352,6 +352,20 @@ def _fact_group(group: str) -> Callable[[ProbeBatch, object], Targets]:
     return targets
 
 
+def _locos(batch: ProbeBatch, model) -> Targets:
+    """From the answer's last token to every token of the document naming the person asked
+    about (the name just before " lives in" at the end, found by a plain search)."""
+    out = []
+    for r, (ids, _, n) in enumerate(_rows(batch)):
+        name = ids[n - 3]  # "... Answer: Mary lives in"
+        spans = zip(batch.extras["doc_start"][r].tolist(), batch.extras["doc_end"][r].tolist(), strict=True)  # fmt: skip
+        (gold,) = [(a, b) for a, b in spans if name in ids[a:b]]
+        row: list[set[int]] = [set() for _ in ids]
+        row[n - 1] = set(range(*gold))
+        out.append(row)
+    return out
+
+
 HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "previous_token": _previous,
     "positional": _previous,  # its perfect head is a previous-token head (offset -1)
@@ -372,6 +386,7 @@ HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "semantic_induction": _semantic,
     "concordance": _concordance,
     "qrhead": _qrhead,
+    "locos": _locos,
     "subject": _fact_group("subject"),
     "relation": _fact_group("relation"),
 }
@@ -627,6 +642,24 @@ def test_hand_built_fact_heads_write_the_answer_from_their_group(planted):
         )
 
 
+def test_hand_built_locos_head_reads_the_gold_city_and_writes_it():
+    """The model answers every question; at the last token PLANTED attends to the gold
+    document's city; without it the model answers few."""
+    from headmech.probes.facts import answer_is_top
+    from headmech.testing.controls import documents_model
+
+    model = documents_model()
+    batches = build_probe("documents", model, CONTROL_OPTIONS).batches
+    assert bool(answer_is_top(model, batches).all())
+    with applied(model, [Intervention.on([PLANTED], Zero(), site="z")]):
+        assert float(answer_is_top(model, batches).float().mean()) < 0.5
+    for batch in batches:
+        (pattern,) = _planted(model, batch, "pattern")
+        rows = torch.arange(len(pattern))
+        e = batch.extras
+        assert float(pattern[rows, e["end_pos"], e["answer_pos"]].min()) > 0.9
+
+
 def _mutant(module_name: str, function: str, old: str, new: str) -> Callable:
     """``module.function`` compiled again from its source with ``old`` replaced by ``new``."""
     import importlib
@@ -654,6 +687,10 @@ MUTANTS = [
      '"z", pos=-1', '"z", pos=0'),  # patched at the first token, not the query
     ("subject", "headmech.interventions.direct_effects", "subject_relation_scores",
      '[e["subject"], e["relation"]]', '[e["relation"], e["subject"]]'),  # the other group
+    ("locos", "headmech.interventions.direct_effects", "locos_scores",
+     'W_U[:, e["answer"]].T', 'W_U[:, e["answer"] - 1].T'),  # another token's direction
+    ("locos", "headmech.interventions.direct_effects", "locos_scores",
+     "on = (phi * needle[:, None, None])", "on = (phi * (keys & ~needle)[:, None, None])"),
     ("relation", "headmech.interventions.direct_effects", "subject_relation_scores",
      '"relation": mean[1]', '"relation": mean[2]'),  # the keys of neither group
     ("subject", "headmech.interventions.direct_effects", "direct_effects_by_source",

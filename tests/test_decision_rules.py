@@ -27,6 +27,7 @@ DEFAULTS = {
     "concept_induction": (0.4, {}),
     "concordance": (0.1, {"min_cases": 20, "alpha": 0.05}),
     "qrhead": (0.1, {"alpha": 0.05}),
+    "locos": (1.0, {"alpha": 0.05}),
     "relation": (0.25, {"alpha": 0.05}),
     "subject": (0.25, {"alpha": 0.05}),
     "copy_suppression": (0.5, {"n_tokens": 500}),

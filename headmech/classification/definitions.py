@@ -34,13 +34,15 @@ head's direct logit attribution to a fact's answer by the tokens it reads (Chugh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
 from headmech.core.head_index import top_k as top_k  # re-exported: the rankings compared
+from headmech.interventions.direct_effects import locos_scores as locos_scores  # re-exported
+from headmech.interventions.direct_effects import needle_span as needle_span  # re-exported
 from headmech.probes.documents import NULL_QUERY as NULL_QUERY  # re-exported
 from headmech.probes.documents import null_query_batch as null_query_batch  # re-exported
 from headmech.probes.documents import query_to_gold as query_to_gold  # re-exported
@@ -123,68 +125,3 @@ def jaccard(a: list[HeadIndex] | set[HeadIndex], b: list[HeadIndex] | set[HeadIn
     """``|a ∩ b| / |a ∪ b|`` of two head sets (1.0 for two empty sets)."""
     x, y = set(a), set(b)
     return len(x & y) / len(x | y) if x | y else 1.0
-
-
-def needle_span(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
-    """The needle's half-open span ``(start, end)`` per sequence: the gold document of a
-    ``documents`` batch, the needle sentence of a ``nonliteral`` / ``literal`` one."""
-    e = batch.extras
-    if "needle_start" in e:
-        return e["needle_start"], e["needle_end"]
-    rows = torch.arange(batch.input_ids.shape[0])
-    return e["doc_start"][rows, e["gold"]], e["doc_end"][rows, e["gold"]]
-
-
-def locos_scores(
-    model: TransformerBridge,
-    n_questions: int = 40,
-    *,
-    batches: list[ProbeBatch] | None = None,
-    answered_only: bool = True,
-    probe: str = "documents",
-) -> dict[str, Any]:
-    """LOCOS's logit-contribution score of every head (module docstring), on the
-    ``probe``'s questions the model answers (its top token at the end is the answer: the
-    gold city of ``documents``, the hidden name of ``nonliteral``, LOCOS's own setting, or
-    ``literal``): ``{"score": S = L+ - L-, "L_plus", "L_minus"}`` grids ``[n_layers,
-    n_heads]``, ``"answered"`` and ``"asked"``. As the authors' code: ``u_y`` is the
-    unembedding's column of the answer token (no final norm), the values and ``W_O`` the
-    attention's own (Gemma's norm after the attention is not applied), the off-needle
-    keys every other key up to the answer step (:func:`needle_span`). ``answered_only=False``
-    averages over every question instead (``"answered"`` then counts them all)."""
-    from headmech.interventions import capture
-    from headmech.interventions.direct_effects import key_writes
-    from headmech.probes import ProbeOptions, build_probe
-    from headmech.probes.facts import answer_is_top
-
-    if batches is None:
-        options = ProbeOptions(n_sequences=n_questions)
-        batches = build_probe(probe, model, options).batches
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    plus, minus = torch.zeros(n_layers, n_heads), torch.zeros(n_layers, n_heads)
-    answered = asked = 0
-    sizes = [len(b.input_ids) for b in batches]
-    if answered_only:
-        recalled = answer_is_top(model, batches).split(sizes)
-    else:
-        recalled = tuple(torch.ones(n, dtype=torch.bool) for n in sizes)
-    W_U = model.W_U.detach().float()
-    for batch, ok in zip(batches, recalled, strict=True):
-        e = batch.extras
-        end = e["end_pos"]
-        lo, hi = needle_span(batch)
-        pos = torch.arange(batch.input_ids.shape[1])
-        keys = pos[None] <= end[:, None]  # every key the answer step sees
-        needle = (pos[None] >= lo[:, None]) & (pos[None] < hi[:, None])
-        rescale = (hi - lo).float() / (keys & ~needle).sum(1).float()  # [batch]
-        u = W_U[:, e["answer"]].T  # [batch, d_model]
-        names = [f"blocks.{la}.attn.{h}" for la in range(n_layers) for h in ("hook_v", "hook_pattern")]  # fmt: skip
-        phi = key_writes(model, capture(model, batch, names), end, u)  # [batch, layer, head, key]
-        on = (phi * needle[:, None, None]).sum(-1)  # [batch, n_layers, n_heads]
-        off = (phi * (keys & ~needle)[:, None, None]).sum(-1) * rescale[:, None, None]
-        plus += on[ok].sum(0).cpu()
-        minus += off[ok].sum(0).cpu()
-        answered, asked = answered + int(ok.sum()), asked + len(ok)
-    n = max(answered, 1)
-    return {"score": (plus - minus) / n, "L_plus": plus / n, "L_minus": minus / n,
-            "answered": answered, "asked": asked}  # fmt: skip

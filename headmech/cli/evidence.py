@@ -70,6 +70,21 @@ def fact_source_lines(details: dict[str, Any]) -> list[str]:
     ]
 
 
+def locos_lines(details: dict[str, Any]) -> list[str]:
+    """Per head of the top 16, its logit contribution from the needle (``L+``) against the
+    rest (``L-``), the share of answered questions where it is above 0, and its attention to
+    the needle."""
+    plus, minus = details.get("L_plus", {}), details.get("L_minus", {})
+    positive, attention, q = (details.get(k, {}) for k in ("positive", "attention", "q"))
+    answered = f"{details.get('answered', 0)} of {details.get('asked', 0)} questions answered"
+    return [answered] + [
+        f"{h}: {c:+.3f} (needle {plus.get(h, 0):+.3f}, rest {minus.get(h, 0):+.3f}), above 0 "
+        f"in {positive.get(h, 0):.0%}, attention to the needle {attention.get(h, 0):.2f}, "
+        f"q {q.get(h, 1):.3g}"
+        for h, c in details.get("contribution", {}).items()
+    ]
+
+
 def copy_suppression_lines(details: dict[str, Any]) -> list[str]:
     """Per head, the share of tokens whose own logit it suppresses."""
     share = details.get("suppressed_share", {})
@@ -168,6 +183,7 @@ EVIDENCE_LINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "copy_suppression": copy_suppression_lines,
     "function_vector": function_vector_lines,
     "inactive": inactive_lines,
+    "locos": locos_lines,
     "name_mover": name_mover_lines,
     "negative_name_mover": name_mover_lines,
     "positional": positional_lines,

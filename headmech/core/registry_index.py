@@ -78,6 +78,15 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
             "task": "induction",
             "threshold": 0.4,
         },
+        "locos": {
+            "causal_only": True,
+            "citation": "LOCOS, arXiv:2607.01002, 2026 (code aryopg/locos: logit contribution of non-literal retrieval heads); Modarressi et al. 2025, NoLiMa: Long-Context Evaluation Beyond Literal Matching, ICML 2025",
+            "probe": "documents",
+            "reference": "LOCOS 2026",
+            "summary": "writes the answer's logit from the needle (the gold document) at the answer step",
+            "task": "documents",
+            "threshold": 1.0,
+        },
         "name_mover": {
             "causal_only": True,
             "citation": "Wang, Variengien, Conmy, Shlegeris, Steinhardt 2022, Interpretability in the Wild: a Circuit for Indirect Object Identification in GPT-2 small, arXiv:2211.00593",

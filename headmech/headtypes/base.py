@@ -294,3 +294,19 @@ class HeadType:
         if self.causal_only and not info.causal:
             return f"head type '{self.name}' needs a causal (decoder) model"
         return None
+
+
+class SignTestedHead(HeadType):
+    """A type whose per-example values are tested against 0 head by head: labelled at the
+    threshold when the exact sign test (:func:`above_zero`) survives Benjamini-Hochberg
+    across every head at ``alpha`` (qrhead, locos, subject, relation). Not a type itself
+    (no ``name``)."""
+
+    def __init__(
+        self, threshold: float | None = None, alpha: float = 0.05, *, probe: str | None = None
+    ) -> None:
+        super().__init__(threshold, probe=probe)
+        self.alpha = float(alpha)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(threshold={self.threshold}, alpha={self.alpha})"

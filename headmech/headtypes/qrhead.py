@@ -9,13 +9,12 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
-from headmech.headtypes.base import above_zero, best_heads, unconfirmed
-from headmech.headtypes.registry import HeadType
+from headmech.headtypes.base import SignTestedHead, above_zero, best_heads, unconfirmed
 from headmech.probes.documents import query_to_gold
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer
 
 
-class QRHead(HeadType):
+class QRHead(SignTestedHead):
     """The question's tokens attend to the gold document, beyond what any question would.
 
     Probe: ``query_documents`` (:mod:`headmech.probes.documents`): five short documents,
@@ -73,15 +72,6 @@ class QRHead(HeadType):
         "five documents more than as many random heads"
     )
     score_range = (-1.0, 1.0)  # a difference of attention shares
-
-    def __init__(
-        self, threshold: float | None = None, alpha: float = 0.05, *, probe: str | None = None
-    ) -> None:
-        super().__init__(threshold, probe=probe)
-        self.alpha = float(alpha)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(threshold={self.threshold}, alpha={self.alpha})"
 
     # --- what the engine computes -------------------------------------------------
     def targets(self, batch: ProbeBatch) -> Bool[Tensor, "batch query_pos key_pos"]:

@@ -10,13 +10,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
-from headmech.headtypes.base import above_zero, best_heads, unconfirmed
-from headmech.headtypes.registry import HeadType
+from headmech.headtypes.base import SignTestedHead, above_zero, best_heads, unconfirmed
 from headmech.models import ModelInfo
 from headmech.stream.engine import HeadStats, ProbeBatch
 
 
-class FactSourceHead(HeadType):
+class FactSourceHead(SignTestedHead):
     """What the subject and relation types share: a head's direct logit attribution to a
     fact's answer from one group of the prompt's tokens (:attr:`group`), averaged over the
     facts the model completes, labelled at the threshold when the facts agree (a sign
@@ -30,15 +29,6 @@ class FactSourceHead(HeadType):
     default_threshold = 0.25  # a quarter of a nat of the answer's logit, from the group alone
     score_range = (-20.0, 20.0)  # nats of one head's direct effect on one logit
     threshold_range = (-20.0, 20.0)
-
-    def __init__(
-        self, threshold: float | None = None, alpha: float = 0.05, *, probe: str | None = None
-    ) -> None:
-        super().__init__(threshold, probe=probe)
-        self.alpha = float(alpha)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(threshold={self.threshold}, alpha={self.alpha})"
 
     def check_model(self, info: ModelInfo) -> str | None:
         if not info.linear_readout:

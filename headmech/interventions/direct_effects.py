@@ -53,6 +53,8 @@ __all__ = [
     "key_writes",
     "layer_write",
     "layer_z",
+    "locos_scores",
+    "needle_span",
     "norm_scale",
     "post_norm",
     "subject_relation_scores",
@@ -347,3 +349,69 @@ def check_linear_readout(model: TransformerBridge) -> None:
             "direct logit attribution is not supported here: the final logit soft-capping "
             "(tanh) makes the logits nonlinear in the residual stream"
         )
+
+
+def needle_span(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
+    """The needle's half-open span ``(start, end)`` per sequence: the gold document of a
+    ``documents`` batch, the needle sentence of a ``nonliteral`` / ``literal`` one."""
+    e = batch.extras
+    if "needle_start" in e:
+        return e["needle_start"], e["needle_end"]
+    rows = torch.arange(batch.input_ids.shape[0])
+    return e["doc_start"][rows, e["gold"]], e["doc_end"][rows, e["gold"]]
+
+
+def locos_scores(
+    model: TransformerBridge,
+    n_questions: int = 40,
+    *,
+    batches: list[ProbeBatch] | None = None,
+    answered_only: bool = True,
+    probe: str = "documents",
+) -> dict[str, Any]:
+    """LOCOS's logit-contribution score of every head (module docstring), on the
+    ``probe``'s questions the model answers (its top token at the end is the answer: the
+    gold city of ``documents``, the hidden name of ``nonliteral``, LOCOS's own setting, or
+    ``literal``): ``{"score": S = L+ - L-, "L_plus", "L_minus"}`` grids ``[n_layers,
+    n_heads]``, ``"positive"`` (the share of those questions where the head's own ``L+ - L-``
+    is above 0, a sign test's count), ``"answered"`` and ``"asked"``. As the authors' code:
+    ``u_y`` is the unembedding's column of the answer token (no final norm), the values and ``W_O`` the
+    attention's own (Gemma's norm after the attention is not applied), the off-needle
+    keys every other key up to the answer step (:func:`needle_span`). ``answered_only=False``
+    averages over every question instead (``"answered"`` then counts them all)."""
+    from headmech.probes import ProbeOptions, build_probe
+    from headmech.probes.facts import answer_is_top
+
+    if batches is None:
+        options = ProbeOptions(n_sequences=n_questions)
+        batches = build_probe(probe, model, options).batches
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    plus, minus = torch.zeros(n_layers, n_heads), torch.zeros(n_layers, n_heads)
+    positive = torch.zeros(n_layers, n_heads)
+    answered = asked = 0
+    sizes = [len(b.input_ids) for b in batches]
+    if answered_only:
+        recalled = answer_is_top(model, batches).split(sizes)
+    else:
+        recalled = tuple(torch.ones(n, dtype=torch.bool) for n in sizes)
+    W_U = model.W_U.detach().float()
+    for batch, ok in zip(batches, recalled, strict=True):
+        e = batch.extras
+        end = e["end_pos"]
+        lo, hi = needle_span(batch)
+        pos = torch.arange(batch.input_ids.shape[1])
+        keys = pos[None] <= end[:, None]  # every key the answer step sees
+        needle = (pos[None] >= lo[:, None]) & (pos[None] < hi[:, None])
+        rescale = (hi - lo).float() / (keys & ~needle).sum(1).float()  # [batch]
+        u = W_U[:, e["answer"]].T  # [batch, d_model]
+        names = [f"blocks.{la}.attn.{h}" for la in range(n_layers) for h in ("hook_v", "hook_pattern")]  # fmt: skip
+        phi = key_writes(model, capture(model, batch, names), end, u)  # [batch, layer, head, key]
+        on = (phi * needle[:, None, None]).sum(-1)  # [batch, n_layers, n_heads]
+        off = (phi * (keys & ~needle)[:, None, None]).sum(-1) * rescale[:, None, None]
+        plus += on[ok].sum(0).cpu()
+        minus += off[ok].sum(0).cpu()
+        positive += (on - off)[ok].gt(0).sum(0).cpu()
+        answered, asked = answered + int(ok.sum()), asked + len(ok)
+    n = max(answered, 1)
+    return {"score": (plus - minus) / n, "L_plus": plus / n, "L_minus": minus / n,
+            "positive": positive / n, "answered": answered, "asked": asked}  # fmt: skip

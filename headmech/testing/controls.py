@@ -24,6 +24,7 @@ __all__ = [
     "PLANTED",
     "POSITIVE_CONTROLS",
     "copy_suppression_model",
+    "documents_model",
     "facts_model",
     "function_vector_model",
     "inactive_model",
@@ -453,11 +454,80 @@ def facts_model(planted: str = "subject", seed: int = 0, n_facts: int = 16) -> T
     return _load(model, f"facts-{planted}")
 
 
+@functools.lru_cache(maxsize=1)
+def documents_model(seed: int = 0) -> TransformerBridge:
+    """A model that answers the ``documents`` probe's questions through head PLANTED,
+    which reads the gold document's city and writes it.
+
+    Block 0 binds each name to what follows it: head 0 looks three tokens back (a
+    positional query and key on ORD, :func:`_rotary_qk`) and copies that token's identity
+    code into a key space, so the city of "Mary lives in Lisbon" carries Mary's code; head
+    1 looks two back and copies into a query space, so the answer's last token ("Answer:
+    Mary lives in") carries Mary's code too. In block 1, PLANTED's query reads the query
+    space and its key the key space (plus a bonus for city tokens, a dimension they share),
+    in head dimensions that rotary embeddings leave still (rope base 1e8), so from the
+    last token it attends to the city whose name was asked; its values copy the city's
+    identity code into an answer space, which the unembedding reads: 3 x a city's code
+    for each city token, nothing for any other token. So the gold city gets about 12
+    nats and the others about 0.
+    """
+    from headmech.probes.documents import one_token_cities
+    from headmech.probes.ioi import ioi_names
+
+    tok = _smollm2()
+    d, d_head, code = 192, 64, 32
+    model = _llama(d_model=d, d_head=d_head, rope_theta=1e8, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    city_dim = 1
+    ident, key_space, query_space, answer_space = (
+        list(range(2 + i * code, 2 + (i + 1) * code)) for i in range(4)
+    )
+    fill = list(range(2 + 4 * code, d))
+    n_vocab = model.config.vocab_size
+    emb = torch.zeros(n_vocab, d)
+    emb[:, ORD] = 3.0
+    emb[:, ident] = 4.0 * _random_rows(n_vocab, code, g)
+    emb[:, fill] = torch.randn(n_vocab, len(fill), generator=g)
+    cities = one_token_cities(tok)
+    emb[cities, city_dim] = 3.0
+    _unit_rms(emb, fill)
+    assert ioi_names(tok), "the tokenizer has no one-token names"
+    copy = torch.zeros(d_head, d)
+    copy[torch.arange(code), torch.tensor(ident)] = 1.0  # values: the identity code
+    for head, (offset, space) in enumerate([(3, key_space), (2, query_space)]):
+        q, k = _rotary_qk(model, offset=offset, pairs=range(0, 16, 4))
+        wq, wk, wo = torch.zeros(d_head, d), torch.zeros(d_head, d), torch.zeros(d, d_head)
+        # scores in nats: 40 x the sum of the positional cosines (ORD reads 3)
+        wq[:, ORD] = 40.0 * d_head**0.5 * q / 9.0
+        wk[:, ORD] = k
+        wo[torch.tensor(space), torch.arange(code)] = 1.0
+        _set_head(model, 0, head, q=wq, k=wk, v=copy, o=wo)
+    still = _still_dims(model, code + 1)
+    wq, wk, wo = torch.zeros(d_head, d), torch.zeros(d_head, d), torch.zeros(d, d_head)
+    # the asked name's code against each key's name code (|code| = 4 both): 10 x their
+    # cosine x 16 / 8 nats; and 10 nats more on every city
+    wq[torch.tensor(still[:code]), torch.tensor(query_space)] = 10.0
+    wk[torch.tensor(still[:code]), torch.tensor(key_space)] = 1.0
+    wq[still[code], ORD] = 10.0 * d_head**0.5 / 9.0
+    wk[still[code], city_dim] = 1.0
+    wo[torch.tensor(answer_space), torch.arange(code)] = 1.0
+    _set_head(model, 1, PLANTED.head, q=wq, k=wk, v=copy, o=wo)
+    unemb = torch.zeros(n_vocab, d)
+    unemb[torch.tensor(cities)[:, None], torch.tensor(answer_space)] = (
+        3.0 * emb[cities][:, ident] / 4.0
+    )
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(emb)
+        model.lm_head.weight.copy_(unemb)
+    return _load(model, "documents")
+
+
 # Types whose score reads no attention pattern: the hand-built model each is checked on.
 POSITIVE_CONTROLS: dict[str, Callable[[], TransformerBridge]] = {
     "copy_suppression": copy_suppression_model,
     "function_vector": function_vector_model,
     "inactive": inactive_model,
+    "locos": documents_model,
     "relation": functools.partial(facts_model, "relation"),
     "subject": functools.partial(facts_model, "subject"),
     "successor": successor_model,
