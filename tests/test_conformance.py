@@ -621,7 +621,7 @@ def test_hand_built_fact_heads_write_the_answer_from_their_group(planted):
     group's tokens and head 0 the other group's; without PLANTED's subject head the model
     completes few facts (the relation head alone writes only a relation's mean answer)."""
     from headmech.probes.facts import answer_is_top
-    from headmech.testing.controls import facts_model
+    from headmech.testing.recall_controls import facts_model
 
     model = facts_model(planted)
     other = "relation" if planted == "subject" else "subject"
@@ -646,7 +646,7 @@ def test_hand_built_locos_head_reads_the_gold_city_and_writes_it():
     """The model answers every question; at the last token PLANTED attends to the gold
     document's city; without it the model answers few."""
     from headmech.probes.facts import answer_is_top
-    from headmech.testing.controls import documents_model
+    from headmech.testing.recall_controls import documents_model
 
     model = documents_model()
     batches = build_probe("documents", model, CONTROL_OPTIONS).batches
@@ -685,15 +685,15 @@ MUTANTS = [
      "(clean - values)", "(values - clean)"),
     ("function_vector", "headmech.headtypes.function_vector", "indirect_effects",
      '"z", pos=-1', '"z", pos=0'),  # patched at the first token, not the query
-    ("subject", "headmech.interventions.direct_effects", "subject_relation_scores",
+    ("subject", "headmech.interventions.sources", "subject_relation_scores",
      '[e["subject"], e["relation"]]', '[e["relation"], e["subject"]]'),  # the other group
-    ("locos", "headmech.interventions.direct_effects", "locos_scores",
+    ("locos", "headmech.interventions.sources", "locos_scores",
      'W_U[:, e["answer"]].T', 'W_U[:, e["answer"] - 1].T'),  # another token's direction
-    ("locos", "headmech.interventions.direct_effects", "locos_scores",
+    ("locos", "headmech.interventions.sources", "locos_scores",
      "on = (phi * needle[:, None, None])", "on = (phi * (keys & ~needle)[:, None, None])"),
-    ("relation", "headmech.interventions.direct_effects", "subject_relation_scores",
+    ("relation", "headmech.interventions.sources", "subject_relation_scores",
      '"relation": mean[1]', '"relation": mean[2]'),  # the keys of neither group
-    ("subject", "headmech.interventions.direct_effects", "direct_effects_by_source",
+    ("subject", "headmech.interventions.sources", "direct_effects_by_source",
      "W_U[:, target].T - W_U.mean(1)", "W_U.mean(1) - W_U[:, target].T"),  # the sign
     ("inactive", "headmech.headtypes.inactive", "output_norms",
      'torch.einsum("nhd,hdm->nhm", z[la][real], w_o[la].to(z.device))',

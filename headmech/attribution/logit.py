@@ -35,14 +35,14 @@ from torch import Tensor
 
 from headmech.core.errors import HeadmechError
 from headmech.interventions import Cost, capture
-from headmech.interventions.direct_effects import (
+from headmech.interventions.sources import (
     check_linear_readout as _check_linear_readout,
 )
-from headmech.interventions.direct_effects import (
+from headmech.interventions.sources import (
     direct_effects_by_source as direct_effects_by_source,  # re-exported
 )
-from headmech.interventions.direct_effects import norm_scale as _norm_scale
-from headmech.interventions.direct_effects import (
+from headmech.interventions.sources import norm_scale as _norm_scale
+from headmech.interventions.sources import (
     subject_relation_scores as subject_relation_scores,  # re-exported
 )
 from headmech.models.weights import norm_weight

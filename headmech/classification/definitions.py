@@ -41,8 +41,8 @@ from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
 from headmech.core.head_index import top_k as top_k  # re-exported: the rankings compared
-from headmech.interventions.direct_effects import locos_scores as locos_scores  # re-exported
-from headmech.interventions.direct_effects import needle_span as needle_span  # re-exported
+from headmech.interventions.sources import locos_scores as locos_scores  # re-exported
+from headmech.interventions.sources import needle_span as needle_span  # re-exported
 from headmech.probes.documents import NULL_QUERY as NULL_QUERY  # re-exported
 from headmech.probes.documents import null_query_batch as null_query_batch  # re-exported
 from headmech.probes.documents import query_to_gold as query_to_gold  # re-exported

@@ -26,7 +26,7 @@ class LocosHead(SignTestedHead):
     that answers it.
 
     Score: LOCOS's logit contribution (aryopg/locos, ``locos/detectors/logit_contrib.py``;
-    :func:`headmech.interventions.direct_effects.locos_scores`). At the answer step each
+    :func:`headmech.interventions.sources.locos_scores`). At the answer step each
     key ``j`` gets ``φ_j = α_j · u_yᵀ W_O v_j``, the head's attention times what its value
     there writes toward the answer's unembedding (no final norm, as the authors' code);
     ``L+`` sums ``φ`` over the needle's keys, ``L-`` over every other key, rescaled to the
@@ -78,7 +78,7 @@ class LocosHead(SignTestedHead):
     def targets(self, batch: ProbeBatch) -> Tensor:
         """From the answer step to the needle (the gold document): where the head reads
         (the attention evidence kept beside the score)."""
-        from headmech.interventions.direct_effects import needle_span
+        from headmech.interventions.sources import needle_span
 
         n = batch.input_ids.shape[1]
         end = batch.extras["end_pos"]
@@ -89,7 +89,7 @@ class LocosHead(SignTestedHead):
         return last[:, :, None] & needle[:, None, :]
 
     def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
-        from headmech.interventions.direct_effects import locos_scores
+        from headmech.interventions.sources import locos_scores
 
         out = locos_scores(model, batches=list(batches))
         answered = torch.full_like(out["score"], float(out["answered"]))

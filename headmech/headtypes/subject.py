@@ -48,7 +48,7 @@ class FactSourceHead(SignTestedHead):
         return last[:, :, None] & batch.extras[self.group][:, None, :]
 
     def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
-        from headmech.interventions.direct_effects import subject_relation_scores
+        from headmech.interventions.sources import subject_relation_scores
 
         out = subject_relation_scores(model, batches=list(batches))
         known = torch.full_like(out[self.group], float(out["known"]))
@@ -108,7 +108,7 @@ class SubjectHead(FactSourceHead):
     and the relation ("is located in the city of") are the two groups of tokens.
 
     Score: Chughtai et al.'s split of direct logit attribution by source
-    (:func:`headmech.interventions.direct_effects.direct_effects_by_source`). With the final
+    (:func:`headmech.interventions.sources.direct_effects_by_source`). With the final
     norm's scale frozen, a head's direct effect on the answer's logit (against the
     vocabulary's mean) is a sum over the keys it reads, ``α_j (v_j W_O) · d``; the
     subject's share sums the subject's keys. Averaged over the facts the model completes
