@@ -312,6 +312,8 @@ def _part(data: dict[str, Any], types: set[str], probes: set[str]) -> dict[str, 
     out["types"] = {k: v for k, v in out["types"].items() if k in types}
     settings = out["provenance"]["settings"]
     settings["types"] = {k: v for k, v in settings["types"].items() if k in types}
+    if "skipped" in settings:  # the reasons of the types that did not run (Gemma: subject)
+        settings["skipped"] = {k: v for k, v in settings["skipped"].items() if k in types}
     out["provenance"]["probes"] = {
         k: v for k, v in out["provenance"]["probes"].items() if k in probes
     }
