@@ -80,3 +80,31 @@ def test_add_records_what_a_full_run_records(toy, tmp_path, monkeypatch, capsys)
     assert again["types"] == after["types"]
     assert (folder / "check.json").read_bytes() == full["check.json"]
     assert "toy-induction: rescored ['induction']" in capsys.readouterr().err
+    # a stopped addition keeps its finished parts (.headmech-partial/add/): run again, it
+    # reads them back and writes what an unbroken run writes
+    from headmech.publish import update
+
+    real = update._validate_one
+
+    def stop_at_inactive(model, data, head_type, *args, **kwargs):
+        if head_type.name == "inactive":
+            raise KeyboardInterrupt
+        return real(model, data, head_type, *args, **kwargs)
+
+    monkeypatch.setattr(update, "_validate_one", stop_at_inactive)
+    both = ["--models", NAME, "--out", str(tmp_path), "--rescore", "--types", "induction,inactive"]
+    with warnings.catch_warnings(), pytest.raises(KeyboardInterrupt):
+        warnings.simplefilter("ignore")
+        publish.main(both)
+    assert json.loads((folder / "catalog.json").read_text()) == again  # nothing written yet
+    staged = folder / ".headmech-partial" / "add"
+    assert (staged / "manifest.json").is_file()
+    monkeypatch.setattr(update, "_validate_one", real)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert publish.main(both) == 0
+    final = json.loads((folder / "catalog.json").read_text())
+    # the full-size classification and induction's validation read back
+    assert final["provenance"]["type_additions"][-1]["seconds"]["resumed_units"] == 2
+    assert final["types"] == after["types"] and not staged.parent.exists()
+    assert (folder / "check.json").read_bytes() == full["check.json"]

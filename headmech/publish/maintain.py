@@ -62,7 +62,7 @@ def add(names: list[str], types: list[str], out: Path, rescore: bool = False) ->
             model, out / name, types, skipped=skipped, named=kept is not None,
             size=publish.FULL[name], check=publish.CHECK, command=command, replace=rescore,
         )  # fmt: skip
-        for t, r in (full.types if full is not None else {}).items():
+        for t, r in full.items():
             heatmap_png(t, r, name, out / name / "heatmaps" / f"{t}.png")
         done = "rescored" if rescore else "added"
         return f"{done} {record[done]}, skipped {record['skipped']}"

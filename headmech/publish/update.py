@@ -40,7 +40,7 @@ from headmech.runs.provenance import dumps
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.classification.results import HeadCatalog
+    from headmech.classification.results import HeadCatalog, TypeResult
     from headmech.runs.resume import Units
 
 __all__ = ["add_broad", "add_types", "update_validations"]
@@ -346,7 +346,7 @@ def add_types(
     check: Any,
     command: str = "",
     replace: bool = False,
-) -> tuple[dict[str, Any], HeadCatalog | None]:
+) -> tuple[dict[str, Any], dict[str, TypeResult]]:
     """Add ``types`` to ``folder/catalog.json`` (classified at ``size``, validated if
     ``size.validate``) and ``folder/check.json`` (at ``check``), both sizes being
     :class:`headmech.publish.Size`; those in ``skipped`` (every type that does not fit
@@ -354,8 +354,12 @@ def add_types(
     the publishing run did not name its types (``named`` false), in the provenance.
 
     Returns:
-        The addition's record and the full-size catalog of the types classified (None
-        when every type was skipped), for their heatmaps.
+        The addition's record and the full-size results of the types classified (as
+        written: none when every type was skipped), for their heatmaps.
+
+    Each finished part (the classification at each size, each type's validation) is kept
+    in ``folder/.headmech-partial/add/`` until the files are written: a stopped addition,
+    run again with the same types, continues from there.
 
     ``replace``: the types may be in the catalog already; their entries are replaced
     (a changed score: ``publish --rescore``), and the record says ``rescored``.
@@ -364,6 +368,8 @@ def add_types(
         InputError: a type the catalog already holds (unless ``replace``), a missing
             catalog, other weights.
     """
+    from headmech.runs.resume import recording, unit
+
     data, checked, run = _open_for_addition(model, folder, types, replace)
     t0, c0 = time.perf_counter(), time.process_time()
     added = [t for t in types if t not in skipped]
@@ -371,16 +377,22 @@ def add_types(
     kept = {} if named else left
     for d in (data, checked):
         d["provenance"]["settings"]["skipped"].update(kept)
-    full: HeadCatalog | None = None
+    full: dict[str, TypeResult] = {}
     seconds: dict[str, Any] = {}
-    if added:
-        full = _classified(model, added, size)
-        _merge(data, json.loads(dumps(full.to_json())))
-        seconds["classify"] = round(time.perf_counter() - t0, 1)
-        seconds["validate"] = _validate(model, data, added, size) if size.validate else {}
-        t1 = time.perf_counter()
-        _merge(checked, json.loads(dumps(_classified(model, added, check).to_json())))
-        seconds["check"] = round(time.perf_counter() - t1, 1)
+    store = _addition_store(folder, data, added, size, check, replace)
+    with recording(store):  # a stopped addition keeps its finished parts: rerun it to go on
+        if added:
+            new = unit("classify", lambda: json.loads(dumps(_classified(model, added, size).to_json())))  # fmt: skip
+            _merge(data, new)
+            full = _type_results(new)
+            seconds["classify"] = round(time.perf_counter() - t0, 1)
+            seconds["validate"] = _validate(model, data, added, size) if size.validate else {}
+            t1 = time.perf_counter()
+            small = unit("check", lambda: json.loads(dumps(_classified(model, added, check).to_json())))  # fmt: skip
+            _merge(checked, small)
+            seconds["check"] = round(time.perf_counter() - t1, 1)
+    if store.replayed:
+        seconds["resumed_units"] = store.replayed
     done = "rescored" if replace else "added"
     record = {done: added, "skipped": left, **_run_record(command, seconds, t0, c0)}
     data["provenance"].setdefault("type_additions", []).append(record)
@@ -389,4 +401,32 @@ def add_types(
     run["skipped"].update(left)
     run.setdefault("updates", []).append(record)
     (folder / "run.json").write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    store.clear()
     return record, full
+
+
+def _type_results(data: dict[str, Any]) -> dict[str, TypeResult]:
+    """The types of a catalog's JSON, parsed (for their heatmaps)."""
+    from headmech.classification.results import TypeResult
+
+    m = data["model"]
+    shape = (int(m["n_layers"]), int(m["n_heads"]))
+    return {n: TypeResult.from_json(n, e, shape) for n, e in data["types"].items()}
+
+
+def _addition_store(
+    folder: Path, data: dict[str, Any], types: Sequence[str], size: Any, check: Any, replace: bool
+) -> Units:
+    """The finished parts of an addition (the classification at both sizes, each type's
+    validation), kept in ``<model>/.headmech-partial/add/`` until the files are written; a
+    store left by an addition of other types, sizes, weights or versions is discarded."""
+    from headmech.runs.resume import STAGING, Units, library_versions
+
+    manifest = json.loads(json.dumps({
+        "types": list(types), "size": repr(size), "check": repr(check), "replace": replace,
+        "versions": library_versions(), "weights_sha256": data["provenance"]["model"]["weights_sha256"],
+    }, default=str))  # fmt: skip
+    store = Units(folder / STAGING / "add", manifest)
+    if store.read_manifest() not in (None, manifest):
+        store.clear()
+    return store
