@@ -325,7 +325,8 @@ def test_publish_readme_covers_the_published_models_in_order(root):
     none here), in that order; the toy has a section but no column in the cross-model
     table."""
     assert publish.MODELS == (
-        "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "minilm-l6", "toy-induction"
+        "smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "minilm-l6",
+        "toy-induction",
     )  # fmt: skip
     text = publish.readme(root)
     assert _section(text, "smollm2-135m") == SMOLLM2_SECTION

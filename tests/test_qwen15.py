@@ -120,3 +120,21 @@ def test_classify_finds_late_induction_and_early_previous_token_heads(qwen15):
     previous = {tuple(h) for h in cat["types"]["previous_token"]["heads"]}
     assert (23, 4) in induction and all(layer >= 16 for layer, _ in induction)
     assert {(0, 8), (1, 4)} <= previous and not induction & previous
+
+
+@pytest.mark.slow
+def test_published_catalog_is_current(qwen15):
+    """catalog/qwen2.5-coder-1.5b against the model loaded here (test_published_catalog's
+    checks, which load every other published model themselves)."""
+    from test_published_catalog import catalog_is_current
+
+    catalog_is_current(QWEN15, qwen15)
+
+
+@pytest.mark.slow
+def test_check_json_regenerates(qwen15):
+    """Its check.json's types read from attention, regenerated (the others are regenerated
+    on the smaller models: test_published_catalog.NOT_REGENERATED)."""
+    from test_published_catalog import check_json_regenerates
+
+    check_json_regenerates(QWEN15, qwen15)

@@ -39,7 +39,7 @@ BEGIN = (
     "<!-- cross-model table: written by `make catalog` (headmech.publish.compare); do not edit -->"
 )
 END = "<!-- end of the cross-model table -->"
-DECODERS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+DECODERS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 """The published real decoders, compared type by type."""
 PUBLISHED = [*DECODERS, "minilm-l6"]
 

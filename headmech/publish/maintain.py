@@ -87,9 +87,10 @@ def _command(name: str, types: list[str], verb: str) -> str:
 
 
 def readmes(out: Path) -> None:
-    """``out/README.md``, the cross-model table in the project's README beside it, and the
-    published agreement matrices in its docs/findings.md."""
-    from headmech.publish.agreement import DEFS_BEGIN, findings_block, replace_defs_block
+    """``out/README.md``, the cross-model table in the project's README beside it, and in
+    its docs/findings.md the published agreement matrices and the cross-scale table (once
+    both sizes of the family are published)."""
+    from headmech.publish import agreement, scale
 
     (out / "README.md").write_text(publish.readme(out))
     print(f"wrote {out}/README.md", file=sys.stderr)
@@ -98,7 +99,13 @@ def readmes(out: Path) -> None:
         front.write_text(replace_block(text, readme_block(out)))
         print(f"updated the cross-model table in {front}", file=sys.stderr)
     findings = out.resolve().parent / "docs" / "findings.md"
-    block = findings_block(out)
-    if block is not None and findings.is_file() and DEFS_BEGIN in (text := findings.read_text()):
-        findings.write_text(replace_defs_block(text, block))
-        print(f"updated the agreement matrices in {findings}", file=sys.stderr)
+    blocks = [
+        ("agreement matrices", agreement.DEFS_BEGIN, agreement.findings_block(out),
+         agreement.replace_defs_block),
+        ("cross-scale table", scale.SCALE_BEGIN, scale.findings_block(out),
+         scale.replace_scale_block),
+    ]  # fmt: skip
+    for what, begin, block, replace in blocks:
+        if block is not None and findings.is_file() and begin in (text := findings.read_text()):
+            findings.write_text(replace(text, block))
+            print(f"updated the {what} in {findings}", file=sys.stderr)

@@ -25,6 +25,8 @@ __all__ = [
     "ScaleRow",
     "cross_scale_rows",
     "cross_scale_table",
+    "findings_block",
+    "replace_scale_block",
     "scale_findings",
 ]
 
@@ -149,3 +151,20 @@ def scale_findings(root: Path, small: str, large: str) -> list[str]:
             f"{large} {said(r.large, r.band(True))}{where}."
         )
     return lines
+
+
+def findings_block(root: Path) -> str | None:
+    """docs/findings.md's cross-scale section body between :data:`SCALE_BEGIN` and
+    :data:`SCALE_END`: the table of :data:`SCALE_FAMILY` and its findings, finding by
+    finding; None until both sizes are published under ``root``."""
+    small, large = SCALE_FAMILY
+    if not all((root / m / "catalog.json").is_file() for m in SCALE_FAMILY):
+        return None
+    findings = "\n".join(scale_findings(root, small, large))
+    return "\n".join([SCALE_BEGIN, cross_scale_table(root, small, large), findings, SCALE_END])
+
+
+def replace_scale_block(text: str, block: str) -> str:
+    """``text`` with the part from :data:`SCALE_BEGIN` to :data:`SCALE_END` replaced."""
+    start, end = text.index(SCALE_BEGIN), text.index(SCALE_END) + len(SCALE_END)
+    return text[:start] + block + text[end:]
