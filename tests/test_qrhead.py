@@ -50,8 +50,9 @@ def test_each_question_is_followed_by_its_null_twin(model, documents):
 
 
 def test_the_type_scores_what_the_matrix_definition_scores(model, documents):
-    """The streamed type (both prompts in one pass) equals qrhead_scores (a captured pass
-    of each), the agreement matrix's QRHead column, on the same questions."""
+    """The type on its twinned probe scores what qrhead_scores (the agreement matrix's
+    QRHead column, given the plain documents batches) scores on the same questions: one
+    score, checked against the authors' steps by hand in tests/test_definitions.py."""
     qr = get_head_type("qrhead")()
     twins = [with_null_twins(b, model.tokenizer) for b in documents]
     stats = collect_statistics([qr], model, twins)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
@@ -67,21 +66,6 @@ QRHEAD_TOP_K = 16
 """Heads QRHead keeps (its paper's default on Llama-3.1-8B)."""
 
 
-def _question_attention(model: TransformerBridge, batch: ProbeBatch) -> Tensor:
-    """``[batch, n_layers, n_heads, key_pos]``: each key's attention averaged over the
-    question's tokens (``query_start`` to ``query_end``)."""
-    from headmech.interventions import capture
-
-    n_layers = int(model.cfg.n_layers)
-    names = [f"blocks.{la}.attn.hook_pattern" for la in range(n_layers)]
-    store = capture(model, batch, names)
-    pos = torch.arange(batch.input_ids.shape[1])
-    e = batch.extras
-    rows = ((pos >= e["query_start"][:, None]) & (pos < e["query_end"][:, None])).float()
-    weights = rows / rows.sum(1, keepdim=True)  # [batch, query_pos]
-    return torch.stack([torch.einsum("bhqk,bq->bhk", store[n].cpu(), weights) for n in names], 1)
-
-
 def qrhead_scores(
     model: TransformerBridge,
     n_questions: int = 40,
@@ -93,8 +77,9 @@ def qrhead_scores(
     """QRHead's score of every head, ``[n_layers, n_heads]``, over ``n_questions`` of the
     ``documents`` probe (or the given ``batches`` of it): the calibrated, outlier-trimmed
     attention of the question to its gold document (module docstring), averaged over the
-    questions; ``calibrated=False``: the plain mean attention mass from the question's
-    tokens to the gold document."""
+    questions (the ``qrhead`` type's streamed reducer, each question beside its null twin
+    in one pass: :func:`headmech.probes.documents.with_null_twins`); ``calibrated=False``:
+    the plain mean attention mass from the question's tokens to the gold document."""
     from headmech.probes import ProbeOptions, build_probe
     from headmech.stream.engine import stream_statistics
     from headmech.stream.reducers import target_reducer
@@ -105,20 +90,11 @@ def qrhead_scores(
     if not calibrated:
         reducer = target_reducer("qrhead", query_to_gold, hits=False)
         return stream_statistics(model, batches, [reducer]).mean("qrhead.mass")
-    from headmech.headtypes.qrhead import calibrated_gold
+    from headmech.headtypes.qrhead import QRHead
+    from headmech.probes.documents import with_null_twins
 
-    total, n = None, 0
-    for batch in batches:
-        real = _question_attention(model, batch)
-        null = _question_attention(model, null_query_batch(batch, model.tokenizer))
-        lo, hi = needle_span(batch)  # the gold document
-        pos = torch.arange(real.shape[-1])
-        gold = (pos >= lo[:, None]) & (pos < hi[:, None])
-        score = calibrated_gold(real.double(), null.double(), gold).sum(0).float()
-        total = score if total is None else total + score
-        n += real.shape[0]
-    assert total is not None
-    return total / n
+    twins = [with_null_twins(b, model.tokenizer) for b in batches]  # one pass of both
+    return stream_statistics(model, twins, QRHead().reducers()).mean("qrhead.score")
 
 
 def jaccard(a: list[HeadIndex] | set[HeadIndex], b: list[HeadIndex] | set[HeadIndex]) -> float:
