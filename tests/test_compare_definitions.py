@@ -63,8 +63,15 @@ def test_sets_are_each_definitions_top_k_and_their_overlap_is_jaccards(matrix, m
             assert jac[a][b] == pytest.approx(len(x & y) / len(x | y)) == jaccard(x, y)
         assert matrix.depth(a) == pytest.approx(sum(h.layer for h in sets[a]) / 3 / 2)
     assert jac["wu"]["wu"] == 1.0
-    # QRHead's score is qrhead_scores itself on the same questions
+    # QRHead's score is qrhead_scores itself on the same questions, CRI the cri type's
     assert torch.allclose(matrix.scores["qrhead"], qrhead_scores(model, 6))
+    from headmech.compare.matrix import _documents
+    from headmech.headtypes.cri import cri_scores
+
+    cri = cri_scores(model, _documents(model, matrix.options.cri_questions, 0))["cri"]
+    assert (
+        torch.allclose(matrix.scores["cri"], cri) and "gold document removed" in matrix.notes["cri"]
+    )
 
 
 def test_the_kv_ranking_gives_each_query_head_its_kv_heads_score(matrix, model):
@@ -275,3 +282,26 @@ def test_the_kv_benchmark_plans_each_definitions_ranking(matrix, tmp_path, monke
     assert bench_kv_plans.definition_rankings(hf, None) == {}
     got = bench_kv_plans.definition_rankings(hf, str(matrix.save(tmp_path)))
     assert got == {f"def-{n}": matrix.kv_ranking(n, 2) for n in ("wu", "qrhead", "cri", "kv")}
+
+
+def test_rescoring_a_definition_measures_it_again_and_redoes_the_family(matrix, model):
+    """A definition measured again on the same weights gives the matrix back (its score,
+    its set's effects, every q); a stale score (here zeros) is replaced by the measured one,
+    the other definitions' records kept but their q taken over the new family."""
+    import copy
+
+    from headmech.compare.rescore import rescore_definition
+
+    again = rescore_definition(model, matrix, "cri", progress=False)
+    assert torch.equal(again.scores["cri"], matrix.scores["cri"])
+    assert again.effects == matrix.effects
+    assert again.provenance["rescored"][-1]["definition"] == "cri"
+    stale = copy.deepcopy(matrix)
+    stale.scores["cri"] = torch.zeros_like(matrix.scores["cri"])
+    stale.effects["cri"]["facts"]["test"]["p"] = 1.0  # as if its old set had done nothing
+    fixed = rescore_definition(model, stale, "cri", progress=False)
+    assert (
+        torch.equal(fixed.scores["cri"], matrix.scores["cri"]) and fixed.effects == matrix.effects
+    )
+    with pytest.raises(InputError, match="no definition locos"):
+        rescore_definition(model, matrix, "locos", progress=False)

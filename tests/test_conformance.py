@@ -387,6 +387,7 @@ HAND: dict[str, Callable[[ProbeBatch, object], Targets]] = {
     "concordance": _concordance,
     "qrhead": _qrhead,
     "locos": _locos,
+    "cri": _locos,  # read from the answer step to the gold document, as LOCOS's
     "subject": _fact_group("subject"),
     "relation": _fact_group("relation"),
 }
@@ -691,6 +692,10 @@ MUTANTS = [
      'W_U[:, e["answer"]].T', 'W_U[:, e["answer"] - 1].T'),  # another token's direction
     ("locos", "headmech.interventions.sources", "locos_scores",
      "on = (phi * needle[:, None, None])", "on = (phi * (keys & ~needle)[:, None, None])"),
+    ("cri", "headmech.headtypes.cri", "_contrast",
+     "return query, good, bad", "return query, bad, good"),  # the counterfactual as answer
+    ("cri", "headmech.headtypes.cri", "remove_needle",
+     "lo, hi = needle_span(batch)", "hi, lo = needle_span(batch)"),  # nothing removed
     ("relation", "headmech.interventions.sources", "subject_relation_scores",
      '"relation": mean[1]', '"relation": mean[2]'),  # the keys of neither group
     ("subject", "headmech.interventions.sources", "direct_effects_by_source",

@@ -208,16 +208,14 @@ def _locos(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[
 
 
 def _cri(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
-    from headmech.attribution import importance
+    from headmech.headtypes.cri import cri_scores
 
-    result = importance(
-        model, "patching", "documents", batches=_documents(model, o.cri_questions, o.seed),
-        progress=progress, n_boot=0, direction="denoising",
-    )  # fmt: skip
-    return (
-        result.score.float(),
-        f"{o.cri_questions} questions, each head patched clean into corrupted",
+    out = cri_scores(model, _documents(model, o.cri_questions, o.seed))
+    note = (
+        f"{o.cri_questions} questions, each head patched clean into the run with the gold "
+        "document removed (the cri type's score)"
     )
+    return out["cri"].float(), note
 
 
 def _kv(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
@@ -260,8 +258,8 @@ DEFINITIONS: dict[str, Definition] = {
         ),
         Definition(
             "cri", "causal retrieval importance (LOCOS's baseline, locos/detectors/cri.py)",
-            "the answer's log-probability gain when the head's output is patched from the "
-            "clean run into a corrupted one",
+            "the answer's first-token logit lead over the removed run's favourite restored "
+            "when the head's output is patched from the clean run into one without the needle",
             _cri,
         ),
         Definition(

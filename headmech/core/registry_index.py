@@ -42,6 +42,15 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
             "task": "copy_suppression",
             "threshold": 0.5,
         },
+        "cri": {
+            "causal_only": True,
+            "citation": "LOCOS, arXiv:2607.01002, 2026 (code aryopg/locos, locos/detectors/cri.py: causal retrieval importance, activation patching of each head into a run without the needle)",
+            "probe": "documents",
+            "reference": "LOCOS 2026 (CRI)",
+            "summary": "patched alone into a run without the needle, it restores the answer",
+            "task": "documents",
+            "threshold": 1.0,
+        },
         "duplicate_token": {
             "causal_only": False,
             "citation": "Wang et al. 2022, Interpretability in the Wild: a Circuit for Indirect Object Identification in GPT-2 small, ICLR 2023; TransformerLens head_detector duplicate_token_head",

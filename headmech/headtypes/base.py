@@ -109,6 +109,20 @@ def unconfirmed(
     }
 
 
+def first_examples(batches: Sequence[ProbeBatch], n: int) -> list[ProbeBatch]:
+    """The first ``n`` examples of the batches (whole batches, the last one cut): a bound
+    on a type whose measurement costs a pass per head and example."""
+    out: list[ProbeBatch] = []
+    left = n
+    for b in batches:
+        if left <= 0:
+            break
+        k = min(left, int(b.input_ids.shape[0]))
+        out.append(b if k == b.input_ids.shape[0] else b.head(k))
+        left -= k
+    return out
+
+
 def best_heads(score: Tensor, k: int) -> list[HeadIndex]:
     """The ``k`` heads of highest score, best first."""
     order = score.flatten().argsort(descending=True)[:k].tolist()
@@ -310,3 +324,16 @@ class SignTestedHead(HeadType):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(threshold={self.threshold}, alpha={self.alpha})"
+
+    def top_values(self, stats: HeadStats, key: str, top: list[HeadIndex]) -> dict[str, float]:
+        """The statistic ``key`` of the heads ``top``, rounded, for ``details``."""
+        values = stats.mean(f"{self.name}.{key}")
+        return {str(h): round(float(values[h]), 4) for h in top}
+
+    def top_tests(self, stats: HeadStats, top: list[HeadIndex]) -> dict[str, dict[str, float]]:
+        """``{"p": ..., "q": ...}`` of the heads ``top``'s sign tests (:meth:`significance`)."""
+        p, q = self.significance(stats)  # type: ignore[attr-defined]
+        return {
+            "p": {str(h): float(f"{float(p[h]):.3g}") for h in top},
+            "q": {str(h): float(f"{float(q[h]):.3g}") for h in top},
+        }

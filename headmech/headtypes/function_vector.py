@@ -10,6 +10,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
+from headmech.headtypes.base import first_examples
 from headmech.headtypes.registry import HeadType
 from headmech.stream.engine import HeadStats, ProbeBatch
 
@@ -82,7 +83,7 @@ class FunctionVectorHead(HeadType):
         self.max_prompts = int(max_prompts)
 
     def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
-        return {"aie": indirect_effects(model, _first(batches, self.max_prompts))}
+        return {"aie": indirect_effects(model, first_examples(batches, self.max_prompts))}
 
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
@@ -99,19 +100,6 @@ class FunctionVectorHead(HeadType):
             if f"{self.name}.mass" in stats
             else 0,
         }
-
-
-def _first(batches: Sequence[ProbeBatch], n: int) -> list[ProbeBatch]:
-    """The first ``n`` prompts of the batches (whole batches, the last one cut)."""
-    out: list[ProbeBatch] = []
-    left = n
-    for b in batches:
-        if left <= 0:
-            break
-        k = min(left, int(b.input_ids.shape[0]))
-        out.append(b if k == b.input_ids.shape[0] else b.head(k))
-        left -= k
-    return out
 
 
 @torch.no_grad()

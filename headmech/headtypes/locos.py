@@ -121,21 +121,14 @@ class LocosHead(SignTestedHead):
         return unconfirmed(score, self.threshold, self.significance(stats)[1], self.alpha, why)
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
-        p, q = self.significance(stats)
         top = best_heads(score, 16)
-
-        def per_head(key: str) -> dict[str, float]:
-            values = stats.mean(f"{self.name}.{key}")
-            return {str(h): round(float(values[h]), 4) for h in top}
-
         return {
             "contribution": {str(h): round(float(score[h]), 4) for h in top},
-            "L_plus": per_head("L_plus"),
-            "L_minus": per_head("L_minus"),
-            "positive": per_head("positive"),
-            "attention": per_head("mass"),
-            "p": {str(h): float(f"{float(p[h]):.3g}") for h in top},
-            "q": {str(h): float(f"{float(q[h]):.3g}") for h in top},
+            "L_plus": self.top_values(stats, "L_plus", top),
+            "L_minus": self.top_values(stats, "L_minus", top),
+            "positive": self.top_values(stats, "positive", top),
+            "attention": self.top_values(stats, "mass", top),
+            **self.top_tests(stats, top),
             "answered": int(stats.mean(f"{self.name}.answered").nan_to_num(0.0).max()),
             "asked": int(stats.mean(f"{self.name}.asked").nan_to_num(0.0).max()),
             "alpha": self.alpha,

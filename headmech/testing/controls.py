@@ -256,6 +256,7 @@ def function_vector_model(seed: int = 0) -> TransformerBridge:
 # Types whose score reads no attention pattern: the hand-built model each is checked on.
 POSITIVE_CONTROLS: dict[str, Callable[[], TransformerBridge]] = {
     "copy_suppression": copy_suppression_model,
+    "cri": documents_model,
     "function_vector": function_vector_model,
     "inactive": inactive_model,
     "locos": documents_model,
