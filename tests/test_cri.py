@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from headmech.core.head_index import HeadIndex
 from headmech.headtypes import collect_statistics, get_head_type
 from headmech.headtypes.cri import cri_scores, remove_needle
 from headmech.interventions.sources import needle_span
@@ -113,3 +114,25 @@ def test_planted_is_labelled_first_and_the_reasons_given(model, batches):
     # a strict threshold leaves PLANTED alone
     strict = get_head_type("cri")(threshold=5.0)
     assert strict.select(strict.score(stats), stats) == [PLANTED]
+
+
+def test_only_the_heads_first_by_the_estimate_are_patched(model, batches):
+    """With n_exact=2 the two heads of highest first-order estimate (attribution patching)
+    are patched and equal the every-head run; the others keep the estimate, and a head
+    above the threshold on an estimate alone is not labelled."""
+    every = cri_scores(model, batches, n_exact=None)
+    two = cri_scores(model, batches, n_exact=2)
+    assert int(two["exact"].sum()) == 2 and bool(every["exact"].all())
+    patched = two["exact"].bool()
+    assert bool(patched[PLANTED])  # the estimate ranks PLANTED first or second
+    torch.testing.assert_close(two["cri"][patched], every["cri"][patched])
+    torch.testing.assert_close(two["cri"][~patched], two["estimate"][~patched])
+    torch.testing.assert_close(two["estimate"], every["estimate"])
+    cri = get_head_type("cri")(threshold=-1000.0, n_exact=2)  # every head above the threshold
+    stats = collect_statistics([cri], model, batches)
+    why = cri.rejected(cri.score(stats), stats)
+    estimated = [HeadIndex(la, h) for la, h in (~patched).nonzero().tolist()]
+    assert all("only estimated to first order" in why[h] for h in estimated)
+    assert set(cri.select(cri.score(stats), stats)) <= {
+        HeadIndex(la, h) for la, h in patched.nonzero().tolist()
+    }

@@ -28,7 +28,7 @@ DEFAULTS = {
     "concordance": (0.1, {"min_cases": 20, "alpha": 0.05}),
     "qrhead": (0.1, {"alpha": 0.05}),
     "locos": (1.0, {"alpha": 0.05}),
-    "cri": (1.0, {"alpha": 0.05, "max_questions": None}),
+    "cri": (1.0, {"alpha": 0.05, "max_questions": None, "n_exact": 24}),
     "relation": (0.25, {"alpha": 0.05}),
     "subject": (0.25, {"alpha": 0.05}),
     "copy_suppression": (0.5, {"n_tokens": 500}),

@@ -81,37 +81,75 @@ def cri_task() -> LogitDiffTask:
     )  # fmt: skip
 
 
-def cri_scores(model: TransformerBridge, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
+N_EXACT = 24
+"""Heads CRI patches exactly by default: the first by its first-order estimate."""
+
+
+def cri_estimates(
+    model: TransformerBridge, clean: Sequence[ProbeBatch], removed: Sequence[ProbeBatch]
+) -> Tensor:
+    """``[questions, n_layers, n_heads]``: each head's CRI to first order (attribution
+    patching, Syed et al. 2023): ``(z_clean - z_removed) · ∂(answer - counterfactual
+    logit)/∂z`` in the removed run, one forward and backward pass a batch."""
+    from headmech.interventions import capture_z, gradients
+
+    task, out = cri_task(), []
+    for c, r in zip(clean, removed, strict=True):
+        z_src = capture_z(model, c)  # [n_layers, batch, pos, n_heads, d_head]
+        z, grad, _, _ = gradients(model, task, r)
+        # the task is a loss (counterfactual minus answer): the gain is minus its change
+        out.append(-((z_src - z.detach()) * grad).sum((-1, 2)).permute(1, 0, 2).double().cpu())
+    return torch.cat(out)
+
+
+def cri_scores(
+    model: TransformerBridge, batches: Sequence[ProbeBatch], n_exact: int | None = N_EXACT
+) -> dict[str, Tensor]:
     """LOCOS's causal retrieval importance of every head (aryopg/locos,
     ``locos/detectors/cri.py``, its default metric): per question, the answer's first-token
     logit difference against the counterfactual (:func:`remove_needle`) in the run with the
     needle removed and the head's output patched from the clean run, minus the same
     without the patch; averaged over every question (the authors average over all their
-    examples). Returns ``{"cri", "positive"}`` grids ``[n_layers, n_heads]`` (the mean and
-    the share of questions above 0), ``"removed"`` (the removed run's mean answer-minus-
-    counterfactual logit difference, a grid of one value) and ``"questions"``. The patched
-    runs are batched by :func:`headmech.interventions.run_variants` (each from the patched
-    layer on)."""
+    examples).
+
+    The authors patch every head (a pass per head and question); here the ``n_exact``
+    heads of highest first-order estimate (:func:`cri_estimates`) are patched exactly and
+    the rest keep the estimate (``None``: every head exactly, the authors' loop). The
+    patched runs are batched by :func:`headmech.interventions.run_variants` (each from the
+    patched layer on).
+
+    Returns ``{"cri", "positive"}`` grids ``[n_layers, n_heads]`` (the mean and the share
+    of questions above 0), ``"estimate"`` (the first-order mean), ``"exact"`` (1 where
+    patched), ``"removed"`` (the removed run's mean answer-minus-counterfactual logit
+    difference, a grid of one value) and ``"questions"``."""
+    from headmech.core.head_index import top_k
     from headmech.interventions import Intervention, Patch, capture_z, run_variants
 
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     task = cri_task()
     clean = list(batches)
     removed = [task.corrupt(b, model, 0) for b in clean]
+    estimate = cri_estimates(model, clean, removed)  # [questions, n_layers, n_heads]
+    every = [(la, h) for la in range(n_layers) for h in range(n_heads)]
+    heads = every if n_exact is None else [(h.layer, h.head) for h in top_k(estimate.mean(0), n_exact)]  # fmt: skip
 
     def variants(bi: int, batch: ProbeBatch) -> list[list[Intervention]]:
         patch = Patch(capture_z(model, clean[bi]))  # every head's clean output
-        return [[Intervention.on([(la, h)], patch)] for la in range(n_layers) for h in range(n_heads)]  # fmt: skip
+        return [[Intervention.on([h], patch)] for h in heads]
 
     _, base, sums, counts = run_variants(model, task, removed, variants, per_unit=True)
-    # the task is a loss (counterfactual minus answer): the gain is the unpatched run's
-    # value minus the patched one's, per question
-    gain = (sums[0] - sums[1:]).T.double() / counts[0].double()[:, None]  # [questions, heads]
-    gain = gain.reshape(-1, n_layers, n_heads)
+    gain = estimate.clone()
+    exact = (sums[0] - sums[1:]).T.double() / counts[0].double()[:, None]  # [questions, heads]
+    rows, cols = torch.tensor([h[0] for h in heads]), torch.tensor([h[1] for h in heads])
+    gain[:, rows, cols] = exact
+    patched = torch.zeros(n_layers, n_heads)
+    patched[rows, cols] = 1.0
     score = gain.mean(0).float()
     return {
         "cri": score,
         "positive": (gain > 0).double().mean(0).float(),
+        "estimate": estimate.mean(0).float(),
+        "exact": patched,
         "removed": torch.full_like(score, -float(base)),
         "questions": torch.full_like(score, float(gain.shape[0])),
     }
@@ -132,7 +170,10 @@ class CRIHead(SignTestedHead):
     the token the removed run ranks first at the answer step, the answer left out. A
     head's CRI is the answer's logit minus the counterfactual's in the removed run with
     the head's output patched from the clean run, minus the same unpatched (the authors'
-    default ``first_token_logit_diff``), averaged over every question.
+    default ``first_token_logit_diff``), averaged over every question. The authors patch
+    every head; the type patches the ``n_exact`` heads its first-order estimate ranks
+    highest (attribution patching, one backward pass a batch) and keeps the estimate for
+    the rest, which cannot be labelled on it (:func:`cri_scores`).
 
     Threshold: 1.0, one logit of the answer's lead restored by the head alone (LOCOS
     ranks heads by CRI and publishes no cut; the same unit and cut as the ``locos``
@@ -148,6 +189,8 @@ class CRIHead(SignTestedHead):
         alpha: the false discovery rate (default 0.05).
         max_questions: score on the probe's first questions only (default: all): a patched
             pass per head and question (the authors' estimate: heads + 2 passes an example).
+        n_exact: heads patched exactly, the first by the estimate (default 24; None: every
+            head, the authors' loop).
 
     References:
         LOCOS, arXiv:2607.01002, 2026 (code: aryopg/locos, ``locos/detectors/cri.py``:
@@ -179,15 +222,20 @@ class CRIHead(SignTestedHead):
         threshold: float | None = None,
         alpha: float = 0.05,
         max_questions: int | None = None,
+        n_exact: int | None = N_EXACT,
         *,
         probe: str | None = None,
     ) -> None:
         super().__init__(threshold, alpha, probe=probe)
         self.max_questions = None if max_questions is None else int(max_questions)
+        self.n_exact = None if n_exact is None else int(n_exact)
 
     def __repr__(self) -> str:
         bound = "" if self.max_questions is None else f", max_questions={self.max_questions}"
-        return f"{type(self).__name__}(threshold={self.threshold}, alpha={self.alpha}{bound})"
+        return (
+            f"{type(self).__name__}(threshold={self.threshold}, alpha={self.alpha}{bound}, "
+            f"n_exact={self.n_exact})"
+        )
 
     # --- what the engine computes -------------------------------------------------
     def targets(self, batch: ProbeBatch) -> Tensor:
@@ -203,7 +251,7 @@ class CRIHead(SignTestedHead):
     def model_statistics(self, model: Any, batches: Sequence[ProbeBatch]) -> dict[str, Tensor]:
         if self.max_questions is not None:
             batches = first_examples(batches, self.max_questions)
-        return cri_scores(model, batches)
+        return cri_scores(model, batches, self.n_exact)
 
     # --- decision -----------------------------------------------------------------
     def score(self, stats: HeadStats) -> Float[Tensor, "n_layers n_heads"]:
@@ -218,19 +266,28 @@ class CRIHead(SignTestedHead):
 
     def rejected(self, score: Tensor, stats: HeadStats) -> dict[HeadIndex, str]:
         """Heads at the threshold whose questions do not agree (the sign test does not
-        survive Benjamini-Hochberg)."""
+        survive Benjamini-Hochberg), and those only estimated (not patched exactly)."""
         n = int(stats.mean(f"{self.name}.questions").nan_to_num(0.0).max())
         why = f"the answer it restores over the {n} questions is not above 0 beyond chance"
-        return unconfirmed(score, self.threshold, self.significance(stats)[1], self.alpha, why)
+        out = unconfirmed(score, self.threshold, self.significance(stats)[1], self.alpha, why)
+        exact = stats.mean(f"{self.name}.exact").nan_to_num(0.0) > 0
+        for la, h in ((score >= self.threshold) & ~exact).nonzero().tolist():
+            out[HeadIndex(la, h)] = (
+                f"only estimated to first order ({float(score[la, h]):.3g}): not among the "
+                f"{self.n_exact} heads patched exactly (raise n_exact)"
+            )
+        return out
 
     def details(self, stats: HeadStats, score: Tensor, heads: list[HeadIndex]) -> dict[str, Any]:
         top = best_heads(score, 16)
         return {
             "cri": {str(h): round(float(score[h]), 4) for h in top},
+            "estimate": self.top_values(stats, "estimate", top),
             "positive": self.top_values(stats, "positive", top),
             "attention": self.top_values(stats, "mass", top),
             **self.top_tests(stats, top),
             "removed": round(float(stats.mean(f"{self.name}.removed").nan_to_num(0.0).max()), 4),
             "questions": int(stats.mean(f"{self.name}.questions").nan_to_num(0.0).max()),
+            "patched": int(stats.mean(f"{self.name}.exact").nan_to_num(0.0).sum()),
             "alpha": self.alpha,
         }
