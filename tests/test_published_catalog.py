@@ -309,14 +309,16 @@ NOT_REGENERATED = {
     # they cost 2 s each; the types read from attention alone are regenerated on all three
     # concordance (448 short prompts) and qrhead (each question twice) are regenerated on
     # SmolLM2 alone, as are subject and relation (Gemma 3 refuses them: not in its check.json)
+    # and cri (a backward pass and a patched pass per head and question: 14 s on SmolLM2)
     "gemma3-270m": {
-        "concordance", "copy_suppression", "induction", "name_mover", "qrhead", "semantic_induction",
+        "concordance", "copy_suppression", "cri", "induction", "name_mover", "qrhead",
+        "semantic_induction",
     },
     # Qwen2.5's forward costs about 4x SmolLM2's (a 151k-token unembedding): the types read
     # from attention on its probes are regenerated, those with a pass per head or a
     # vocabulary-wide OV circuit are left to SmolLM2 and Gemma 3
     "qwen2.5-coder-0.5b": {
-        "concordance", "copy_suppression", "function_vector", "inactive", "induction", "name_mover",
+        "concordance", "copy_suppression", "cri", "function_vector", "inactive", "induction", "name_mover",
         "negative_name_mover", "qrhead", "relation", "s_inhibition", "semantic_induction", "subject",
         "successor", "syntactic",
     },

@@ -43,9 +43,12 @@ def site(tmp_path_factory) -> Path:
     # tokens, there and at the last token) adds about 6 kB a head page, the layer views'
     # second text 15 kB a layer: 17.9 MB, so the limit is 20 MB. data/ grows with each type
     # published (its scores, intervals and up to 99 control sets in catalog.json, a heatmap:
-    # 40-60 kB a type and model): 14.5 MB with 21 types, so its limit is 16 MB
-    assert summary.bytes < 20_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
-    assert summary.data_bytes < 16_000_000, f"data/ is {summary.data_bytes / 1e6:.1f} MB"
+    # 40-60 kB a type and model): 14.5 MB with 21 types. Qwen2.5-Coder-1.5B's pages (336
+    # heads, 28 layers) and files (catalog.json 1.4 MB, examples.json 4.1 MB, check.json,
+    # 23 heatmaps) took the site to 27.8 MB and data/ to 21.9 MB with 23 types: the limits
+    # are 32 MB and 25 MB
+    assert summary.bytes < 32_000_000, f"the site is {summary.bytes / 1e6:.1f} MB"
+    assert summary.data_bytes < 25_000_000, f"data/ is {summary.data_bytes / 1e6:.1f} MB"
     return out
 
 
@@ -769,7 +772,8 @@ def test_the_model_page_scatters_every_head_along_two_chosen_metrics(site, page)
 
 def test_each_catalog_has_a_bibtex_entry_with_year_version_and_identifier(site):
     """The index's "How to cite": one @misc per model with its year (from the files'
-    dates), the headmech version and a URN naming the model and the commit it was made at."""
+    dates), the headmech version and a URN naming the model and the commit it was made at
+    (the weights' hash where no commit was recorded)."""
     import re
     from html import unescape
 
@@ -781,11 +785,17 @@ def test_each_catalog_has_a_bibtex_entry_with_year_version_and_identifier(site):
         assert entry, name
         fields = dict(re.findall(r"^  (\w+) = \{(.*)\},?$", entry[1], re.M))
         assert re.fullmatch(r"20\d\d", fields["year"]) and fields["version"]
-        commit = json.loads((CATALOG / name / "catalog.json").read_text())["provenance"][
-            "versions"
-        ]["headmech_git"]["commit"]
-        assert fields["url"] == f"urn:headmech:catalog:{name}:{commit[:12]}"
-        assert f"commit {commit}" in fields["note"]
+        prov = json.loads((CATALOG / name / "catalog.json").read_text())["provenance"]
+        git = prov["versions"]["headmech_git"]
+        if git is None:  # run from a copy outside git (the 1.5B's hours-long publish): the weights
+            key = prov["model"]["weights_sha256"][:16]
+            assert (
+                fields["url"] == f"urn:headmech:catalog:{name}:{key}"
+                and "commit" not in fields["note"]
+            )
+            continue
+        assert fields["url"] == f"urn:headmech:catalog:{name}:{git['commit'][:12]}"
+        assert f"commit {git['commit']}" in fields["note"]
 
 
 def test_addresses_keep_the_search_and_the_pinned_query(site, page):
