@@ -20,7 +20,7 @@ starts over. ``--heatmaps`` redraws every ``heatmaps/`` from its ``catalog.json`
 catalogs (:mod:`headmech.publish.update`: the other types' entries keep their bytes,
 the update is recorded in the provenance and ``run.json``) and regenerates the README;
 ``--types a,b --add`` adds types the published catalogs lack (a type registered since:
-:func:`headmech.publish.update.add_types`), with their heatmaps, and the README;
+:func:`headmech.publish.addition.add_types`), with their heatmaps, and the README;
 ``--types a,b --rescore`` classifies and validates types the catalogs hold again (after
 a change to their score), replacing their entries. ``--broad`` reads every type's labelled
 and rejected heads on ordinary text (:mod:`headmech.classification.broad`) into the catalogs' ``per_head``.

@@ -49,10 +49,10 @@ def update(names: list[str], types: list[str], out: Path) -> int:
 
 def add(names: list[str], types: list[str], out: Path, rescore: bool = False) -> int:
     """``--types ... --add``: ``types`` added to each model's published catalog
-    (:func:`headmech.publish.update.add_types`), their heatmaps drawn, then the README;
+    (:func:`headmech.publish.addition.add_types`), their heatmaps drawn, then the README;
     ``--rescore``: the same for types the catalog holds, their old entries replaced."""
     from headmech.models import load_model
-    from headmech.publish.update import add_types
+    from headmech.publish.addition import add_types
 
     def step(name: str) -> str:
         model = load_model(name)

@@ -13,14 +13,8 @@ scores, stay those of the full run). Each finished type is kept in
 again, continues. ``python -m headmech.publish --types ... --update`` runs it
 (:mod:`headmech.publish`).
 
-:func:`add_types` adds types a published catalog lacks (a type registered after the
-catalog was published): it classifies only those types, at the catalog's published size
-and at the small size of ``check.json``, validates them against the catalog's labelled
-heads as a full run would, and inserts their entries, their ``settings.types`` and probe
-records into both files (every other entry keeps its bytes). A type that does not fit
-the model is recorded as skipped, as the full run records it. ``provenance.type_additions``
-and ``run.json``'s ``updates`` say what was added, when, and in how many seconds.
-``python -m headmech.publish --types ... --add`` runs it.
+Adding types a catalog lacks (``--add``, ``--rescore``) is :mod:`headmech.publish.addition`;
+it shares this module's validation of one type and Benjamini-Hochberg over the catalog.
 """
 
 from __future__ import annotations
@@ -40,10 +34,9 @@ from headmech.runs.provenance import dumps
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.classification.results import HeadCatalog, TypeResult
     from headmech.runs.resume import Units
 
-__all__ = ["add_broad", "add_types", "update_validations"]
+__all__ = ["add_broad", "run_record", "staged", "update_validations"]
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -102,7 +95,7 @@ def update_validations(
             _validate_one(model, data, head_type, options, n_random, alone, control_tokens)
             seconds[t] = round(time.perf_counter() - t1, 1)
     _catalog_fdr(data)
-    record = {"types": list(types), **_run_record(command, seconds, t0, c0)}
+    record = {"types": list(types), **run_record(command, seconds, t0, c0)}
     data["provenance"].setdefault("validation_updates", []).append(record)
     (folder / "catalog.json").write_text(dumps(data))
     run_path = folder / "run.json"
@@ -118,16 +111,25 @@ def _update_store(
     n_random: int, alone: tuple[int, int] | None, control_tokens: int,
 ) -> Units:  # fmt: skip
     """The finished types of an update, kept in ``<model>/.headmech-partial/update/`` (one
-    unit per type) until the catalog is written; a store left by an update with other
-    types, sizes, weights or versions is discarded."""
+    unit per type) until the catalog is written (:func:`staged`)."""
+    settings = {
+        "types": list(types), "probe_options": probe_options, "n_random": n_random,
+        "alone": alone, "control_tokens": control_tokens,
+    }  # fmt: skip
+    return staged(folder, "update", data, settings)
+
+
+def staged(folder: Path, kind: str, data: dict[str, Any], settings: dict[str, Any]) -> Units:
+    """The store of a change to ``folder``'s catalog ``data`` (``<model>/.headmech-partial/
+    <kind>/``), its manifest the change's ``settings`` with the library's versions and the
+    catalog's weights; a store left by a change with other ones is discarded."""
     from headmech.runs.resume import STAGING, Units, library_versions
 
     manifest = json.loads(json.dumps({
-        "types": list(types), "probe_options": probe_options, "n_random": n_random,
-        "alone": alone, "control_tokens": control_tokens, "versions": library_versions(),
+        **settings, "versions": library_versions(),
         "weights_sha256": data["provenance"]["model"]["weights_sha256"],
     }, default=str))  # fmt: skip
-    store = Units(folder / STAGING / "update", manifest)
+    store = Units(folder / STAGING / kind, manifest)
     if store.read_manifest() not in (None, manifest):
         store.clear()
     return store
@@ -217,7 +219,7 @@ def add_broad(name: str, root: Path, command: str = "") -> dict[str, Any]:
     known = head_types()
     names = [t for t in data["types"] if t in known]
     _read_broadly(model, data, [get_head_type(t)() for t in names])
-    record = {"types": names, **_run_record(command, {}, t0, c0)}
+    record = {"types": names, **run_record(command, {}, t0, c0)}
     data["provenance"].setdefault("broad_updates", []).append(record)
     (folder / "catalog.json").write_text(dumps(data))
     run_path = folder / "run.json"
@@ -245,54 +247,7 @@ def _read_broadly(model: TransformerBridge, data: dict[str, Any], types: Sequenc
         entry["per_head"] = json.loads(dumps({h: r.to_json() for h, r in per.items()}))
 
 
-def _merge(data: dict[str, Any], new: dict[str, Any]) -> None:
-    """Insert ``new``'s types (a catalog's JSON of the added types alone) into ``data``:
-    their entries, ``settings.types`` and probe records (the probe options, and a probe
-    both computed, must agree)."""
-    prov, got = data["provenance"], new["provenance"]
-    if prov["probe_options"] != got["probe_options"]:
-        raise InputError("the catalog was published at other probe sizes: publish it again")
-    for name, entry in got["probes"].items():
-        if prov["probes"].setdefault(name, entry) != entry:
-            raise InputError(f"probe '{name}' differs from the published one: publish again")
-    data["types"].update(new["types"])
-    prov["settings"]["types"].update(got["settings"]["types"])
-
-
-def _classified(model: TransformerBridge, types: list[str], size: Any) -> HeadCatalog:
-    """``types`` classified at ``size`` (a :class:`headmech.publish.Size`), unvalidated."""
-    from headmech.classification.classify import classify
-    from headmech.headtypes.registry import get_head_type
-
-    instances = [get_head_type(t)(**size.type_options.get(t, {})) for t in types]
-    return classify(model, instances, n_boot=size.n_boot, **size.probe_options())
-
-
-def _validate(
-    model: TransformerBridge, data: dict[str, Any], types: list[str], size: Any
-) -> dict[str, float]:
-    """Each added type's validation, as a full run computes it (the labelled heads of
-    every type in the catalog beside), into ``data``. Returns the seconds per type."""
-    from headmech.headtypes.registry import get_head_type
-    from headmech.probes import ProbeOptions
-
-    options = ProbeOptions(**size.probe_options())
-    seconds: dict[str, float] = {}
-    instances = []
-    for t in types:
-        t1 = time.perf_counter()
-        head_type = get_head_type(t)(**size.type_options.get(t, {}))
-        instances.append(head_type)
-        _validate_one(
-            model, data, head_type, options, size.n_random, size.alone, size.control_tokens
-        )
-        seconds[t] = round(time.perf_counter() - t1, 1)
-    _catalog_fdr(data)
-    _read_broadly(model, data, instances)
-    return seconds
-
-
-def _run_record(command: str, seconds: dict[str, Any], t0: float, c0: float) -> dict[str, Any]:
+def run_record(command: str, seconds: dict[str, Any], t0: float, c0: float) -> dict[str, Any]:
     """When, with what and how long: the part of an addition's record every run has."""
     import torch
 
@@ -310,123 +265,3 @@ def _run_record(command: str, seconds: dict[str, Any], t0: float, c0: float) -> 
         "cpu_seconds": round(time.process_time() - c0, 1),
         "threads": torch.get_num_threads(),
     }
-
-
-def _open_for_addition(
-    model: TransformerBridge, folder: Path, types: Sequence[str], replace: bool
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``folder``'s catalog, check and run records, checked before any work: the types are
-    new to it (or their entries are dropped, ``replace``) and it was computed on
-    ``model``'s weights."""
-    from headmech.runs.provenance import weights_hash
-
-    data, checked = _read(folder / "catalog.json"), _read(folder / "check.json")
-    run = json.loads((folder / "run.json").read_text())
-    have = [t for t in types if t in data["types"] or t in run["skipped"]]
-    if replace and types:
-        for d in (data, checked):
-            for t in types:
-                d["types"].pop(t, None)
-        have = []
-    if have or not types:
-        raise InputError(f"{folder} already has type(s) {', '.join(have)} (--update revalidates)")
-    if weights_hash(model) != data["provenance"]["model"]["weights_sha256"]:
-        raise InputError(f"{folder} was computed on other weights: publish it again")
-    return data, checked, run
-
-
-def add_types(
-    model: TransformerBridge,
-    folder: Path,
-    types: Sequence[str],
-    *,
-    skipped: dict[str, str],
-    named: bool,
-    size: Any,
-    check: Any,
-    command: str = "",
-    replace: bool = False,
-) -> tuple[dict[str, Any], dict[str, TypeResult]]:
-    """Add ``types`` to ``folder/catalog.json`` (classified at ``size``, validated if
-    ``size.validate``) and ``folder/check.json`` (at ``check``), both sizes being
-    :class:`headmech.publish.Size`; those in ``skipped`` (every type that does not fit
-    the model, with the reason) are recorded as skipped instead, in ``run.json`` and, where
-    the publishing run did not name its types (``named`` false), in the provenance.
-
-    Returns:
-        The addition's record and the full-size results of the types classified (as
-        written: none when every type was skipped), for their heatmaps.
-
-    Each finished part (the classification at each size, each type's validation) is kept
-    in ``folder/.headmech-partial/add/`` until the files are written: a stopped addition,
-    run again with the same types, continues from there.
-
-    ``replace``: the types may be in the catalog already; their entries are replaced
-    (a changed score: ``publish --rescore``), and the record says ``rescored``.
-
-    Raises:
-        InputError: a type the catalog already holds (unless ``replace``), a missing
-            catalog, other weights.
-    """
-    from headmech.runs.resume import recording, unit
-
-    data, checked, run = _open_for_addition(model, folder, types, replace)
-    t0, c0 = time.perf_counter(), time.process_time()
-    added = [t for t in types if t not in skipped]
-    left = {t: skipped[t] for t in types if t in skipped}
-    kept = {} if named else left
-    for d in (data, checked):
-        d["provenance"]["settings"]["skipped"].update(kept)
-    full: dict[str, TypeResult] = {}
-    seconds: dict[str, Any] = {}
-    store = _addition_store(folder, data, added, size, check, replace)
-    with recording(store):  # a stopped addition keeps its finished parts: rerun it to go on
-        if added:
-            new = unit("classify", lambda: json.loads(dumps(_classified(model, added, size).to_json())))  # fmt: skip
-            _merge(data, new)
-            full = _type_results(new)
-            seconds["classify"] = round(time.perf_counter() - t0, 1)
-            seconds["validate"] = _validate(model, data, added, size) if size.validate else {}
-            t1 = time.perf_counter()
-            small = unit("check", lambda: json.loads(dumps(_classified(model, added, check).to_json())))  # fmt: skip
-            _merge(checked, small)
-            seconds["check"] = round(time.perf_counter() - t1, 1)
-    if store.replayed:
-        seconds["resumed_units"] = store.replayed
-    done = "rescored" if replace else "added"
-    record = {done: added, "skipped": left, **_run_record(command, seconds, t0, c0)}
-    data["provenance"].setdefault("type_additions", []).append(record)
-    (folder / "catalog.json").write_text(dumps(data))
-    (folder / "check.json").write_text(dumps(checked))
-    run["skipped"].update(left)
-    run.setdefault("updates", []).append(record)
-    (folder / "run.json").write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
-    store.clear()
-    return record, full
-
-
-def _type_results(data: dict[str, Any]) -> dict[str, TypeResult]:
-    """The types of a catalog's JSON, parsed (for their heatmaps)."""
-    from headmech.classification.results import TypeResult
-
-    m = data["model"]
-    shape = (int(m["n_layers"]), int(m["n_heads"]))
-    return {n: TypeResult.from_json(n, e, shape) for n, e in data["types"].items()}
-
-
-def _addition_store(
-    folder: Path, data: dict[str, Any], types: Sequence[str], size: Any, check: Any, replace: bool
-) -> Units:
-    """The finished parts of an addition (the classification at both sizes, each type's
-    validation), kept in ``<model>/.headmech-partial/add/`` until the files are written; a
-    store left by an addition of other types, sizes, weights or versions is discarded."""
-    from headmech.runs.resume import STAGING, Units, library_versions
-
-    manifest = json.loads(json.dumps({
-        "types": list(types), "size": repr(size), "check": repr(check), "replace": replace,
-        "versions": library_versions(), "weights_sha256": data["provenance"]["model"]["weights_sha256"],
-    }, default=str))  # fmt: skip
-    store = Units(folder / STAGING / "add", manifest)
-    if store.read_manifest() not in (None, manifest):
-        store.clear()
-    return store
