@@ -86,16 +86,21 @@ N_EXACT = 24
 
 
 def cri_estimates(
-    model: TransformerBridge, clean: Sequence[ProbeBatch], removed: Sequence[ProbeBatch]
+    model: TransformerBridge,
+    clean: Sequence[ProbeBatch],
+    removed: Sequence[ProbeBatch],
+    clean_z: Sequence[Tensor] | None = None,
 ) -> Tensor:
     """``[questions, n_layers, n_heads]``: each head's CRI to first order (attribution
     patching, Syed et al. 2023): ``(z_clean - z_removed) · ∂(answer - counterfactual
-    logit)/∂z`` in the removed run, one forward and backward pass a batch."""
+    logit)/∂z`` in the removed run, one forward and backward pass a batch (``clean_z``:
+    each clean batch's head outputs, captured already)."""
     from headmech.interventions import capture_z, gradients
 
     task, out = cri_task(), []
-    for c, r in zip(clean, removed, strict=True):
-        z_src = capture_z(model, c)  # [n_layers, batch, pos, n_heads, d_head]
+    for i, (c, r) in enumerate(zip(clean, removed, strict=True)):
+        # [n_layers, batch, pos, n_heads, d_head]
+        z_src = capture_z(model, c) if clean_z is None else clean_z[i]
         z, grad, _, _ = gradients(model, task, r)
         # the task is a loss (counterfactual minus answer): the gain is minus its change
         out.append(-((z_src - z.detach()) * grad).sum((-1, 2)).permute(1, 0, 2).double().cpu())
@@ -129,12 +134,13 @@ def cri_scores(
     task = cri_task()
     clean = list(batches)
     removed = [task.corrupt(b, model, 0) for b in clean]
-    estimate = cri_estimates(model, clean, removed)  # [questions, n_layers, n_heads]
+    clean_z = [capture_z(model, c) for c in clean]  # every head's clean output, once
+    estimate = cri_estimates(model, clean, removed, clean_z)  # [questions, n_layers, n_heads]
     every = [(la, h) for la in range(n_layers) for h in range(n_heads)]
     heads = every if n_exact is None else [(h.layer, h.head) for h in top_k(estimate.mean(0), n_exact)]  # fmt: skip
 
     def variants(bi: int, batch: ProbeBatch) -> list[list[Intervention]]:
-        patch = Patch(capture_z(model, clean[bi]))  # every head's clean output
+        patch = Patch(clean_z[bi])
         return [[Intervention.on([h], patch)] for h in heads]
 
     _, base, sums, counts = run_variants(model, task, removed, variants, per_unit=True)
