@@ -140,6 +140,18 @@ def same_data(ctx: dict, context: int, sha: str) -> None:
     ctx["data"] = sha
 
 
+def needed_rankings(plans: str) -> set[str]:
+    """The measured rankings (:data:`RANKED`) the plans read: ``importance`` for the
+    importance, union and catalog plans (and every run measuring one of PLANS), ``restored``
+    on request; none for ``def-<name>`` plans alone (``--definitions``: the agreement
+    matrix brings its rankings, its KV ranking among them)."""
+    kinds = {p.split("-task")[0] for p in plans.split(",")}
+    need = {k for k in RANKED if k in kinds}
+    if kinds & {"union", "catalog"}:
+        need.add("importance")
+    return need
+
+
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(s) for s in text.split(","))
 
@@ -224,7 +236,7 @@ def run(args: argparse.Namespace, store: dict, save: Any) -> None:
         ctx.update(corpus_repeats=copies, needle_trials=sum(b.input_ids.shape[0] for b in needle),
                    prose_sequences=len(prose), sinks=args.sinks, window=args.window)  # fmt: skip
         for key in RANKED:
-            if key != "importance" and key not in args.plans.split(","):
+            if key not in needed_rankings(args.plans):
                 continue
             if key not in ctx and args.ranking_from:  # another length's ranking
                 src = store[str(args.ranking_from)][key]
@@ -239,7 +251,9 @@ def run(args: argparse.Namespace, store: dict, save: Any) -> None:
                 save()
                 print(f"{context}: {key} in {imp.seconds:.0f}s, top {imp.ranking()[:6]}")
         measured = measured_rankings(store, ctx)
-        rankings = rankings_for(hf, catalog, measured["importance"]) | measured
+        rankings = measured
+        if "importance" in measured:
+            rankings = rankings_for(hf, catalog, measured["importance"]) | measured
         rankings |= definition_rankings(hf, args.definitions)
         cells = [("full", 1.0, 0)] + [
             (k, b, d) for b in budgets for k in args.plans.split(",")
@@ -352,6 +366,37 @@ def best(rows: dict[float, dict], full: dict) -> tuple[float, float] | None:
     return None
 
 
+def definitions_column(store: dict, path: str, context: int | None = None) -> dict[str, dict]:
+    """The agreement matrix's KV column (:attr:`AgreementMatrix.kv`), written into its
+    definitions.json: per definition, the largest compression of its ``def-<name>`` plan
+    meeting :data:`CRITERIA` at ``context`` (default: the longest context measuring every
+    definition)."""
+    from headmech.compare import AgreementMatrix
+
+    matrix = AgreementMatrix.load(path)
+    want = [f"def-{n}" for n in matrix.scores]
+    done = {
+        int(c): summary(ctx) for c, ctx in store.items()
+        if c.isdigit() and "full/1/0" in ctx.get("evals", {})
+    }  # fmt: skip
+    done = {c: t for c, t in done.items() if all(k in t for k in want)}
+    if context is None and not done:
+        raise SystemExit(f"no context of the store measures every plan of {', '.join(want)}")
+    context = context if context is not None else max(done)
+    table = done[context]
+    full = table["full"][1.0]
+    for name in matrix.scores:
+        rows = table[f"def-{name}"]
+        got = best(rows, full)
+        matrix.kv[name] = {
+            "context": context, "criteria": CRITERIA, "budgets": sorted(rows),
+            "budget": got[0] if got else None, "compression": got[1] if got else None,
+            "full": {"recall": full["recall"], "perplexity": full["perplexity"]},
+        }  # fmt: skip
+    matrix.save(path)
+    return matrix.kv
+
+
 def report(args: argparse.Namespace, store: dict) -> list[dict]:
     rows = []
     model = store.get("model", args.model)
@@ -393,11 +438,11 @@ def report(args: argparse.Namespace, store: dict) -> list[dict]:
         for spec, g in sorted(ctx.get("generation", {}).items()):
             print(f"  generation {spec}: {g['nbytes'] / 2**20:.2f} MiB, {g['tokens_per_s']:.1f} tok/s, "
                   f"answered {g['answered']}")  # fmt: skip
-    figure(store, model)
+    figure(store, model, getattr(args, "figure", None))
     return rows
 
 
-def figure(store: dict, model: str) -> None:
+def figure(store: dict, model: str, name: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -436,7 +481,7 @@ def figure(store: dict, model: str) -> None:
         row[0].legend(fontsize=7)
     fig.suptitle("dotted: DuoAttention's 1.67x (GQA); dashed: the criteria", fontsize=9)
     fig.tight_layout()
-    fig.savefig(HERE / f"kv_plans_{model}.png", dpi=110)
+    fig.savefig(HERE / f"{name or 'kv_plans_' + model}.png", dpi=110)  # the store's name
     plt.close(fig)
 
 
@@ -482,10 +527,15 @@ def main() -> None:
     args.catalog = args.catalog or str(HERE.parent / "catalog" / args.model)
     store = json.loads(store_path.read_text()) if store_path.exists() else {}
     if args.report:
+        args.figure = store_path.stem
         name = f"bench_kv_plans {store.get('model', args.model)}"
         name += " cpu" if store_path.stem.endswith("_cpu") else ""
         where = store.get("machines") or store.get("machine")
         record(name, store.get("device"), report(args, store), where)
+        if args.definitions:  # the matrix's KV column, from the def-<name> plans
+            for d, c in definitions_column(store, args.definitions).items():
+                got = f"{c['compression']:.2f}x" if c["compression"] else "none"
+                print(f"{d}: {got} at {c['context']} tokens (written to {args.definitions})")
         return
     dev = args.device or "cpu"
     if "machine" in store and "machines" not in store:  # a store from one machine

@@ -104,7 +104,7 @@ def test_copy_task_is_the_in_context_tokens_log_probability_by_hand():
     the copy task selects exactly the positions whose argmax is already in context, and
     its metric is minus their cross-entropy, by hand from the full logits."""
     import headmech
-    from headmech.tasks.data import CopyTask, copy_candidates
+    from headmech.tasks.copying import CopyTask, copy_candidates
 
     toy = headmech.load_model("toy-induction")
     batch = build_probe("repeated_random", toy, ProbeOptions(n_sequences=4)).batches[0]

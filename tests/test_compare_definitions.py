@@ -65,7 +65,7 @@ def test_sets_are_each_definitions_top_k_and_their_overlap_is_jaccards(matrix, m
     assert jac["wu"]["wu"] == 1.0
     # QRHead's score is qrhead_scores itself on the same questions, CRI the cri type's
     assert torch.allclose(matrix.scores["qrhead"], qrhead_scores(model, 6))
-    from headmech.compare.matrix import _documents
+    from headmech.compare.definitions import _documents
     from headmech.headtypes.cri import cri_scores
 
     cri = cri_scores(model, _documents(model, matrix.options.cri_questions, 0))["cri"]
@@ -151,7 +151,7 @@ def test_a_stopped_run_resumes_from_its_units(model, tmp_path):
 
 
 def test_locos_refuses_a_model_that_answers_no_question(model):
-    from headmech.compare.matrix import _locos
+    from headmech.compare.definitions import _locos
 
     with pytest.raises(InputError, match=r"answers none of 6 \(documents probe\)"):
         _locos(model, MatrixOptions(**SMALL), False)
@@ -241,7 +241,8 @@ def test_published_matrices_become_the_findings_block_and_the_compare_page(matri
         )
         assert r["effects"]["facts"] == want
         line = next(x for x in block.splitlines() if x.startswith(f"| {name} | "))
-        assert line.endswith(f" | {want} |") and f" | {matrix.depth(name):.2f} | " in line
+        assert line.endswith(f" | {want} | not measured |")  # no KV column measured
+        assert f" | {matrix.depth(name):.2f} | " in line
     text = f"before\n{DEFS_BEGIN}\nold\n{DEFS_END}\nafter"
     assert replace_defs_block(text, block) == f"before\n{block}\nafter"
     found = site._definitions(tmp_path)
@@ -305,3 +306,50 @@ def test_rescoring_a_definition_measures_it_again_and_redoes_the_family(matrix, 
     )
     with pytest.raises(InputError, match="no definition locos"):
         rescore_definition(model, matrix, "locos", progress=False)
+
+
+def test_the_kv_benchmark_writes_each_definitions_compression_into_the_matrix(
+    matrix, tmp_path, monkeypatch
+):
+    """bench_kv_plans --definitions --report: per definition, the smallest budget whose
+    def-<name> plan keeps needle recall >= 95% of the full cache's and perplexity within
+    1% (compression 1 / its KV fraction), written into definitions.json; the findings block
+    and the atlas's rows show it; a definition meeting no budget reads "none"."""
+    import sys
+    from pathlib import Path
+
+    from headmech.compare import AgreementMatrix
+    from headmech.publish.agreement import findings_block, matrix_rows
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.modules.pop("bench_kv_plans", None)
+    import bench_kv_plans
+
+    def cell(recall, ppl, frac):
+        return {"recall": recall, "logprob": -1.0, "perplexity": ppl,
+                "plan": {"kv_fraction": frac, "n_full": 1, "window": 8}}  # fmt: skip
+
+    evals = {"full/1/0": cell(0.9, 10.0, 1.0)}
+    for i, name in enumerate(matrix.scores):  # 0: at budget 0.5; 1: never; others: 0.25
+        ppl = 10.2 if i == 1 else 10.05
+        evals[f"def-{name}/0.25/0"] = cell(0.9 if i else 0.5, ppl, 0.25)
+        evals[f"def-{name}/0.5/0"] = cell(0.9, ppl, 0.5)
+    store = {"64": {"evals": evals}, "model": "tiny"}
+    path = matrix.save(tmp_path / "m")
+    got = bench_kv_plans.definitions_column(store, str(path))
+    names = list(matrix.scores)
+    assert got[names[0]]["compression"] == 2.0 and got[names[0]]["budget"] == 0.5
+    assert got[names[1]]["compression"] is None  # perplexity 2% above the full cache's
+    assert got[names[2]]["compression"] == 4.0 and got[names[2]]["context"] == 64
+    back = AgreementMatrix.load(path)
+    assert back.kv == got
+    rows = {r["name"]: r["kv"] for r in matrix_rows(back)}
+    assert rows[names[0]] == "2.00x (budget 50%, 64 tokens)"
+    assert rows[names[1]] == "none (no budget up to 50%, 64 tokens)"
+    assert "| KV |" in findings_block(tmp_path) and rows[names[2]] in findings_block(tmp_path)
+    assert matrix_rows(matrix)[0]["kv"] == "not measured"
+    with pytest.raises(SystemExit, match="no context of the store measures every plan"):
+        bench_kv_plans.definitions_column({"64": {"evals": {"full/1/0": cell(1, 1, 1)}}}, str(path))
+    # def-<name> plans alone read no measured ranking; the catalog's plans need importance
+    assert bench_kv_plans.needed_rankings("def-wu,def-kv,random,windowed") == set()
+    assert bench_kv_plans.needed_rankings("union,restored") == {"importance", "restored"}

@@ -168,6 +168,8 @@ def test_findings_agreement_matrices_are_the_published_files():
         weights = m.provenance["model"]["weights_sha256"]
         assert weights == _read(name, "catalog.json")["provenance"]["model"]["weights_sha256"]
         assert set(m.scores) == {"wu", "qrhead", "locos", "cri", "kv"} and m.effects
+        # the KV column: bench_kv_plans.py --definitions ... --report writes it
+        assert set(m.kv) == set(m.scores), f"{name}: KV compression not measured"
     text = (ROOT.parent / "docs" / "findings.md").read_text()
     got = text[text.index(DEFS_BEGIN) : text.index(DEFS_END) + len(DEFS_END)]
     if got != findings_block(ROOT):

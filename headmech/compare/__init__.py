@@ -11,23 +11,21 @@ from context" (:data:`DEFINITIONS`), keeps each ranking's top ``k``, and measure
   over every set and task of the matrix.
 
 ``headmech compare-definitions`` writes the result (:class:`AgreementMatrix`) as
-``definitions.json`` and its Jaccard heatmap.
+``definitions.json`` and its Jaccard heatmap. :func:`share_ablation` repeats LOCOS's
+headline test (its top 4.3% of heads mean-ablated, recall against random sets and facts).
 """
 
-from headmech.compare.matrix import (
-    DEFINITIONS,
-    RECALL_TASKS,
-    AgreementMatrix,
-    Definition,
-    MatrixOptions,
-    agreement_matrix,
-)
+from headmech.compare.definitions import DEFINITIONS, Definition
+from headmech.compare.matrix import RECALL_TASKS, AgreementMatrix, MatrixOptions, agreement_matrix
+from headmech.compare.share import LOCOS_SHARE, share_ablation
 
 __all__ = [
     "DEFINITIONS",
+    "LOCOS_SHARE",
     "RECALL_TASKS",
     "AgreementMatrix",
     "Definition",
     "MatrixOptions",
     "agreement_matrix",
+    "share_ablation",
 ]

@@ -20,10 +20,7 @@ store is given, so a stopped run resumes where it stopped.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from headmech.compare.definitions import DEFINITIONS
+from headmech.compare.options import RECALL_TASKS, MatrixOptions
 from headmech.core.errors import InputError, UnsupportedModelError
 from headmech.core.head_index import HeadIndex, top_k
 from headmech.runs.files import FileSchema, ResultFile
@@ -39,237 +38,20 @@ from headmech.runs.provenance import SCHEMA_VERSION
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from headmech.core.options import ProbeOptions
     from headmech.runs.resume import Units
 
 __all__ = [
-    "DEFINITIONS",
     "MATRIX_FILE",
     "RECALL_TASKS",
     "AgreementMatrix",
-    "Definition",
     "MatrixOptions",
     "agreement_matrix",
 ]
-
-RECALL_TASKS = {
-    "documents": "multi-document recall: the gold document's city after five documents "
-    "(QRHead's setting)",
-    "retrieval": "literal needle recall: the needle's answer in a haystack (Wu et al.'s setting)",
-    "nonliteral": "non-literal needle recall: a hidden name asked without the needle's words "
-    "(NoLiMa's design, LOCOS's task)",
-    "literal": "literal needle recall: the same needles asked with their own words",
-    "facts": "parametric recall: a fact's answer with no context (the control a retrieval "
-    "head should not move)",
-}
-"""The tasks every set is ablated on (:mod:`headmech.tasks.data`): two that need the
-context, one that does not."""
 
 MATRIX_FILE = FileSchema(
     "agreement matrix", "definitions.json", SCHEMA_VERSION,
     required=("definitions", "jaccard", "effects"),
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class MatrixOptions:
-    """What the matrix is measured on.
-
-    Attributes:
-        definitions: the definitions compared (names of :data:`DEFINITIONS`).
-        tasks: the recall tasks each set is ablated on (names of :data:`RECALL_TASKS`;
-            the needle tasks ``nonliteral`` and ``literal`` on request: at 135M-0.5B the
-            models answer no non-literal needle).
-        k: heads in each definition's set (QRHead keeps 16).
-        n_questions: questions of the ``documents`` probe the scores and the ablations are
-            measured on (also the number of facts and of needle trials' sequences).
-        cri_questions: questions CRI patches every head on (a patched pass per head each).
-        locos_probe: what LOCOS is scored on: the ``documents`` probe's gold document, or
-            the needle sentence of ``nonliteral`` (LOCOS's own setting) or ``literal``
-            needles, on the trials the model answers.
-        context: the needle haystacks' lengths (Wu et al.'s score and the ``retrieval`` task).
-        kv_context, kv_window: the KV ranking's trials and the window a KV head is cut to.
-        n_random: control sets per claim at most (the sequential test stops earlier).
-        control_tokens: each test measured on every k-th piece of the task's batches that
-            still holds this many tokens (0: on every batch; ``TestOptions.test_batches``).
-        mode: the ablation (``mean``: LOCOS's; ``zero``).
-        seed: seeds the probes and the control sets.
-    """
-
-    definitions: tuple[str, ...] = ("wu", "qrhead", "locos", "cri", "kv")
-    tasks: tuple[str, ...] = ("documents", "retrieval", "facts")
-    k: int = 16
-    n_questions: int = 40
-    cri_questions: int = 10
-    locos_probe: str = "documents"
-    context: tuple[int, ...] = (300,)
-    kv_context: int = 512
-    kv_window: int = 64
-    n_random: int = 99
-    control_tokens: int = 0
-    mode: str = "mean"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if unknown := [d for d in self.definitions if d not in DEFINITIONS]:
-            raise InputError(
-                f"unknown definition {', '.join(unknown)}; known: {', '.join(DEFINITIONS)}"
-            )
-        if unknown := [t for t in self.tasks if t not in RECALL_TASKS]:
-            raise InputError(f"unknown task {', '.join(unknown)}; known: {', '.join(RECALL_TASKS)}")
-        if len(self.definitions) < 2 and not self.tasks:
-            raise InputError("nothing to compare: give two definitions or a task")
-        for name in ("k", "n_questions", "cri_questions", "kv_context", "kv_window", "n_random"):
-            if int(getattr(self, name)) < 1:
-                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.locos_probe not in ("documents", "nonliteral", "literal"):
-            raise InputError(
-                f"unknown LOCOS probe {self.locos_probe!r}; known: documents, nonliteral, literal"
-            )
-        if self.control_tokens < 0:
-            raise InputError(f"control_tokens must be 0 or more, got {self.control_tokens}")
-        if self.mode not in ("mean", "zero"):
-            raise InputError(f"unknown ablation {self.mode!r}; known: mean, zero")
-
-    def probe_options(self) -> ProbeOptions:
-        """The probes' sizes: ``n_questions`` questions, facts and needle sequences."""
-        from headmech.core.options import ProbeOptions
-
-        return ProbeOptions(
-            n_sequences=self.n_questions, needle_lengths=self.context, seed=self.seed
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The options as JSON (tuples as lists): definitions.json's and the resume manifest's."""
-        return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MatrixOptions:
-        """The options back from :meth:`to_json` (keys it does not know left out)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kept: dict[str, Any] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields
-        }
-        return cls(**kept)
-
-
-# --- the definitions -------------------------------------------------------------------
-Scorer = Callable[["TransformerBridge", MatrixOptions, bool], tuple[Tensor, str]]
-
-
-@dataclass(frozen=True)
-class Definition:
-    """One published definition of retrieval heads: its citation, its score in words, and
-    ``measure(model, options, progress) -> (score [n_layers, n_heads], note)``."""
-
-    name: str
-    citation: str
-    score: str
-    measure: Scorer
-
-
-def _wu(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
-    from headmech.classification.classify import classify
-
-    cat = classify(
-        model, ["retrieval"], n_boot=0, progress=progress, needle_lengths=o.context,
-        n_sequences=o.n_questions, seed=o.seed,
-    )  # fmt: skip
-    return cat.types["retrieval"].score.float(), f"needle haystacks of {list(o.context)} tokens"
-
-
-def _qrhead(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
-    from headmech.classification.definitions import qrhead_scores
-
-    return qrhead_scores(model, o.n_questions, seed=o.seed).float(), f"{o.n_questions} questions"
-
-
-def _documents(model: TransformerBridge, n: int, seed: int) -> list[Any]:
-    from headmech.probes import ProbeOptions, build_probe
-
-    return build_probe("documents", model, ProbeOptions(n_sequences=n, seed=seed)).batches
-
-
-def _locos(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
-    from headmech.classification.definitions import locos_scores
-    from headmech.probes import ProbeOptions, build_probe
-
-    probe = ProbeOptions(n_sequences=o.n_questions, seed=o.seed)
-    out = locos_scores(model, batches=build_probe(o.locos_probe, model, probe).batches)
-    if not out["answered"]:
-        raise InputError(
-            f"LOCOS averages over the questions the model answers: it answers none of "
-            f"{out['asked']} ({o.locos_probe} probe)"
-        )
-    note = f"{out['answered']} of {out['asked']} {o.locos_probe} questions answered"
-    return out["score"].float(), note
-
-
-def _cri(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
-    from headmech.headtypes.cri import cri_scores
-
-    out = cri_scores(model, _documents(model, o.cri_questions, o.seed))
-    note = (
-        f"{o.cri_questions} questions, each head patched clean into the run with the gold "
-        "document removed (the cri type's score)"
-    )
-    return out["cri"].float(), note
-
-
-def _kv(model: TransformerBridge, o: MatrixOptions, progress: bool) -> tuple[Tensor, str]:
-    from headmech.kv import hf_model, kv_importance, needle_batches, prose_batches
-    from headmech.models import model_info
-
-    needle = needle_batches(model, o.kv_context, seeds=(o.seed,))
-    prose = prose_batches(model, o.kv_context, n=1, seed=o.seed)
-    imp = kv_importance(hf_model(model), needle, prose, window=o.kv_window, progress=progress)
-    info = model_info(model)
-    group = info.n_heads // imp.score.shape[1]
-    note = (
-        f"each KV head's score given to its {group} query heads; {len(needle)} needle trials "
-        f"and prose of {o.kv_context} tokens, window {o.kv_window}"
-    )
-    return imp.score.float().repeat_interleave(group, dim=1), note
-
-
-DEFINITIONS: dict[str, Definition] = {
-    d.name: d
-    for d in (
-        Definition(
-            "wu", "Wu et al. 2024, Retrieval Head Mechanistically Explains Long-Context "
-            "Factuality (arXiv 2404.15574)",
-            "copy-paste score: how often the head attends to the needle token it copies",
-            _wu,
-        ),
-        Definition(
-            "qrhead", "Zhang et al. 2025, Query-Focused Retrieval Heads Improve Long-Context "
-            "Reasoning and Re-ranking (arXiv 2506.09944)",
-            "the question's attention to the gold document, minus a null ('N/A') question's, "
-            "outlying token scores dropped (the authors' calibrated QRScore)",
-            _qrhead,
-        ),
-        Definition(
-            "locos", "LOCOS (arXiv 2607.01002)",
-            "logit contribution toward the answer from the needle's keys, minus the rest's "
-            "rescaled, on the answered questions",
-            _locos,
-        ),
-        Definition(
-            "cri", "causal retrieval importance (LOCOS's baseline, locos/detectors/cri.py)",
-            "the answer's first-token logit lead over the removed run's favourite restored "
-            "when the head's output is patched from the clean run into one without the needle",
-            _cri,
-        ),
-        Definition(
-            "kv", "Xiao et al. 2024, DuoAttention (the quantity its gates stand for)",
-            "loss added when the head's KV cache alone is cut to its sinks and a window",
-            _kv,
-        ),
-    )
-}  # fmt: skip
-"""The definitions of retrieval heads the matrix compares, by name."""
 
 
 # --- the result ------------------------------------------------------------------------
@@ -287,6 +69,11 @@ class AgreementMatrix(ResultFile):
             (:class:`~headmech.classification.records.ClaimRecord` as JSON: effect,
             interval, controls, test with p, q and n, verdict); ``clean``: task -> the
             unablated metric.
+        kv: definition -> the KV compression its ranking buys as a full-cache plan
+            (``benchmarks/bench_kv_plans.py --definitions --report`` writes it: context,
+            budget, compression, criteria; compression None where no budget met them).
+
+    ``save(folder)`` writes ``definitions.json`` and the Jaccard heatmap ``definitions.png``.
     """
 
     model: str
@@ -297,6 +84,7 @@ class AgreementMatrix(ResultFile):
     seconds: dict[str, float] = field(default_factory=dict)
     effects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    kv: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     SCHEMA = MATRIX_FILE
 
@@ -346,6 +134,7 @@ class AgreementMatrix(ResultFile):
             },
             "jaccard": self.jaccard(),
             "effects": self.effects,
+            "kv_compression": self.kv,
         }
 
     @classmethod
@@ -362,7 +151,7 @@ class AgreementMatrix(ResultFile):
         }
         return cls(
             d["model"], int(d["n_layers"]), options, scores, notes, {}, effects,
-            d.get("provenance", {}),
+            d.get("provenance", {}), d.get("kv_compression", {}),
         )  # fmt: skip
 
     def _figures(self, folder: Path) -> None:
@@ -381,11 +170,6 @@ class AgreementMatrix(ResultFile):
         ax.set_title(f"{self.model}: top {self.options.k} heads of each definition")
         finish(fig, folder / "definitions.png")
 
-    def save(self, out: str | os.PathLike) -> Path:
-        """Write ``out/definitions.json`` and ``out/definitions.png`` (the Jaccard
-        heatmap); ``out`` ending in ``.json``: that file alone."""
-        return super().save(out)
-
     def table(self) -> str:
         """The matrix as text: each definition's set, depth and Jaccard with the others,
         then each set's effect per task against its controls, with p, q and n."""
@@ -402,9 +186,9 @@ class AgreementMatrix(ResultFile):
             for t, c in tasks.items():
                 test = c.get("test") or {}
                 lines.append(
-                    f"{a} on {t}: {_signed(c.get('effect'))} (controls' median "
-                    f"{_signed(c.get('random_median'))}), p {_num(test.get('p'))}, "
-                    f"q {_num(test.get('q'))}, n {test.get('n', 0)}: {c.get('verdict')}"
+                    f"{a} on {t}: {_fmt(c.get('effect'), '+.3f')} (controls' median "
+                    f"{_fmt(c.get('random_median'), '+.3f')}), p {_fmt(test.get('p'))}, "
+                    f"q {_fmt(test.get('q'))}, n {test.get('n', 0)}: {c.get('verdict')}"
                 )
         return "\n".join(lines)
 
@@ -418,12 +202,8 @@ def _grid(rows: list[list[float | None]]) -> Tensor:
     return torch.tensor([[float("nan") if v is None else v for v in row] for row in rows])
 
 
-def _signed(x: float | None) -> str:
-    return "–" if x is None else f"{x:+.3f}"
-
-
-def _num(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3f}"
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
 
 
 # --- the measurement -------------------------------------------------------------------

@@ -38,7 +38,8 @@ def rescore_definition(
     from headmech.classification.montecarlo import TestOptions, benjamini_hochberg
     from headmech.classification.records import ClaimRecord
     from headmech.classification.validation import validate_heads
-    from headmech.compare.matrix import DEFINITIONS, AgreementMatrix
+    from headmech.compare.definitions import DEFINITIONS
+    from headmech.compare.matrix import AgreementMatrix
     from headmech.headtypes.registry import get_head_type
     from headmech.runs.provenance import git_commit, weights_hash
 

@@ -46,6 +46,7 @@ from headmech.core.errors import (
     UnknownTaskError,
     suggestion,
 )
+from headmech.core.head_type_names import head_type_fields, head_type_name
 
 __all__ = [
     "CLAIMS",
@@ -308,53 +309,7 @@ def _same_definition(a: Any, b: Any) -> bool:
     ) and getattr(a, "__qualname__", None) is not None
 
 
-def head_type_name(cls: Any, own: bool = False) -> str:
-    """The ``name`` a head type class (or an instance's class) registers under (``own``:
-    defined by the class itself, not inherited).
-
-    Raises:
-        PluginError: no ``name`` (a contributed type that forgot it), in one line naming
-            the class and the file to add it in, with a name made from the class's.
-    """
-    cls = cls if isinstance(cls, type) else type(cls)
-    name = cls.__dict__.get("name") if own else getattr(cls, "name", None)
-    if isinstance(name, str) and name:
-        return name
-    import inspect
-    import re
-
-    try:
-        where = inspect.getfile(cls)
-    except (TypeError, OSError):
-        where = f"module {cls.__module__}"
-    stem = re.sub(r"Head$", "", cls.__name__) or cls.__name__
-    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower()
-    inherited = getattr(cls, "name", None)
-    why = (
-        f"defines no `name` of its own (it would inherit '{inherited}')"
-        if isinstance(inherited, str) and inherited
-        else "has no `name`"
-    )
-    raise PluginError(
-        f"head type class {cls.__qualname__} {why}: add the class attribute "
-        f'name = "{snake}" (snake_case, the registry key) to {cls.__qualname__} in {where}'
-    )
-
-
 # --- the extension points ----------------------------------------------------------------
-
-
-# the catalog package sets the loader that registers its types (headmech.headtypes)
-def _head_type_fields(cls: Any) -> dict[str, Any]:
-    """What ``headmech types`` shows of a head type besides its description."""
-    return {
-        "reference": cls.reference,
-        "citation": cls.citation,
-        "causal_only": bool(cls.causal_only),
-        "threshold": float(cls.default_threshold),
-        "probe": cls.probe,
-        "task": cls.task,
-    }
 
 
 HEAD_TYPES: Registry[Any] = Registry(
@@ -362,7 +317,7 @@ HEAD_TYPES: Registry[Any] = Registry(
     builtins=("headmech.headtypes",),
     error=UnknownHeadTypeError,
     on_load=lambda ep_name, cls: (head_type_name(cls), cls, getattr(cls, "description", "")),
-    describe=_head_type_fields,
+    describe=head_type_fields,
     extra_env="HEADMECH_CATALOG_PATH",
 )
 PROBES: Registry[Any] = Registry(
@@ -380,12 +335,19 @@ PROBES: Registry[Any] = Registry(
         "headmech.probes.facts",
         "headmech.probes.nonliteral",
         "headmech.probes.documents",
+        "headmech.probes.refusal",
     ),
     error=InputError,
 )
 TASKS: Registry[Any] = Registry(
     "tasks",
-    builtins=("headmech.tasks", "headmech.tasks.data", "headmech.tasks.words"),
+    builtins=(
+        "headmech.tasks",
+        "headmech.tasks.data",
+        "headmech.tasks.copying",
+        "headmech.tasks.refusal",
+        "headmech.tasks.words",
+    ),
     error=UnknownTaskError,
 )
 METHODS: Registry[Any] = Registry(

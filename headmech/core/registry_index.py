@@ -288,6 +288,9 @@ INDEX: dict[str, dict[str, dict[str, Any]]] = {
         "nonliteral": {
             "summary": "NLL of a hidden name asked without the needle's words (NoLiMa's; decoders)"
         },
+        "refusal": {
+            "summary": "KL of the reply's first token from the clean model's on refused requests (Ships)"
+        },
         "relation_tail": {
             "summary": "loss of dependency tails whose head word came earlier, on prose (decoders)"
         },

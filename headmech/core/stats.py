@@ -69,19 +69,23 @@ class ProbeBatch:
     def rows(self, start: int, stop: int) -> ProbeBatch:
         """Sequences ``start .. stop`` of the batch (tensors and per-sequence lists in
         extras cut alike; the padded width kept)."""
-        n = self.input_ids.shape[0]
+        return self.select(torch.arange(start, min(stop, self.input_ids.shape[0])))
 
-        def cut(v: Any) -> Any:
-            per_row = isinstance(v, Tensor | list) and len(v) == n
-            return v[start:stop] if per_row else v
+    def select(self, index: Tensor) -> ProbeBatch:
+        """The sequences ``index`` (positions, or a ``Bool[batch]`` mask) of the batch, in
+        that order (tensors and per-sequence lists in extras alike; the padded width kept)."""
+        n = self.input_ids.shape[0]
+        idx = index.nonzero().flatten() if index.dtype == torch.bool else index.long()
+
+        def pick(v: Any) -> Any:
+            if isinstance(v, Tensor) and v.dim() and len(v) == n:
+                return v[idx]
+            return [v[int(i)] for i in idx] if isinstance(v, list) and len(v) == n else v
 
         return ProbeBatch(
-            self.input_ids[start:stop],
-            self.attention_mask[start:stop],
-            self.special[start:stop],
-            {k: cut(v) for k, v in self.extras.items()},
-            self.tokenizer,
-        )
+            pick(self.input_ids), pick(self.attention_mask), pick(self.special),
+            {k: pick(v) for k, v in self.extras.items()}, self.tokenizer,
+        )  # fmt: skip
 
     def to(self, device: torch.device | str) -> ProbeBatch:
         """The batch with every tensor on ``device``."""

@@ -47,9 +47,18 @@ def _effect(c: dict[str, Any]) -> str:
     )
 
 
+def _kv(c: dict[str, Any] | None) -> str:
+    """``1.33x (budget 75%, 2048 tokens)``: the KV compression a definition's ranking buys."""
+    if not c:
+        return "not measured"
+    if c.get("compression") is None:
+        return f"none (no budget up to {max(c['budgets']):.0%}, {c['context']} tokens)"
+    return f"{c['compression']:.2f}x (budget {c['budget']:.0%}, {c['context']} tokens)"
+
+
 def matrix_rows(matrix: Any) -> list[dict[str, Any]]:
     """One row per definition: its set (best first), mean relative depth, Jaccard with each
-    definition, and its effect per task (text)."""
+    definition, its effect per task (text) and the KV compression its ranking buys."""
     jac = matrix.jaccard()
     return [
         {
@@ -59,6 +68,7 @@ def matrix_rows(matrix: Any) -> list[dict[str, Any]]:
             "jaccard": jac[d],
             "effects": {t: _effect(c) for t, c in matrix.effects.get(d, {}).items()},
             "note": matrix.notes.get(d, ""),
+            "kv": _kv(matrix.kv.get(d)),
         }
         for d in matrix.scores
     ]
@@ -79,20 +89,27 @@ def _table(model: str, matrix: Any) -> str:
             else ""
         )
         + f", Benjamini-Hochberg over the {len(names) * len(tasks)} claims; LOCOS on the "
-        f"{o.locos_probe} probe.",
+        f"{o.locos_probe} probe. KV: the largest compression of the definition's ranking as "
+        "a full-cache plan with " + _criteria(matrix) + ".",
         "",
         "| definition | set (best first) | depth | "
         + " | ".join(f"J {n}" for n in names)
         + "".join(f" | {t}" for t in tasks)
-        + " |",
-        "|---|---|---|" + "---|" * (len(names) + len(tasks)),
+        + " | KV |",
+        "|---|---|---|" + "---|" * (len(names) + len(tasks) + 1),
     ]
     for r in rows:
         top = " ".join(r["top"][:8]) + (" ..." if len(r["top"]) > 8 else "")
         cells = " | ".join(f"{r['jaccard'][n]:.2f}" for n in names)
         effects = "".join(f" | {r['effects'].get(t, '–')}" for t in tasks)
-        head.append(f"| {r['name']} | {top} | {r['depth']:.2f} | {cells}{effects} |")
+        head.append(f"| {r['name']} | {top} | {r['depth']:.2f} | {cells}{effects} | {r['kv']} |")
     return "\n".join(head)
+
+
+def _criteria(matrix: Any) -> str:
+    """The KV benchmark's criteria the matrix's KV column was measured under."""
+    got = {c.get("criteria") for c in matrix.kv.values()} - {None}
+    return " / ".join(sorted(got)) or "the KV benchmark's criteria (not measured)"
 
 
 def findings_block(root: Path) -> str | None:

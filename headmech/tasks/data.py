@@ -21,12 +21,9 @@
   the other at the attractor, "The keys to the cabinet" → " are" over " is" (Linzen et al.
   2016's task, :mod:`headmech.probes.agreement`); corrupted by the subject's other number;
 * ``icl`` — the answer's loss after 8 in-context examples (antonyms, country capitals,
-  capitalisation; Todd et al. 2023); corrupted by shuffling the examples' answers;
-* ``copy_suppression`` — on prose, at positions where the clean model's top prediction
-  is a token already in the context (up to and including the current one), that token's
-  log-probability (McDougall et al. 2023: copy suppression lowers it; ablating the heads
-  raises it). Higher is worse: the naive copy the heads should have suppressed.
+  capitalisation; Todd et al. 2023); corrupted by shuffling the examples' answers.
 
+``copy_suppression``'s data is :mod:`headmech.tasks.copying`.
 Importing this module registers them in :data:`headmech.core.registry.TASKS`.
 """
 
@@ -40,10 +37,9 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from headmech.core.registry import TASKS
-from headmech.models.unembedding import unembed
 from headmech.probes import random_token_ids
 from headmech.probes.needle import needle_spans
-from headmech.stream.engine import ProbeBatch, run_blocks
+from headmech.stream.engine import ProbeBatch
 from headmech.tasks import (
     CORRUPT_SEED,
     EmbeddingTask,
@@ -54,10 +50,12 @@ from headmech.tasks import (
     is_causal,
 )
 
-__all__ = ["CopyTask", "copy_candidates", "corrupt_prose", "icl_task"]
+__all__ = ["corrupt_prose", "icl_task", "select_lm"]
 
 
-def _select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+def select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """The ``lm`` task's positions: every real token that has a real next token, and that
+    next token (the query positions and their targets)."""
     ids, mask = batch.input_ids, batch.attention_mask.bool()
     query = torch.zeros_like(mask)
     query[:, :-1] = mask[:, 1:]  # position i predicts token i + 1 when that token is real
@@ -67,7 +65,7 @@ def _select_lm(batch: ProbeBatch) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor
 
 
 def _select_induction(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
-    query, target = _select_lm(batch)
+    query, target = select_lm(batch)
     half, off = int(batch.extras["half_len"]), int(batch.extras["offset"])
     pos = torch.arange(query.shape[1], device=query.device)
     # the repeated tokens but the first: predicted from positions off+half .. off+2*half-2
@@ -160,7 +158,7 @@ def _corrupt_facts(batch: ProbeBatch, model: Any, seed: int) -> ProbeBatch:
 
 
 def _select_succession(batch: ProbeBatch) -> tuple[Tensor, Tensor]:
-    query, target = _select_lm(batch)
+    query, target = select_lm(batch)
     return query & batch.extras["next_item"], target
 
 
@@ -276,7 +274,7 @@ def _lm(model: Any) -> Task:
         return TokenLossTask(
             "lm",
             "prose",
-            _select_lm,
+            select_lm,
             "mean next-token cross-entropy on the prose probe",
             corrupt_prose,
         )
@@ -343,60 +341,6 @@ def _retrieval(model: Any) -> Task:
     )
 
 
-ROW_CHUNK = 256  # rows of full-vocabulary logits at a time (Gemma 3: 262k columns)
-
-
-def copy_candidates(
-    model: Any, batch: ProbeBatch
-) -> tuple[Bool[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-    """Where the clean model's top next-token prediction is a token already in the context
-    (an ordinary token at or before the position), and that token: the copy a
-    copy-suppression head acts against (McDougall et al. 2023)."""
-    dev = next(model.parameters()).device
-    ids, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev)
-    query, _ = _select_lm(batch.to(dev))
-    with torch.no_grad():
-        resid = run_blocks(model, ids, mask, rows=query)[query]
-        top = torch.cat([unembed(model, r).argmax(-1) for r in resid.split(ROW_CHUNK)])
-    pred = torch.zeros_like(ids)
-    pred[query] = top
-    seen = (ids[:, None, :] == pred[:, :, None]) & ~batch.special.to(dev)[:, None, :]
-    seen &= torch.ones_like(seen[0]).tril()[None]  # key position <= query position
-    return query & seen.any(-1), pred
-
-
-class CopyTask(TokenLossTask):
-    """The ``copy_suppression`` task: the log-probability of the in-context token the clean
-    model predicts, at the positions where it predicts one (:func:`copy_candidates`,
-    computed once per batch with no intervention and kept in the batch's extras)."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "copy_suppression",
-            "prose",
-            lambda b: (b.extras["copy_query"], b.extras["copy_target"]),
-            "log-probability of the in-context token the clean model predicts, where its top "
-            "prediction is already in the context (prose probe)",
-            corrupt_prose,
-        )
-
-    def batches(self, model, options):
-        out = []
-        for batch in super().batches(model, options):
-            query, target = copy_candidates(model, batch)
-            extras = {**batch.extras, "copy_query": query.cpu(), "copy_target": target.cpu()}
-            out.append(replace(batch, extras=extras))
-        return out
-
-    def metric(self, model, batch, *, copies=1, reference=None, linear=False):
-        sums, counts = super().metric(model, batch, copies=copies, reference=reference)
-        return -sums, counts  # minus the loss: the copy's log-probability
-
-
-def _copy_suppression(model: Any) -> Task:
-    return CopyTask()
-
-
 TASKS.register(
     "lm", _lm, summary="next-token loss (decoders), 1 - cos of the sentence embedding (encoders)"
 )
@@ -436,8 +380,3 @@ TASKS.register(
     "icl", _icl, summary="answer loss of in-context prompts: antonyms, capitals, ... (decoders)"
 )
 TASKS.register("succession", _succession, summary="next-item loss on ordinal sequences (decoders)")
-TASKS.register(
-    "copy_suppression",
-    _copy_suppression,
-    summary="log-probability of the in-context token the model predicts, on prose (decoders)",
-)
