@@ -21,8 +21,13 @@ BUNDLED = {  # conftest's session fixtures
     "gemma3-270m": "gemma3",
     "qwen2.5-coder-0.5b": "qwen25",
 }
-# (model, probe) that cannot be built, and why: WordPiece reads "\n" as whitespace
-CANNOT = {("minilm-l6", "icl"): "no single token for '\\n'"}
+# (model, probe) that cannot be built, and why: WordPiece reads "\n" as whitespace; the
+# refusal probe needs an instruct model's chat template (the request is a chat turn)
+CANNOT = {
+    ("minilm-l6", "icl"): "no single token for '\\n'",
+    ("minilm-l6", "refusal"): "no chat template (an encoder)",
+    ("gemma3-270m", "refusal"): "no chat template (a base model)",
+}
 
 
 def own_start(tokenizer) -> int | None:
