@@ -106,7 +106,7 @@ def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
     if mode == "points":
         reducers = [r for t in POINT_TYPES for r in headmech.get_head_type(t)().reducers()]
     elif mode == "all":
-        reducers = [confidence_reducer(), *_sequence_reducers(batches[0])]
+        reducers = [confidence_reducer(), *_sequence_reducers(model, short[0])]
     else:
         reducers = [r for t in TYPES for r in headmech.get_head_type(t)().reducers()]
         reducers.append(confidence_reducer())
@@ -138,11 +138,14 @@ def one_pass(args: argparse.Namespace, mode: str, n: int) -> dict:
     }
 
 
-def _sequence_reducers(batch) -> list:  # noqa: ANN001
+def _sequence_reducers(model, batch) -> list:  # noqa: ANN001
     """The reducers of every registered type that reads attention (``hook_pattern``) and
-    whose ``prepare`` takes a plain token sequence (types that need parses, word counts, a
-    needle or prompts of their own are left out: their probes are not a long sequence)."""
+    whose statistics a plain token sequence can feed: each type's reducers are run once
+    on ``batch`` (a short sequence); types that need parses, word counts, a needle or
+    prompts of their own (their ``prepare`` or their reduction reads data the sequence
+    lacks) are left out."""
     import headmech
+    from headmech.stream.engine import stream_statistics
 
     out = []
     for name in headmech.head_types():
@@ -150,9 +153,7 @@ def _sequence_reducers(batch) -> list:  # noqa: ANN001
         if not reducers or any(r.hook != "hook_pattern" for r in reducers):
             continue
         try:
-            for r in reducers:
-                if r.prepare is not None:
-                    r.prepare(batch)
+            stream_statistics(model, [batch], reducers, attention="blocks")
         except Exception:  # noqa: BLE001 - the type needs data this sequence lacks
             continue
         out += reducers

@@ -14,7 +14,7 @@ from headmech.interventions import Intervention, applied
 from headmech.interventions.effects import Scale
 from headmech.interventions.ships import refuses, ships_scores
 from headmech.probes import ProbeOptions, build_probe
-from headmech.probes.refusal import REQUESTS
+from headmech.probes.refusal import REQUESTS, is_refusal
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,20 @@ def test_a_base_models_tokenizer_is_refused(tiny, monkeypatch):
     monkeypatch.setattr(tiny.tokenizer, "chat_template", None)
     with pytest.raises(InputError, match="needs an instruct model's chat template"):
         build_probe("refusal", tiny, ProbeOptions(n_sequences=2))
+
+
+@pytest.mark.parametrize(
+    ("reply", "refused"),
+    [
+        ("I'm sorry, but I can't help with that.", True),
+        ("  I cannot assist with that request.", True),
+        ("I\u2019m sorry, but I can\u2019t", True),  # typographic apostrophe
+        ("As an AI language model, I", True),
+        ("Sure! Here is a message", False),
+        ("Here's how to pick a lock:", False),
+        ("You can't be serious", False),  # a refusal word, not at the start
+        ("", False),
+    ],
+)
+def test_a_refusal_is_a_reply_that_starts_with_a_refusal_prefix(reply, refused):
+    assert is_refusal(reply) is refused

@@ -34,6 +34,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headmech.core.errors import HeadmechError
+from headmech.core.placement import model_device
 from headmech.interventions import Cost, capture
 from headmech.interventions.sources import (
     check_linear_readout as _check_linear_readout,
@@ -82,7 +83,7 @@ def _causal_batch(
     """Per sequence: DLA summed over its targets ``[batch, n_layers, n_heads]``, and how
     many targets it has ``[batch]`` (a logit-difference task: its contrasting token is the
     baseline of each target)."""
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     if isinstance(task, LogitDiffTask):
         query, target, bad = task.contrast(batch.to(dev))
         return direct_effects(model, batch, query, target, bad[query])
@@ -112,7 +113,7 @@ def direct_effects(
     names = [f"blocks.{la}.attn.hook_z" for la in range(n_layers)]
     names.append(f"blocks.{n_layers - 1}.hook_out")
     st = capture(model, batch, names)
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     query, target = query.to(dev), target.to(dev)
     resid = st[f"blocks.{n_layers - 1}.hook_out"][query]  # [n, d_model]
     scale = _norm_scale(model, resid, kind)  # [n, 1]
@@ -150,7 +151,7 @@ def _encoder_batch(
     names += [f"blocks.{la}.{ln}.hook_scale" for la in range(n_layers) for ln in ("ln1", "ln2")]
     names.append(f"blocks.{n_layers - 1}.hook_out")
     st = capture(model, batch, names)
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     mask = batch.attention_mask.to(dev)
     m = mask[..., None].float()
     h = st[f"blocks.{n_layers - 1}.hook_out"]

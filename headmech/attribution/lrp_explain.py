@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from headmech.attribution.lrp_rules import installed_rules
 from headmech.core.errors import InputError
+from headmech.core.placement import model_device
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -32,7 +33,6 @@ __all__ = [
     "bias_parameters",
     "explain_logit",
     "head_relevance",
-    "model_device",
     "one_sequence",
     "relevance_terms",
     "selected_logits",
@@ -154,11 +154,6 @@ def bias_parameters(model: TransformerBridge) -> list[Tensor]:
         if name.split(".")[-1] == "bias" or name.endswith("_bias"):
             seen.setdefault(id(p), p)
     return list(seen.values())
-
-
-def model_device(model: TransformerBridge) -> torch.device:
-    """The device of the model's first parameter."""
-    return next(model.parameters()).device
 
 
 @dataclass

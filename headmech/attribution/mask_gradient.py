@@ -30,6 +30,7 @@ from torch import Tensor
 
 from headmech.core import distributed
 from headmech.core.errors import HeadmechError
+from headmech.core.placement import model_device
 from headmech.interventions import Cost, gradients
 from headmech.runs import resume
 from headmech.stream.engine import ProbeBatch
@@ -61,7 +62,7 @@ def masked_importance(
     """
     if per not in PER:
         raise HeadmechError(f"per must be one of {', '.join(PER)}, got '{per}'")
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     n_seq = int(batch.input_ids.shape[0])
     if per == "example":
         xi = mask.to(dev).float()[None].repeat(n_seq, 1, 1).requires_grad_(True)

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from headmech.core.errors import HeadmechError
 from headmech.core.head_index import HeadIndex
+from headmech.core.placement import model_device
 from headmech.interventions import recording
 from headmech.interventions.direct_effects import layer_write, post_norm
 from headmech.models import model_info
@@ -81,7 +82,7 @@ def head_writes(
         raise HeadmechError("what a head writes to the next token needs a causal (decoder) model")
     if float(getattr(model.cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0:
         raise HeadmechError("a final logit soft-cap: the logits are not linear in the unembedding")
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     t = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1).to(dev)
     if t.shape[1] < 2:
         raise HeadmechError("what a head writes needs a text of at least two tokens")

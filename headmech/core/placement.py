@@ -27,10 +27,16 @@ __all__ = [
     "dtype",
     "materialised",
     "memory_map",
+    "model_device",
 ]
 
 # the weight dtypes a model can be loaded in; statistics and metrics accumulate in fp32
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of the model's first parameter (where its inputs go)."""
+    return next(model.parameters()).device
 
 
 def device(spec: Any) -> Any:

@@ -11,6 +11,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
+from headmech.core.placement import model_device
 from headmech.headtypes.base import (
     SignTestedHead,
     above_zero,
@@ -59,7 +60,7 @@ def remove_needle(batch: ProbeBatch, model: Any, seed: int = 0) -> ProbeBatch:
     needle = (pos[None] >= lo[:, None]) & (pos[None] < hi[:, None])
     ids = batch.input_ids.masked_fill(needle, filler)
     removed = replace(batch, input_ids=ids)
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     query = _answer_step(removed)
     with torch.no_grad():
         resid = run_blocks(model, ids.to(dev), batch.attention_mask.to(dev), rows=query.to(dev))

@@ -31,6 +31,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.core.head_index import HeadIndex
+from headmech.core.placement import model_device
 from headmech.interventions import Intervention, applied, recording
 from headmech.models.unembedding import unembed
 from headmech.stream.engine import ProbeBatch, run_blocks
@@ -56,7 +57,7 @@ def layer_z(
     """``hook_z`` of one layer, running only the blocks up to it; with ``post``, also the
     attention output that the block's post-attention norm receives."""
     names = [f"blocks.{layer}.attn.hook_z"] + ([f"blocks.{layer}.ln1_post.hook_in"] * post)
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     with torch.no_grad(), recording(model, names) as store:
         run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev), layer + 1)
     return store[names[0]].detach(), store[names[-1]].detach() if post else None
@@ -101,7 +102,7 @@ def _run(
     post = [post_norm(model, la) is not None for la in range(n_layers)]
     names = [f"blocks.{la}.attn.hook_z" for la in range(n_layers)]
     names += [f"blocks.{la}.ln1_post.hook_in" for la in range(n_layers) if post[la]]
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     with torch.no_grad(), applied(model, list(interventions)), recording(model, names) as st:
         resid = run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev))
     zs = [st[f"blocks.{la}.attn.hook_z"].detach() for la in range(n_layers)]

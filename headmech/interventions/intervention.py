@@ -20,6 +20,7 @@ from torch import Tensor
 
 from headmech.core.errors import HeadIndexError, HeadmechError
 from headmech.core.head_index import HeadIndex, check_heads
+from headmech.core.placement import model_device
 from headmech.interventions.effects import SITES, Context, Effect, Uniform, heads_first
 from headmech.models.loaded import loaded
 from headmech.stream.engine import ProbeBatch, run_blocks
@@ -208,7 +209,7 @@ def pattern_edits_apply(model: TransformerBridge) -> bool:
     ids = torch.tensor([[model.tokenizer.bos_token_id or 1, 5, 6, 7, 8]]).clamp(
         max=int(model.cfg.d_vocab) - 1
     )
-    ids = ids.to(next(model.parameters()).device)
+    ids = ids.to(model_device(model))
     heads = [(0, h) for h in range(int(model.cfg.n_heads))]
     flat = Intervention.on(heads, Uniform(), "pattern")
     with torch.inference_mode():
@@ -248,7 +249,7 @@ def capture(
 ) -> dict[str, Tensor]:
     """Activations at hook points ``names`` on one batch (no gradient; blocks only), in fp32
     whatever the model's dtype (analysis arithmetic runs in fp32)."""
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     with torch.no_grad(), applied(model, list(interventions)), recording(model, names) as store:
         run_blocks(model, batch.input_ids.to(dev), batch.attention_mask.to(dev))
     return {k: v.detach().float() for k, v in store.items()}

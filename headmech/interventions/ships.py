@@ -13,7 +13,7 @@ query by 0 as the authors do; the default ``"uniform"`` sets the pattern to what
 gives, uniform over the causal keys (equal in exact arithmetic: the suite checks it).
 
 :func:`refuses` tells which requests the model refuses: greedy decoding, the reply's start
-against :data:`headmech.probes.refusal.REFUSAL_PREFIXES`. It decodes by repeated full
+against :func:`headmech.probes.refusal.is_refusal`. It decodes by repeated full
 forward passes, without a KV cache: TransformerLens 4.3.0's bridge returns garbage after
 the first cached token.
 """
@@ -92,7 +92,7 @@ def refuses(
 ) -> tuple[Tensor, list[str]]:
     """Per request (in batch order), whether the greedy reply starts as a refusal, and the
     replies (``n_tokens`` tokens each; ``interventions`` applied throughout)."""
-    from headmech.probes.refusal import REFUSAL_PREFIXES
+    from headmech.probes.refusal import is_refusal
 
     tok = model.tokenizer
     replies: list[str] = []
@@ -104,5 +104,5 @@ def refuses(
                     nxt = model(ids)[0, -1].argmax()
                     ids = torch.cat([ids, nxt.view(1, 1).to(ids)], 1)
                 replies.append(tok.decode(ids[0, -n_tokens:], skip_special_tokens=True).strip())
-    refused = [r.startswith(REFUSAL_PREFIXES) for r in replies]
+    refused = [is_refusal(r) for r in replies]
     return torch.tensor(refused), replies

@@ -27,6 +27,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from headmech.core.errors import HeadmechError
+from headmech.core.placement import model_device
 from headmech.interventions import capture, recording
 from headmech.interventions.direct_effects import key_writes
 from headmech.models.weights import norm_weight
@@ -99,7 +100,7 @@ def direct_effects_by_source(
     names = [f"blocks.{la}.attn.{h}" for la in range(n_layers) for h in ("hook_v", "hook_pattern")]
     names.append(f"blocks.{n_layers - 1}.hook_out")
     st = capture(model, batch, names)
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     rows = torch.arange(len(query), device=dev)
     query, target = query.to(dev), target.to(dev)
     resid = st[f"blocks.{n_layers - 1}.hook_out"][rows, query]  # [batch, d_model]

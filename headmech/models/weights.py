@@ -163,9 +163,10 @@ def ov_copying_scores(
 def effective_embeddings(model: TransformerBridge, ids: Tensor) -> Float[Tensor, "n d_model"]:
     """Each token alone through block 0 (attention to itself, then MLP 0), normalised as
     the next block's input norm does, without its elementwise weight (folded elsewhere)."""
+    from headmech.core.placement import model_device
     from headmech.stream.forward import run_blocks
 
-    device = next(model.parameters()).device
+    device = model_device(model)
     resid = run_blocks(model, ids[:, None].to(device), torch.ones(len(ids), 1, device=device), 1)
     x = resid[:, 0].float()
     eps = float(getattr(model.cfg, "eps", 1e-5) or 1e-5)

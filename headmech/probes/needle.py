@@ -40,6 +40,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from headmech.core.errors import InputError
+from headmech.core.placement import model_device
 from headmech.probes import (
     Probe,
     ProbeOptions,
@@ -264,7 +265,7 @@ def answer_losses(
         ``(nll, correct, valid)``, each ``[batch, answer]``: the answer token's negative
         log-likelihood, whether it is the model's argmax, and which entries are real.
     """
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     b = batch.to(dev)
     answer_pos, _, valid, _ = needle_spans(b)
     from headmech.models.unembedding import unembed

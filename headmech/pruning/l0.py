@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech.core.placement import model_device
 from headmech.interventions import Intervention, Scale, applied, evaluate, hooks
 from headmech.models.unembedding import unembed
 from headmech.probes import ProbeOptions
@@ -114,10 +115,6 @@ def frozen(model: TransformerBridge) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def _device(model: TransformerBridge) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _query(batch: ProbeBatch) -> Tensor:
     """Positions whose next token is real (the ``lm`` task's query positions)."""
     mask = batch.attention_mask.bool()
@@ -131,7 +128,7 @@ def _outputs(
 ) -> Tensor:
     """Causal: log-probabilities at the query positions ``[n_query, d_vocab]``.
     Encoder: mean-pooled final hidden state ``[batch, d_model]``."""
-    dev = _device(model)
+    dev = model_device(model)
     ids, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev)
     with applied(model, list(interventions)):
         h = run_blocks(model, ids, mask)  # [batch, pos, d_model]
@@ -159,7 +156,10 @@ def masked_task_metric(
 ) -> float:
     """The task's mean metric with head outputs multiplied by ``mask`` (None: no mask),
     after the interventions ``base``. Encoder references are the clean model's."""
-    ivs = [*base, *([] if mask is None else [gate_intervention(model, mask.to(_device(model)))])]
+    ivs = [
+        *base,
+        *([] if mask is None else [gate_intervention(model, mask.to(model_device(model)))]),
+    ]
     return evaluate(model, task, batches, ivs)
 
 
@@ -286,7 +286,7 @@ def train_l0_gates(
     t = get_task(task, model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     batches, held_out = _probes(model, t, probe_options)
-    log_alpha = torch.full((n_layers, n_heads), float(init_log_alpha), device=_device(model))
+    log_alpha = torch.full((n_layers, n_heads), float(init_log_alpha), device=model_device(model))
     log_alpha.requires_grad_(True)
     gen = torch.Generator().manual_seed(seed)
     with frozen(model):

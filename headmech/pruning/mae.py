@@ -32,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from headmech.core.errors import HeadmechError
+from headmech.core.placement import model_device
 from headmech.interventions import Gate, Intervention, applied, hooks
 from headmech.models.loaded import model_name
 from headmech.probes import ProbeOptions
@@ -120,14 +121,10 @@ def mae_hooks(
     return hooks(model, [mae_intervention(model, gates, attention_mask, record)])
 
 
-def _device(model: TransformerBridge) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _loss(
     model: TransformerBridge, task: Task, batch: ProbeBatch, ref: Any, gates: MAEGates | None
 ) -> Tensor:
-    mask = batch.attention_mask.to(_device(model))
+    mask = batch.attention_mask.to(model_device(model))
     ivs = [] if gates is None else [mae_intervention(model, gates, mask)]
     with applied(model, ivs):
         s, c = task.metric(model, batch, reference=ref)
@@ -277,7 +274,7 @@ def compare_mae(
     cfg = model.cfg
     g = torch.Generator().manual_seed(o.seed)
     gates = MAEGates(int(cfg.n_layers), int(cfg.n_heads), int(cfg.d_model), o.d_hidden, g)
-    gates = gates.to(_device(model))
+    gates = gates.to(model_device(model))
     base = _metric(model, t, held, held_refs, None)
 
     # the MAE run and the fine-tuned baseline are units of a resumable run

@@ -39,6 +39,7 @@ from torch import Tensor
 from headmech.core import distributed
 from headmech.core.checks import stream_arguments
 from headmech.core.errors import ArgumentError
+from headmech.core.placement import model_device
 from headmech.core.stats import HeadStats, ProbeBatch
 from headmech.stream import attention_call, blockwise
 from headmech.stream.forward import bare_forward, fast_attention, pattern_hooked, run_blocks
@@ -167,7 +168,7 @@ def _stream(
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     stats = HeadStats(n_layers, n_heads)
     layers = list(range(n_layers)) if layers is None else list(layers)
-    device = next(model.parameters()).device
+    device = model_device(model)
     if budget is None:
         budget = blockwise.default_block_memory(device)
     state: dict[str, Any] = {"prepared": {}, "rope": {}, "budget": budget, "sizes": []}

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from headmech.core.placement import model_device
 from headmech.stream.tail import KV, KeyValues, last_row_replay, replay_last, stack
 
 if TYPE_CHECKING:
@@ -340,7 +341,7 @@ def bare_forward(model: TransformerBridge, batches: Any) -> None:
     hooks: the baseline the engine is timed against (the difference is the hooks' cost).
     Under :func:`fast_attention`, the masks are SDPA's (:func:`masks_for`), as a Hugging
     Face model loaded for SDPA builds them."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     n_layers = int(model.cfg.n_layers)
     sdpa = fast_attention_possible(model) and any(
         "forward" in b.attn.__dict__ for b in model.blocks

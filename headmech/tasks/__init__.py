@@ -48,10 +48,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from headmech.core.errors import UnknownTaskError
+from headmech.core.placement import model_device
 from headmech.core.registry import TASKS
 from headmech.models.unembedding import token_losses, unembed
 from headmech.probes import ProbeOptions, build_probe, random_token_ids
@@ -70,6 +71,7 @@ __all__ = [
     "corrupt_prose",
     "get_task",
     "is_causal",
+    "stack_copies",
     "unembed",
 ]
 
@@ -77,10 +79,6 @@ __all__ = [
 def is_causal(model: TransformerBridge) -> bool:
     """Whether the model is a decoder (causal attention) rather than an encoder."""
     return getattr(model.cfg, "attention_dir", "causal") != "bidirectional"
-
-
-def _device(model: TransformerBridge) -> torch.device:
-    return next(model.parameters()).device
 
 
 class Task:
@@ -145,7 +143,11 @@ class Task:
         return f"{type(self).__name__}({self.name!r})"
 
 
-def _stack(batch: ProbeBatch, copies: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def stack_copies(
+    batch: ProbeBatch, copies: int, device: torch.device
+) -> tuple[Int[Tensor, "rows pos"], Int[Tensor, "rows pos"]]:
+    """The batch's token ids and attention mask on ``device``, stacked ``copies`` times
+    (copy-major: rows ``c * batch + i``), as every task's :meth:`Task.metric` reads them."""
     ids = batch.input_ids.to(device).repeat(copies, 1)  # [copies * batch, pos]
     mask = batch.attention_mask.to(device).repeat(copies, 1)
     return ids, mask
@@ -197,8 +199,8 @@ class TokenLossTask(Task):
         self.probability = probability
 
     def metric(self, model, batch, *, copies=1, reference=None, linear=False):
-        dev = _device(model)
-        ids, mask = _stack(batch, copies, dev)
+        dev = model_device(model)
+        ids, mask = stack_copies(batch, copies, dev)
         query, target = self.select(batch.to(dev))  # [batch, pos] each
         # [copies * batch, pos, d_model], exact at the query positions (the rows read)
         resid = run_blocks(model, ids, mask, rows=query.repeat(copies, 1))
@@ -243,8 +245,8 @@ class LogitDiffTask(Task):
         self._corrupt = corrupt
 
     def metric(self, model, batch, *, copies=1, reference=None, linear=False):
-        dev = _device(model)
-        ids, mask = _stack(batch, copies, dev)
+        dev = model_device(model)
+        ids, mask = stack_copies(batch, copies, dev)
         query, good, bad = self.contrast(batch.to(dev))  # [batch, pos] each
         rows = query.repeat(copies, 1)  # the rows read: exact there (run_blocks)
         resid = run_blocks(model, ids, mask, rows=rows).view(copies, *query.shape, -1)
@@ -281,8 +283,8 @@ class EmbeddingTask(Task):
             return self._pool(model, batch, 1)[0].detach()
 
     def _pool(self, model: Any, batch: ProbeBatch, copies: int) -> Tensor:
-        dev = _device(model)
-        ids, mask = _stack(batch, copies, dev)
+        dev = model_device(model)
+        ids, mask = stack_copies(batch, copies, dev)
         h = run_blocks(model, ids, mask)  # [copies * batch, pos, d_model]
         m = mask[..., None].to(h.dtype)
         pooled = (h * m).sum(1) / m.sum(1)  # [copies * batch, d_model]
@@ -342,8 +344,8 @@ class CallableTask(Task):
         return self._batches if self._batches is not None else super().batches(model, options)
 
     def metric(self, model, batch, *, copies=1, reference=None, linear=False):
-        dev = _device(model)
-        ids, mask = _stack(batch, copies, dev)
+        dev = model_device(model)
+        ids, mask = stack_copies(batch, copies, dev)
         if self.on == "logits":
             out = model(ids, attention_mask=mask)
         else:

@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from headmech.core.placement import model_device
 from headmech.core.registry import TASKS
 from headmech.models.unembedding import unembed
 from headmech.stream.engine import ProbeBatch, run_blocks
@@ -35,7 +36,7 @@ def copy_candidates(
     """Where the clean model's top next-token prediction is a token already in the context
     (an ordinary token at or before the position), and that token: the copy a
     copy-suppression head acts against (McDougall et al. 2023)."""
-    dev = next(model.parameters()).device
+    dev = model_device(model)
     ids, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev)
     query, _ = select_lm(batch.to(dev))
     with torch.no_grad():

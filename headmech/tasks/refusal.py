@@ -17,10 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headmech.core.placement import model_device
 from headmech.core.registry import TASKS
 from headmech.models.unembedding import unembed
 from headmech.stream.engine import ProbeBatch, run_blocks
-from headmech.tasks import Task
+from headmech.tasks import Task, stack_copies
 
 __all__ = ["EPS", "RefusalShiftTask", "first_token_probs"]
 
@@ -36,9 +37,8 @@ def _end_rows(batch: ProbeBatch) -> Tensor:
 def first_token_probs(model: Any, batch: ProbeBatch, copies: int = 1) -> Tensor:
     """The reply's first-token distribution of each request (``[copies * batch, vocab]``,
     float32), under whatever interventions the caller applied."""
-    dev = next(model.parameters()).device
-    ids = batch.input_ids.to(dev).repeat(copies, 1)  # [copies * batch, pos]
-    mask = batch.attention_mask.to(dev).repeat(copies, 1)
+    dev = model_device(model)
+    ids, mask = stack_copies(batch, copies, dev)
     end = _end_rows(batch.to(dev)).repeat(copies, 1)
     resid = run_blocks(model, ids, mask, rows=end)[end]  # one row a request, in order
     return torch.softmax(unembed(model, resid).float(), -1)
