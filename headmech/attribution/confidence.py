@@ -25,6 +25,7 @@ from headmech.stream.engine import ProbeBatch, Reducer, stream_statistics
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+    from headmech.stream.points import Points
     from headmech.stream.rows import RowBlock
 
 __all__ = ["confidence", "confidence_reducer"]
@@ -55,7 +56,13 @@ def confidence_reducer(name: str = "confidence") -> Reducer:
         w = queries[:, None, :].to(top.dtype)
         return {"max": ((top * w).sum(2), queries.sum(1))}
 
-    return Reducer(name, fn, prepare, blockwise=True, from_rows=from_rows)
+    def from_maxima(view: Points, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
+        queries, keys = prepared
+        top = view.top(keys)  # exp(max score - LSE), the max from the kernel
+        w = queries[:, None, :].to(top.dtype)
+        return {"max": ((top * w).sum(2), queries.sum(1))}
+
+    return Reducer(name, fn, prepare, blockwise=True, from_rows=from_rows, from_maxima=from_maxima)
 
 
 def confidence(

@@ -15,6 +15,7 @@ from headmech.stream import blockwise
 from headmech.stream.engine import HeadStats, ProbeBatch, Reducer
 
 if TYPE_CHECKING:
+    from headmech.stream.points import Points
     from headmech.stream.rows import RowBlock
 
 # Offsets with their own histogram bin; 0 (the token itself) is binned but never a
@@ -132,6 +133,34 @@ class PositionalHead(HeadType):
         # the argmax of the scores is the pattern's: no softmax needed
         return self._sums(lambda keys=None: view.top(keys)[1], batch, prepared, rows)
 
+    def _from_maxima(
+        self,
+        view: Points,
+        batch: ProbeBatch,
+        prepared: tuple[Tensor, Tensor, Tensor, Tensor],
+        layer: int,
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        """The same counts from the rows' maxima: the argmax is at offset ``k`` where the
+        score of key ``i + k`` is the row's maximum (offsets in key order, so that a tie
+        goes to the first key, as in ``torch.max``), on a special token where the maximum
+        over the special keys (from points where they are few) is the maximum over every
+        key."""
+        ordinary, keys, valid, pos = prepared
+        n_seqs, n = ordinary.shape
+        out: dict[str, tuple[Tensor, Tensor]] = {}
+        binned = torch.zeros(n_seqs, view.n_heads, n, dtype=torch.bool, device=pos.device)
+        for k, off in enumerate(OFFSETS):
+            v: Bool[Tensor, "batch query_pos"] = valid[:, k]
+            at = (pos + off).clamp(0, n - 1).expand(n_seqs, -1)
+            hit = view.is_max(view.scores_at(at), keys) & v[:, None] & ~binned
+            binned |= hit
+            out[_offset_stat(off)] = (hit.sum(2).double(), v.sum(1).double())
+        n_queries = ordinary.sum(1).double()
+        out["other"] = ((~binned & ordinary[:, None]).sum(2).double(), n_queries)
+        sink = view.is_max(view.max_score(batch.special.bool())) & ordinary[:, None]
+        out["special_argmax"] = (sink.sum(2).double(), n_queries)
+        return out
+
     def _sums(
         self,
         argmax: Callable[..., Int[Tensor, "batch head_index query_pos"]],
@@ -167,7 +196,12 @@ class PositionalHead(HeadType):
     def reducers(self) -> list[Reducer]:
         return [
             Reducer(
-                self.name, self._reduce, self._prepare, blockwise=True, from_rows=self._from_rows
+                self.name,
+                self._reduce,
+                self._prepare,
+                blockwise=True,
+                from_rows=self._from_rows,
+                from_maxima=self._from_maxima,
             )
         ]
 

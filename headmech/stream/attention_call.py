@@ -20,6 +20,7 @@ Face attention function (GPT-2, GPT-NeoX, Phi-3, BERT).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -30,11 +31,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech.stream import maxima as maxima_route
 from headmech.stream.blockwise import Buffers
 from headmech.stream.forward import hf_attention_forward, masks_for, pattern_hooked
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
+
+    from headmech.stream.maxima import RowMaxima
 
 __all__ = ["IMPLEMENTATION", "LayerCall", "pattern_rows", "possible", "reducing"]
 
@@ -59,6 +63,9 @@ class LayerCall:
         lse: each query row's log-sum-exp of its masked scores ``[batch, n_heads,
             q_pos]``, from the fused kernel that computed the output (plain attention on
             CPU or CUDA); None where the output came from another kernel.
+        maxima: each query row's largest masked score over any key set, from the kernel
+            or computed (:mod:`headmech.stream.maxima`, under its ``row_maxima``); None
+            outside it.
     """
 
     q: Float[Tensor, "batch n_heads q_pos d_head"]
@@ -69,6 +76,7 @@ class LayerCall:
     sinks: Tensor | None
     causal: bool
     lse: Tensor | None = None
+    maxima: RowMaxima | None = None
 
 
 def _allowed(mask: Tensor | None) -> Tensor | None:
@@ -227,12 +235,18 @@ def stats_attention(
     if callback is None:
         return _output(module, query, key, value, attention_mask, scale, **kwargs), None
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
-    fused = None
+    fused: tuple[Tensor, Tensor, Tensor | None] | None = None
+    maxima = None
+    causal = bool(getattr(module, "is_causal", True))
     if softcap is None and sinks is None:
-        fused = _with_lse(module, query, key, value, attention_mask, scale)
+        flexed = maxima_route.flex_call(query, key, value, _allowed(attention_mask), causal, scale)
+        if flexed is not None:
+            fused, maxima = (flexed[0], flexed[1], None), flexed[2]
+        else:
+            fused = _with_lse(module, query, key, value, attention_mask, scale)
     k = key.detach()
     if k.shape[1] != query.shape[1]:  # grouped-query: kv head j serves a run of heads
-        if fused is not None and fused[2].dtype == torch.float32:
+        if fused is not None and fused[2] is not None and fused[2].dtype == torch.float32:
             k = fused[2].detach()  # the kernel's repeated copy, not made twice
         else:
             k = _repeat(k, query.shape[1] // k.shape[1], "stats_k")
@@ -244,9 +258,12 @@ def stats_attention(
         scale=scale,
         softcap=float(softcap) if softcap else None,
         sinks=None if sinks is None else sinks.detach().float(),
-        causal=bool(getattr(module, "is_causal", True)),
+        causal=causal,
         lse=None if fused is None else fused[1],
+        maxima=maxima,
     )
+    if maxima is None and call.lse is not None and maxima_route.mode() == "explicit":
+        call = dataclasses.replace(call, maxima=maxima_route.explicit_maxima(call))
     callback(call)
     del call, k
     if fused is not None:

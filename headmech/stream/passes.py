@@ -144,18 +144,23 @@ def call_reducer(
     reducers: Sequence[Reducer], stats: HeadStats, state: dict[str, Any]
 ) -> Callable[[int, attention_call.LayerCall], None]:
     """Pattern reducers inside the model's attention call (:mod:`headmech.stream.attention_call`):
-    from point masses where every one of them has them and the call brought the rows'
-    log-sum-exp, else from blocks of the pattern built from the final q and k it received."""
+    from point masses where every one of them has them (or has ``from_maxima`` and the
+    call brought its rows' maxima) and the call brought the rows' log-sum-exp, else from
+    blocks of the pattern built from the final q and k it received."""
     pattern_reducers = [r for r in reducers if r.hook == "hook_pattern"]
-    pointwise = all(r.points is not None for r in pattern_reducers)
 
     def on_call(layer: int, call: attention_call.LayerCall) -> None:
-        if pointwise and call.lse is not None:
+        ways = [_pointwise(r, call) for r in pattern_reducers]
+        if call.lse is not None and all(w is not None for w in ways):
             view = Points(call)
-            for r in pattern_reducers:
-                assert r.points is not None
-                out = r.points(view, state["batch"], state["prepared"][r.name], layer)
-                _add(stats, r.name, layer, out)
+            for r, way in zip(pattern_reducers, ways, strict=True):
+                assert way is not None
+                _add(
+                    stats,
+                    r.name,
+                    layer,
+                    way(view, state["batch"], state["prepared"][r.name], layer),
+                )
             return
 
         if call.lse is not None:
@@ -168,6 +173,14 @@ def call_reducer(
         _reduce_blocks(pattern_reducers, rows_of, _shape3(call.q), layer, state, stats)
 
     return on_call
+
+
+def _pointwise(r: Reducer, call: attention_call.LayerCall) -> Callable[..., Sums] | None:
+    """The reducer's sums from points (:class:`Points`): ``points``, else ``from_maxima``
+    where the call brought its rows' maxima; None: it needs rows."""
+    if r.points is not None:
+        return r.points
+    return r.from_maxima if call.maxima is not None else None
 
 
 def _reduce_rows(

@@ -56,6 +56,11 @@ class Points:
     # a probability decided from points must clear this margin (the kernel's LSE and the
     # softmax of a block differ in the last bits)
     EPS = 1e-5
+    # float32 dot products' relative error allowed between the kernel's row maximum and a
+    # point's score of the same key (of scale · ‖q‖ · ‖k‖: :meth:`tolerance`)
+    DOT_EPS = 1e-6
+    # key sets of at most this many keys a sequence are maximised from points
+    FEW = 8
     # bytes of scores for one chunk of rows computed whole
     ROW_BYTES = 64 * 2**20
 
@@ -79,17 +84,77 @@ class Points:
             return (keys <= pos)[:, None]
         return torch.ones_like(keys, dtype=torch.bool)[:, None]
 
-    def at(self, keys: Tensor) -> Float[Tensor, "batch n_heads q_pos"]:
-        """``p(i, keys[b, i])`` for every query (``keys``: ``Int[batch, q_pos]``, valid
-        key indices); 0 where the mask hides the key."""
+    def scores_at(self, keys: Tensor) -> Float[Tensor, "batch n_heads q_pos"]:
+        """The scaled score ``s(i, keys[b, i])`` for every query (``keys``:
+        ``Int[batch, q_pos]``, valid key indices); ``-inf`` where the mask hides the key."""
         call = self.call
         seq = torch.arange(self.n_seqs, device=keys.device)[:, None]
         # advanced indexing copies d_head contiguous floats per (sequence, query, head); a
         # gather with an index expanded over d_head reads element by element (3x slower)
         k = call.k.transpose(1, 2)[seq, keys].transpose(1, 2)  # [batch, head, q_pos, d_head]
         scores = torch.linalg.vecdot(self._q, k).mul_(call.scale)
-        assert call.lse is not None
-        return torch.exp(scores - call.lse).masked_fill_(~self.allowed(keys), 0.0)
+        if call.softcap is not None:
+            scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
+        return scores.masked_fill_(~self.allowed(keys), float("-inf"))
+
+    def at(self, keys: Tensor) -> Float[Tensor, "batch n_heads q_pos"]:
+        """``p(i, keys[b, i])`` for every query (``keys``: ``Int[batch, q_pos]``, valid
+        key indices); 0 where the mask hides the key."""
+        assert self.call.lse is not None
+        return torch.exp(self.scores_at(keys) - self.call.lse).nan_to_num_(0.0)
+
+    # --- from the rows' maxima (headmech.stream.maxima) ----------------------------------
+    @property
+    def has_maxima(self) -> bool:
+        """Whether the call brought its rows' maxima (:meth:`top` and :meth:`is_max` need them)."""
+        return self.call.maxima is not None
+
+    def top(self, keys: Tensor | None = None) -> Float[Tensor, "batch n_heads q_pos"]:
+        """Each row's largest probability over the keys where ``keys`` (``Bool[batch,
+        k_pos]``) is True, every key for None: ``exp(max − LSE)``; 0 for a row with none."""
+        call = self.call
+        assert call.maxima is not None and call.lse is not None
+        return torch.exp(call.maxima(keys) - call.lse).nan_to_num_(0.0)
+
+    def max_score(self, keys: Tensor) -> Float[Tensor, "batch n_heads q_pos"]:
+        """Each row's largest score over the keys where ``keys`` (``Bool[batch, k_pos]``)
+        is True, ``-inf`` for a row with none: from points where every sequence has at
+        most ``FEW`` such keys (the special tokens, say), else the call's maxima."""
+        counts = keys.sum(-1)
+        most = int(counts.max()) if counts.numel() else 0
+        if most > self.FEW:
+            assert self.call.maxima is not None
+            return self.call.maxima(keys)
+        # each sequence's chosen keys first, in key order
+        order = keys.int().argsort(dim=-1, descending=True, stable=True)[:, :most]
+        out = torch.full(
+            (self.n_seqs, self.n_heads, self.n_queries), float("-inf"), device=keys.device
+        )
+        for c in range(most):
+            s = self.scores_at(order[:, c : c + 1].expand(-1, self.n_queries))
+            out = torch.maximum(out, s.masked_fill_(~(counts > c)[:, None, None], float("-inf")))
+        return out
+
+    def tolerance(self) -> Float[Tensor, "batch n_heads q_pos"]:
+        """How far the kernel's maximum and a point's score of the same key may lie apart
+        by rounding alone: ``DOT_EPS · scale · ‖q_i‖ · max_j ‖k_j‖``, a bound on
+        ``scale · Σ|q_i k_j|`` (Cauchy-Schwarz) times float32 dot products' relative
+        error (the kernel sums its products in another order)."""
+        if "tolerance" not in self._fixed:
+            call = self.call
+            k_norm = call.k.norm(dim=-1).amax(-1, keepdim=True)  # [batch, head, 1]
+            self._fixed["tolerance"] = self.DOT_EPS * call.scale * call.q.norm(dim=-1) * k_norm
+        return self._fixed["tolerance"]
+
+    def is_max(
+        self, scores: Float[Tensor, "batch n_heads q_pos"], keys: Tensor | None = None
+    ) -> Tensor:
+        """Whether each score (of a key among ``keys``) is its row's maximum over ``keys``
+        (every key for None), ``Bool[batch, n_heads, q_pos]``: equal to it within
+        :meth:`tolerance`; False for a hidden key or a row with none."""
+        assert self.call.maxima is not None
+        best = self.call.maxima(keys)
+        return torch.isfinite(best) & (scores >= best - self.tolerance())
 
     def fixed(self, which: str) -> Float[Tensor, "batch n_heads q_pos"]:
         """``p`` at the key every row has: ``"first"`` (key 0), ``"self"`` (the query's own
@@ -154,7 +219,13 @@ class Points:
         ``rows``: ``Bool[batch, q_pos]``, the rows asked about. A row is decided from
         points where it can be: a target above 1/2 is the argmax; a non-target among the
         first key, the query itself and the one before it that beats the best target
-        rules a hit out. Only the other rows are computed whole (:meth:`argmax`)."""
+        rules a hit out. Only the other rows are computed whole (:meth:`argmax`). With the
+        rows' maxima (:attr:`has_maxima`) every row is decided from them: a hit where the
+        best target's probability is the row's largest (within :meth:`tolerance`)."""
+        if self.has_maxima:  # the argmax is where a score is the row's maximum
+            best = self.top()
+            close = p_best >= best * torch.exp(-self.tolerance())
+            return close & (best > 0) & rows[:, None]
         eps = self.EPS
         hit = p_best > 0.5 + eps
         miss = torch.zeros_like(hit)

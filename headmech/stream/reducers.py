@@ -65,6 +65,10 @@ class Reducer:
             attention call returns the log-sum-exp and a pass needs rows (a reducer
             without ``points``), the engine gives every reducer that has it the block's
             scores, and the block's pattern only to the reducers without it.
+        from_maxima: the same sums from point masses and the rows' maxima (a statistic
+            of a row's maximum or argmax that points alone cannot give): called as
+            ``points`` is, with a view whose ``has_maxima`` is True
+            (:mod:`headmech.stream.maxima`). A reducer with ``points`` needs none.
     """
 
     name: str
@@ -74,6 +78,7 @@ class Reducer:
     blockwise: bool = False
     points: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]] | None = None
     from_rows: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]] | None = None
+    from_maxima: Callable[..., Mapping[str, tuple[Tensor, Tensor | float]]] | None = None
 
     def __call__(
         self,
