@@ -14,7 +14,7 @@ from headmech.attribution.confidence import confidence_reducer
 from headmech.headtypes.registry import get_head_type
 from headmech.probes import ProbeOptions, build_probe
 from headmech.stream import maxima, passes
-from headmech.stream.engine import stream_statistics
+from headmech.stream.engine import ProbeBatch, stream_statistics
 from headmech.stream.points import Points
 
 
@@ -130,3 +130,63 @@ def test_sequence_statistics_from_maxima_agree_with_the_row_path_on_smollm2(smol
         diff = (got.mean(k) - want.mean(k)).abs()
         assert float(diff.max()) <= (1e-5 if k.startswith("confidence") else 2e-3), k
         assert float((diff > 1e-6).float().mean()) <= 0.02, k  # a few heads at most
+
+
+def _cpu_flex(monkeypatch):
+    """FlexAttention as the CUDA route calls it, on CPU: eager flex_attention gives the
+    output and the LSE (torch refuses ``max_scores`` on CPU), the maxima come from the
+    block mask's own mask_mod over the explicit scores. Returns the calls made."""
+    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+
+    calls = []
+
+    def flex(q, k, v, *, block_mask, scale, enable_gqa, return_aux):
+        assert return_aux.lse and return_aux.max_scores
+        calls.append(block_mask)
+        out, aux = flex_attention(
+            q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa,
+            return_aux=AuxRequest(lse=True),
+        )  # fmt: skip
+        b, h, n_q, _ = q.shape
+        n_k = k.shape[2]
+        idx = [torch.arange(n)[s] for n, s in zip(
+            (b, h, n_q, n_k),
+            ((slice(None), None, None, None), (None, slice(None), None, None),
+             (None, None, slice(None), None), (None, None, None, slice(None))),
+            strict=True,
+        )]  # fmt: skip
+        allowed = block_mask.mask_mod(*idx).expand(b, h, n_q, n_k)
+        kk = k.repeat_interleave(h // k.shape[1], 1)
+        scores = (q.float() @ kk.float().transpose(-1, -2)) * scale
+        best = scores.masked_fill(~allowed, float("-inf")).amax(-1)
+        return out, type("Aux", (), {"lse": aux.lse, "max_scores": best})()
+
+    monkeypatch.setattr(maxima, "KERNEL_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(maxima, "_FLEX", [flex])
+    return calls
+
+
+def test_the_kernel_route_glue_on_cpu(tiny_models, monkeypatch):
+    """The CUDA route's code (flex_call: FlexAttention's output, LSE and maxima; the block
+    masks of the model's mask and of a key set; grouped-query heads) run on CPU with
+    eager FlexAttention standing in for the compiled kernel: the model's outputs and every
+    statistic equal the row path's, the ordinary keys cost one more call per layer, and
+    every layer reuses the pass's block masks."""
+    model = tiny_models["llama"]
+    full = _sequence_batch(model)
+    mask = full.attention_mask.clone()
+    mask[1, -5:] = 0  # padding at the end of sequence 1: the model's mask is a tensor
+    batch = ProbeBatch(full.input_ids, mask, full.special | (mask == 0), extras=full.extras)
+    reducers = [confidence_reducer(), *get_head_type("positional")().reducers()]
+    reducers += get_head_type("induction")().reducers()
+    want = stream_statistics(model, [batch], reducers, attention="blocks")
+    calls = _cpu_flex(monkeypatch)
+    with maxima.row_maxima("kernel"):
+        got = stream_statistics(model, [batch], reducers, attention="blocks")
+    for k in want.sums:
+        torch.testing.assert_close(got.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)
+    n_layers = int(model.cfg.n_layers)
+    assert len(calls) == 2 * n_layers  # every key, then the ordinary keys, in each layer
+    assert len({id(c) for c in calls}) == 2  # the block masks built once a pass
+    assert calls[0].shape[0] == 2  # the padded sequences' own masks
+    assert maxima._BLOCKS == []  # forgotten after the pass

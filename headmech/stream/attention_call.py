@@ -333,6 +333,7 @@ def reducing(
             yield
     finally:
         _BUFFERS[0] = None
+        maxima_route.forget()
 
 
 def _variant(hf: Any) -> bool:

@@ -34,7 +34,16 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-__all__ = ["MODES", "RowMaxima", "explicit_maxima", "flex_call", "mode", "row_maxima"]
+__all__ = [
+    "KERNEL_DEVICES",
+    "MODES",
+    "RowMaxima",
+    "explicit_maxima",
+    "flex_call",
+    "forget",
+    "mode",
+    "row_maxima",
+]
 
 MODES = ("off", "explicit", "kernel")
 _MODE: contextvars.ContextVar[str] = contextvars.ContextVar("headmech_row_maxima", default="off")
@@ -140,6 +149,16 @@ def explicit_maxima(call: Any) -> RowMaxima:
 
 _FLEX: list[Any] = []  # the compiled flex_attention, made on first use
 _WARNED: list[bool] = [False]
+# devices whose FlexAttention returns the rows' maxima (torch 2.13 refuses them on CPU/MPS)
+KERNEL_DEVICES = ("cuda",)
+# the last block masks built, with the mask and keys they were built from: every layer of a
+# pass gets the same mask tensor and asks for the same key sets
+_BLOCKS: list[tuple[Any, Any, tuple[int, int, bool], Any]] = []
+
+
+def forget() -> None:
+    """Drop the block masks kept for the pass (and the masks they hold)."""
+    _BLOCKS.clear()
 
 
 def _flex() -> Any:
@@ -157,6 +176,10 @@ def _block_mask(
     None: causal with queries aligned to the last keys, or every key) and the chosen keys."""
     from torch.nn.attention.flex_attention import create_block_mask
 
+    shape = (n_q, n_k, causal)
+    for known_mask, known_keys, known_shape, block in _BLOCKS:
+        if known_mask is mask and known_keys is keys and known_shape == shape:
+            return block
     offset = n_k - n_q
     per_seq = (mask is not None and mask.shape[0] > 1) or keys is not None
     n_seqs = max(mask.shape[0] if mask is not None else 1, keys.shape[0] if keys is not None else 1)
@@ -168,7 +191,17 @@ def _block_mask(
             ok = (j <= i + offset) if causal else j >= 0
         return ok if keys is None else ok & keys[b, j]
 
-    return create_block_mask(mask_mod, n_seqs if per_seq else 1, None, n_q, n_k, device=device)
+    block = create_block_mask(
+        mask_mod,
+        n_seqs if per_seq else 1,
+        None,
+        n_q,
+        n_k,
+        device=device,
+        _compile=torch.device(device).type == "cuda",  # no T x T mask on the way
+    )
+    _BLOCKS[:] = [*_BLOCKS[-3:], (mask, keys, shape, block)]
+    return block
 
 
 def flex_call(
@@ -178,7 +211,7 @@ def flex_call(
     n_heads, d_head]``, the rows' log-sum-exp and their :class:`RowMaxima` from
     FlexAttention (one call; one more per key subset asked for); None elsewhere, or where
     FlexAttention fails (warned once: the engine's row path runs instead)."""
-    if mode() != "kernel" or query.device.type != "cuda":
+    if mode() != "kernel" or query.device.type not in KERNEL_DEVICES:
         return None
     try:
         from torch.nn.attention.flex_attention import AuxRequest
