@@ -38,6 +38,7 @@ from headmech.runs.provenance import SCHEMA_VERSION
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
+    from headmech.classification.records import TypeValidation
     from headmech.runs.resume import Units
 
 __all__ = [
@@ -244,16 +245,34 @@ def agreement_matrix(
             or a definition that cannot be measured on it (LOCOS where the model answers
             no question).
     """
-    from headmech.classification.montecarlo import TestOptions
-    from headmech.classification.records import TypeValidation
-    from headmech.classification.validation import apply_fdr, validate_heads
-    from headmech.headtypes.registry import get_head_type
+    from headmech.classification.validation import apply_fdr
     from headmech.models import model_info
     from headmech.runs.provenance import provenance
 
     options = options or MatrixOptions()
     _check(model, options)
     info = model_info(model)
+    scores, notes, seconds = _scores(model, options, progress, units)
+    matrix = AgreementMatrix(
+        getattr(info, "name", "") or "", info.n_layers, options, scores, notes, seconds
+    )
+    validations = _ablations(model, matrix, units)
+    apply_fdr(validations)
+    for claim, tested in validations.items():
+        assert tested is not None
+        name, task = claim.split("/")
+        matrix.effects.setdefault(name, {})[task] = tested.parts()[0][1].to_json()
+    matrix.provenance = provenance(
+        model, options=options.probe_options(), settings={"agreement_matrix": options.to_json()}
+    )
+    return matrix
+
+
+def _scores(
+    model: TransformerBridge, options: MatrixOptions, progress: bool, units: Units | None
+) -> tuple[dict[str, Tensor], dict[str, str], dict[str, float]]:
+    """Every definition's score of every head, with its note and seconds (kept in ``units``
+    as each finishes, read back from it on a resumed run)."""
     scores: dict[str, Tensor] = {}
     notes: dict[str, str] = {}
     seconds: dict[str, float] = {}
@@ -270,16 +289,26 @@ def agreement_matrix(
                 unit = {"score": _rows(score), "note": notes[name], "seconds": seconds[name]}
                 units.save(("score", name), unit)
         scores[name] = score
-    matrix = AgreementMatrix(
-        getattr(info, "name", "") or "", info.n_layers, options, scores, notes, seconds
-    )
+    return scores, notes, seconds
 
+
+def _ablations(
+    model: TransformerBridge, matrix: AgreementMatrix, units: Units | None
+) -> dict[str, TypeValidation | None]:
+    """Each definition's set ablated on each task against its controls (the next ``k``
+    heads of its ranking kept out of them): ``"<definition>/<task>"`` -> the test."""
+    from headmech.classification.montecarlo import TestOptions
+    from headmech.classification.records import TypeValidation
+    from headmech.classification.validation import validate_heads
+    from headmech.headtypes.registry import get_head_type
+
+    options = matrix.options
     retrieval = get_head_type("retrieval")()
     validations: dict[str, TypeValidation | None] = {}
     test = TestOptions(n_max=options.n_random, control_tokens=options.control_tokens)
     for name in options.definitions:
         heads = matrix.top(name)
-        near = [h for h in top_k(scores[name], 2 * options.k) if h not in heads]
+        near = [h for h in top_k(matrix.scores[name], 2 * options.k) if h not in heads]
         for task in options.tasks:
             key = ("ablate", name, task)
             done, record = units.load(key) if units is not None else (False, None)
@@ -291,12 +320,4 @@ def agreement_matrix(
                 if units is not None:
                     units.save(key, record)
             validations[f"{name}/{task}"] = TypeValidation.from_json(record)
-    apply_fdr(validations)
-    for claim, tested in validations.items():
-        assert tested is not None
-        name, task = claim.split("/")
-        matrix.effects.setdefault(name, {})[task] = tested.parts()[0][1].to_json()
-    matrix.provenance = provenance(
-        model, options=options.probe_options(), settings={"agreement_matrix": options.to_json()}
-    )
-    return matrix
+    return validations
