@@ -9,6 +9,7 @@ much attention goes to each query's target key(s), and is the target the argmax"
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -163,81 +164,99 @@ def target_reducer(
     Returns:
         A :class:`Reducer` on ``hook_pattern``.
     """
+    return Reducer(
+        name,
+        functools.partial(_target_pattern, hits),
+        functools.partial(_target_prepare, name, targets),
+        blockwise=True,
+        points=functools.partial(_target_points, hits),
+        from_rows=functools.partial(_target_rows, hits),
+    )
 
-    def prepare(batch: ProbeBatch) -> tuple[Tensor, ...]:
-        t = _checked_targets(name, targets, batch)
-        real_query = batch.attention_mask.bool()
-        if t.dtype == torch.bool:  # a set of keys per query: [batch, query_pos, key_pos]
-            t = t & batch.attention_mask.bool()[:, None, :]
-            # its True entries as (sequence, query, key) rows: the mass reads only these
-            return t, t.any(-1) & real_query, real_query, t.nonzero()
-        return t.clamp(min=0), (t >= 0) & real_query, real_query  # one key per query
 
-    def fn(pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice) -> dict:
-        target, has, real_query = (x[:, rows] for x in prepared[:3])
-        # pattern: [batch, head_index, query rows, key_pos]
-        top = blockwise.top1(pattern)[1] if hits else None  # [batch, head_index, query rows]
-        width = pattern.shape[-1]  # keys 0 .. width - 1 (later keys have no weight)
-        hit = None
-        if target.dim() == 2:  # one key per query: read it, no [query, key] mask needed
-            idx = target.clamp(max=width - 1)[:, None, :, None].expand(-1, pattern.shape[1], -1, 1)
-            mass = pattern.gather(-1, idx)[..., 0] * (has & (target < width))[:, None]
-            if top is not None:
-                hit = top == target[:, None]
-        else:
-            mass = _set_mass(pattern, prepared[3], rows)
-            if top is not None:
-                sets = target[:, None, :, :width].expand_as(pattern)
-                hit = sets.gather(-1, top[..., None])[..., 0]
-        return _target_sums(mass, hit, has, real_query)
+def _target_prepare(
+    name: str, targets: Callable[[ProbeBatch], Tensor], batch: ProbeBatch
+) -> tuple[Tensor, ...]:
+    """The targets as ``(target, has, real_query[, (sequence, query, key) rows])``."""
+    t = _checked_targets(name, targets, batch)
+    real_query = batch.attention_mask.bool()
+    if t.dtype == torch.bool:  # a set of keys per query: [batch, query_pos, key_pos]
+        t = t & batch.attention_mask.bool()[:, None, :]
+        # its True entries as (sequence, query, key) rows: the mass reads only these
+        return t, t.any(-1) & real_query, real_query, t.nonzero()
+    return t.clamp(min=0), (t >= 0) & real_query, real_query  # one key per query
 
-    def points(view: Points, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
-        target, has, real_query = prepared[:3]
-        if target.dim() == 2:  # one key per query
-            mass = view.at(target) * has[:, None]
 
-            def is_target(keys: Tensor) -> Tensor:
-                return keys == target[:, None]
+def _target_pattern(
+    hits: bool, pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
+) -> dict:
+    """The sums from a block of pattern rows."""
+    target, has, real_query = (x[:, rows] for x in prepared[:3])
+    # pattern: [batch, head_index, query rows, key_pos]
+    top = blockwise.top1(pattern)[1] if hits else None  # [batch, head_index, query rows]
+    width = pattern.shape[-1]  # keys 0 .. width - 1 (later keys have no weight)
+    hit = None
+    if target.dim() == 2:  # one key per query: read it, no [query, key] mask needed
+        idx = target.clamp(max=width - 1)[:, None, :, None].expand(-1, pattern.shape[1], -1, 1)
+        mass = pattern.gather(-1, idx)[..., 0] * (has & (target < width))[:, None]
+        if top is not None:
+            hit = top == target[:, None]
+    else:
+        mass = _set_mass(pattern, prepared[3], rows)
+        if top is not None:
+            sets = target[:, None, :, :width].expand_as(pattern)
+            hit = sets.gather(-1, top[..., None])[..., 0]
+    return _target_sums(mass, hit, has, real_query)
 
-            best = mass
-        else:  # a set of keys per query: its (sequence, query, key) rows
-            b, q, k = prepared[3].unbind(-1)
-            p = view.pairs(b, q, k)  # [pairs, head]
-            n_seqs, n = target.shape[:2]
-            mass = p.new_zeros(n_seqs, n, p.shape[1]).index_put_((b, q), p, accumulate=True)
-            mass, best = mass.transpose(1, 2), _set_max(p, b, q, n_seqs, n).transpose(1, 2)
-            sets = target[:, None]  # [batch, 1, q_pos, key_pos]
 
-            def is_target(keys: Tensor) -> Tensor:  # keys [batch, head, q_pos]
-                return sets.expand(-1, keys.shape[1], -1, -1).gather(-1, keys[..., None])[..., 0]
+def _target_points(hits: bool, view: Points, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
+    """The sums from point masses (:class:`~headmech.stream.points.Points`)."""
+    target, has, real_query = prepared[:3]
+    if target.dim() == 2:  # one key per query
+        mass = view.at(target) * has[:, None]
 
-        hit = view.hits(best, is_target, has) if hits else None
-        return _target_sums(mass, hit, has, real_query)
+        def is_target(keys: Tensor) -> Tensor:
+            return keys == target[:, None]
 
-    def from_rows(
-        view: RowBlock, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
-    ) -> dict:
-        target, has, real_query = (x[:, rows] for x in prepared[:3])
-        top = view.top()[1] if hits else None  # [batch, head_index, query rows]
-        width, hit = view.width, None
-        if target.dim() == 2:  # one key per query
-            mass = view.at(target) * has[:, None]
-            if top is not None:
-                hit = top == target[:, None]
-        else:  # a set of keys per query: its (sequence, query, key) rows in this block
-            b, q, k = prepared[3].unbind(-1)
-            keep = (q >= rows.start) & (q < rows.stop) & (k < width)
-            b, q, k = b[keep], q[keep] - rows.start, k[keep]
-            p = view.pairs(b, q, k)  # [pairs, head]
-            n_seqs, n_heads, n_rows = view.lse.shape
-            mass = p.new_zeros(n_seqs, n_rows, n_heads).index_put_((b, q), p, accumulate=True)
-            mass = mass.transpose(1, 2)
-            if top is not None:
-                sets = target[:, None, :, :width].expand(-1, n_heads, -1, -1)
-                hit = sets.gather(-1, top[..., None])[..., 0]
-        return _target_sums(mass, hit, has, real_query)
+        best = mass
+    else:  # a set of keys per query: its (sequence, query, key) rows
+        b, q, k = prepared[3].unbind(-1)
+        p = view.pairs(b, q, k)  # [pairs, head]
+        n_seqs, n = target.shape[:2]
+        mass = p.new_zeros(n_seqs, n, p.shape[1]).index_put_((b, q), p, accumulate=True)
+        mass, best = mass.transpose(1, 2), _set_max(p, b, q, n_seqs, n).transpose(1, 2)
+        sets = target[:, None]  # [batch, 1, q_pos, key_pos]
 
-    return Reducer(name, fn, prepare, blockwise=True, points=points, from_rows=from_rows)
+        def is_target(keys: Tensor) -> Tensor:  # keys [batch, head, q_pos]
+            return sets.expand(-1, keys.shape[1], -1, -1).gather(-1, keys[..., None])[..., 0]
+
+    hit = view.hits(best, is_target, has) if hits else None
+    return _target_sums(mass, hit, has, real_query)
+
+
+def _target_rows(
+    hits: bool, view: RowBlock, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
+) -> dict:
+    """The sums from a block of rows' scores (:class:`~headmech.stream.rows.RowBlock`)."""
+    target, has, real_query = (x[:, rows] for x in prepared[:3])
+    top = view.top()[1] if hits else None  # [batch, head_index, query rows]
+    width, hit = view.width, None
+    if target.dim() == 2:  # one key per query
+        mass = view.at(target) * has[:, None]
+        if top is not None:
+            hit = top == target[:, None]
+    else:  # a set of keys per query: its (sequence, query, key) rows in this block
+        b, q, k = prepared[3].unbind(-1)
+        keep = (q >= rows.start) & (q < rows.stop) & (k < width)
+        b, q, k = b[keep], q[keep] - rows.start, k[keep]
+        p = view.pairs(b, q, k)  # [pairs, head]
+        n_seqs, n_heads, n_rows = view.lse.shape
+        mass = p.new_zeros(n_seqs, n_rows, n_heads).index_put_((b, q), p, accumulate=True)
+        mass = mass.transpose(1, 2)
+        if top is not None:
+            sets = target[:, None, :, :width].expand(-1, n_heads, -1, -1)
+            hit = sets.gather(-1, top[..., None])[..., 0]
+    return _target_sums(mass, hit, has, real_query)
 
 
 def _set_max(p: Tensor, b: Tensor, q: Tensor, n_seqs: int, n: int) -> Tensor:
