@@ -322,12 +322,24 @@ def load_model(
 
     where = Placement.checked(device, dtype, device_map, max_memory, offload_folder)  # fail fast
     hf_model, tokenizer = load_hf(name)
-    from transformer_lens.model_bridge import TransformerBridge
-
     where.apply(hf_model)
     # the bridge gives a tokenizer without a BOS token its end-of-text token as one (and
     # cfg.default_prepend_bos): read before it does, undone after
     no_bos = tokenizer.bos_token is None
+    bridge = _boot(name, hf_model, tokenizer, device)
+    causal = getattr(bridge.cfg, "attention_dir", "causal") != "bidirectional"
+    if no_bos and causal:
+        bridge.tokenizer.bos_token = None
+        bridge.cfg.default_prepend_bos = False
+    _remember(bridge, hf_model, name)
+    return bridge
+
+
+def _boot(name: str | os.PathLike, hf_model: Any, tokenizer: Any, device: Any) -> TransformerBridge:
+    """The bridge around ``hf_model``, in eval mode; a one-line error where TransformerLens
+    cannot wrap it or it has no attention-pattern hooks."""
+    from transformer_lens.model_bridge import TransformerBridge
+
     source = str(getattr(hf_model.config, "_name_or_path", "") or name)
     try:
         with quiet():
@@ -345,11 +357,12 @@ def load_model(
             f"model '{name}' exposes no attention-pattern hooks (blocks.0.attn.hook_pattern)"
         )
     bridge.eval()
-    causal = getattr(bridge.cfg, "attention_dir", "causal") != "bidirectional"
-    if no_bos and causal:
-        bridge.tokenizer.bos_token = None
-        bridge.cfg.default_prepend_bos = False
-    # read back by model_info(): the short name a catalog reports
+    return bridge
+
+
+def _remember(bridge: TransformerBridge, hf_model: Any, name: str | os.PathLike) -> None:
+    """What :func:`model_info` and provenance read back: the short name a catalog reports,
+    where the weights came from and what the tokenizer puts before every text."""
     p = Path(str(name))
     short = p.is_dir() or (p.is_file() and is_gguf_path(name))
     record = loaded(bridge)
@@ -358,7 +371,6 @@ def load_model(
         # where the weights came from (read by provenance()), and what the tokenizer puts
         # before every text
         record.source = {**origin, "prepended": prepended_token(bridge.tokenizer)}
-    return bridge
 
 
 def prepended_token(tokenizer: Any) -> str | None:
