@@ -85,8 +85,6 @@ def publish_model(
     Finished units are kept in ``root/<name>/.headmech-partial/publish/`` as they finish;
     ``resume`` continues from them (the same sizes, versions and weights: one line if not),
     else ``force`` drops them (without it, finding some is an error)."""
-    import torch
-
     from headmech.models import load_model
     from headmech.runs.resume import bind_weights, recording, scope
 
@@ -111,8 +109,21 @@ def publish_model(
     (out / "catalog.json").write_text(dumps(catalog.to_json()))
     (out / "check.json").write_text(check)
     write_heatmaps(catalog, out / "heatmaps")
+    seconds = {"load": t1 - t0, "classify": t2 - t1, "check": t3 - t2, "cpu": c3 - c0}
+    record = _run_record(name, model, catalog, seconds)
+    (out / "run.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    (out / "catalog.partial.json").unlink(missing_ok=True)
+    if store is not None:
+        store.clear()
+    return record
+
+
+def _run_record(name: str, model: Any, catalog: Any, seconds: dict[str, float]) -> dict[str, Any]:
+    """``run.json``: the commands, the types skipped and why, and what the run cost."""
+    import torch
+
     _, skipped = applicable_types(model)
-    record = {
+    return {
         "model": name,
         "command": FULL[name].command(name),
         # per-type arguments the command line does not set (1.5B: fewer function-vector prompts)
@@ -120,23 +131,14 @@ def publish_model(
         "check_command": CHECK.command(name)
         + " (score intervals from 20 resamples, copy suppression over 100 word tokens)",
         "skipped": skipped,
-        "seconds": {
-            "load": round(t1 - t0, 1),
-            "classify": round(t2 - t1, 1),
-            "check": round(t3 - t2, 1),
-        },
+        "seconds": {k: round(seconds[k], 1) for k in ("load", "classify", "check")},
         "validation_seconds": catalog.meta.get("validation_seconds", {}),
         # the process's peak resident memory after each type's validation (MB, the peak so far)
         "validation_peak_mb": catalog.meta.get("validation_peak_mb", {}),
-        "cpu_seconds": round(c3 - c0, 1),  # all threads: above the wall time when idle
+        "cpu_seconds": round(seconds["cpu"], 1),  # all threads: above the wall time when idle
         "threads": torch.get_num_threads(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # when it finished (UTC)
     }
-    (out / "run.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    (out / "catalog.partial.json").unlink(missing_ok=True)
-    if store is not None:
-        store.clear()
-    return record
 
 
 def _parser() -> argparse.ArgumentParser:
