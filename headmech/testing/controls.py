@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
 from headmech.testing.building import (
     ORD,
@@ -183,7 +184,7 @@ def function_vector_model(seed: int = 0) -> TransformerBridge:
     pairs = icl_pairs(tok)
     tasks = sorted(pairs)
     assert len(tasks) <= 3, "one block-0 head per task, and head 3 copies the previous token"
-    bos, ans, task_dim, fv_dim, pad = 1, 2, 3, 6, 9  # dimensions of the residual stream
+    bos, ans, task_dim, fv_dim, pad = _FV_DIMS
     ident = list(range(10, d))  # each token's identity: a random unit code z
     n_vocab, n_id, rms = model.config.vocab_size, len(ident), d**0.5
     z = random_rows(n_vocab, n_id, g)
@@ -199,6 +200,36 @@ def function_vector_model(seed: int = 0) -> TransformerBridge:
     emb[tok.bos_token_id] = 0.0
     emb[tok.bos_token_id, bos] = rms
 
+    _fv_block0(model, pairs, tasks, z, ident, g)
+    sink = d // 2 - 1  # the slowest rotary pair: still over the whole context
+    # PLANTED: the final colon (residual RMS about 1.13) attends to the answer words
+    # (about 1.02) with 10 nats, and copies the task directions
+    wq, wk, wv, wo = (torch.zeros(d, d) for _ in range(4))
+    wq[sink, ORD] = 10.0 * d**0.5 * 1.13 / 3.0
+    wk[sink, ans] = 1.02 / 3.0
+    wv[:3, task_dim : task_dim + 3] = torch.eye(3)
+    wo[fv_dim : fv_dim + 3, :3] = torch.eye(3)
+    set_head(model, 1, PLANTED.head, q=wq, k=wk, v=wv, o=wo)
+    unemb = _fv_unembedding(n_vocab, d, pairs, tasks, z, ident)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(emb)
+        model.lm_head.weight.copy_(unemb)
+    return load(model, "function-vector")
+
+
+# function_vector_model's residual dimensions: BOS, answer word, the 3 task directions,
+# the 3 function-vector directions, a constant
+_FV_DIMS = (1, 2, 3, 6, 9)
+
+
+def _fv_block0(
+    model: Any, pairs: dict, tasks: list, z: Tensor, ident: list[int], g: torch.Generator
+) -> None:
+    """function_vector_model's block 0: head T per task checks the example two tokens
+    back and writes task T's direction; head 3 copies the previous token."""
+    bos, _, task_dim, _, _ = _FV_DIMS
+    d, n_id = int(model.config.hidden_size), len(ident)
+    rms = d**0.5
     content = still_dims(model, 36, span=2)  # still between a query and the key 2 back
     sink = d // 2 - 1  # the slowest pair: still over the whole context
     q_pos, k_pos = rotary_qk(model, offset=2, pairs=range(16))
@@ -227,14 +258,13 @@ def function_vector_model(seed: int = 0) -> TransformerBridge:
     wv[torch.arange(n_id), torch.tensor(ident)] = 1.0 / 6.0
     wo[torch.tensor(ident), torch.arange(n_id)] = 6.0
     set_head(model, 0, 3, q=wq, k=wk, v=wv, o=wo)
-    # PLANTED: the final colon (residual RMS about 1.13) attends to the answer words
-    # (about 1.02) with 10 nats, and copies the task directions
-    wq, wk, wv, wo = (torch.zeros(d, d) for _ in range(4))
-    wq[sink, ORD] = 10.0 * d**0.5 * 1.13 / 3.0
-    wk[sink, ans] = 1.02 / 3.0
-    wv[:3, task_dim : task_dim + 3] = torch.eye(3)
-    wo[fv_dim : fv_dim + 3, :3] = torch.eye(3)
-    set_head(model, 1, PLANTED.head, q=wq, k=wk, v=wv, o=wo)
+
+
+def _fv_unembedding(
+    n_vocab: int, d: int, pairs: dict, tasks: list, z: Tensor, ident: list[int]
+) -> Tensor:
+    """function_vector_model's unembedding, read at the final colon."""
+    fv_dim = _FV_DIMS[3]
     # the unembedding, read at the final colon: the query's code is 6 z / 1.13, the
     # function vector about 2 / 1.13 in its task's direction
     unemb = torch.zeros(n_vocab, d)
@@ -247,10 +277,7 @@ def function_vector_model(seed: int = 0) -> TransformerBridge:
     for h, task in enumerate(tasks):
         for _, y in pairs[task]:
             unemb[y, fv_dim + h] = 16.0 * 1.13 / 2.0
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(emb)
-        model.lm_head.weight.copy_(unemb)
-    return load(model, "function-vector")
+    return unemb
 
 
 # Types whose score reads no attention pattern: the hand-built model each is checked on.
