@@ -314,7 +314,22 @@ def time_one(args: argparse.Namespace, model: Any, mode: str, n: int, budget: in
         "seconds": seconds,
         "peak_mb": peak_mb(args.device) - base,
         "whole_rows": sum(counted) / rows if mode == "points" else None,
+        "launches": _launches(run, args.device) if args.launches else None,
     }
+
+
+def _launches(run: Any, device: str | None) -> int:
+    """Kernels one more (untimed) pass launches: CUDA kernels on a GPU, aten operators on
+    a CPU (the unit a launch-bound pass pays per call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = bool(device) and str(device).startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        run()
+    if cuda:
+        return sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and e.cpu_parent is None)
 
 
 def main() -> None:
@@ -326,6 +341,11 @@ def main() -> None:
     ap.add_argument("--check-length", type=int, default=513)
     ap.add_argument("--block-mb", type=int, default=256, help="memory for a block of rows")
     ap.add_argument("--blocks-max", type=int, default=32768, help="longest blocks/all run")
+    ap.add_argument(
+        "--launches",
+        action="store_true",
+        help="count the kernels of one more pass per mode (torch profiler, untimed)",
+    )
     ap.add_argument("--modes", default="bare,mass,points,blocks,all,maxima")
     ap.add_argument(
         "--init",
@@ -355,6 +375,7 @@ def main() -> None:
             tx = r["seconds"] / results["bare"]["seconds"]
             mx = r["peak_mb"] / max(results["bare"]["peak_mb"], 1e-9)
             extra = f"  whole rows {r['whole_rows']:.4f}" if r["whole_rows"] is not None else ""
+            extra += f"  launches {r['launches']}" if r["launches"] is not None else ""
             print(
                 f"{n:>7} {mode:>7} {r['seconds']:>8.3f} {r['peak_mb']:>8.0f} {tx:>7.2f} {mx:>6.2f}{extra}"
             )

@@ -10,6 +10,6 @@ OUT=${OUT:-/tmp/issue62}
 mkdir -p "$OUT"
 python -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
 timeout 540 python benchmarks/bench_call.py --device cuda --dtype bfloat16 --config llama-1b \
-    --init 0.1 --check-length 2049 --lengths 8192,32768 --modes bare,all,maxima \
+    --init 0.1 --check-length 2049 --lengths 8192,32768 --modes bare,all,maxima --launches \
     2>&1 | tee "$OUT/bench_call.log"
 cp benchmarks/results.json "$OUT/results.json"
