@@ -165,7 +165,9 @@ def _flex() -> Any:
     if not _FLEX:
         from torch.nn.attention.flex_attention import flex_attention
 
-        _FLEX.append(torch.compile(flex_attention, dynamic=False))
+        # default dynamic shapes: a pass meets several lengths (short checks, the probe),
+        # and a recompile per length would soon reach dynamo's cache limit (then eager)
+        _FLEX.append(torch.compile(flex_attention))
     return _FLEX[0]
 
 
