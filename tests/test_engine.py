@@ -206,3 +206,28 @@ def test_run_blocks_stops_before_the_unembedding(kind):
     assert fired == []
     _, cache = model.run_with_cache(ids)
     torch.testing.assert_close(out, cache[f"blocks.{n_layers - 1}.hook_out"])
+
+
+def test_statistics_are_copied_when_added_and_moved_when_read():
+    """HeadStats.add keeps a copy on the sums' own device and moves every pending sum at
+    the first read, in one transfer per device (on a GPU: one synchronisation a pass,
+    not one per statistic and layer); the totals equal adding them one by one."""
+    stats = HeadStats(2, 3)
+    buffer = torch.ones(2, 3)  # a reducer's reused buffer: changed after it was added
+    stats.add("a.x", 0, buffer, torch.tensor([1.0, 2.0]))
+    buffer.fill_(5.0)
+    stats.add("a.x", 1, buffer, 4.0)
+    stats.add("a.y", 0, torch.arange(3.0), torch.ones(3))
+    assert len(stats._pending) == 3  # nothing moved or summed yet
+    assert "a.x" in stats and len(stats._pending) == 0
+    torch.testing.assert_close(
+        stats.sums["a.x"], torch.tensor([[2.0] * 3, [10.0] * 3], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        stats.counts["a.x"], torch.tensor([[3.0] * 3, [8.0] * 3], dtype=torch.float64)
+    )
+    torch.testing.assert_close(stats.mean("a.y")[0], torch.arange(3.0))
+    sums, counts = stats.units("a.x")  # per sequence: both sequences of both layers
+    assert sums.shape == (2, 2, 3) and float(counts[1, 0, 0]) == 2.0
+    stats.add("a.y", 1, torch.ones(3), 1.0)  # a later add is pending again, then read
+    assert float(stats.sums["a.y"][1, 0]) == 1.0

@@ -110,14 +110,64 @@ class HeadStats:
     def __init__(self, n_layers: int, n_heads: int) -> None:
         self.n_layers = n_layers
         self.n_heads = n_heads
-        self.sums: dict[str, Float[Tensor, "n_layers n_heads"]] = {}
-        self.counts: dict[str, Float[Tensor, "n_layers n_heads"]] = {}
+        self._sums: dict[str, Float[Tensor, "n_layers n_heads"]] = {}
+        self._counts: dict[str, Float[Tensor, "n_layers n_heads"]] = {}
         # name -> layer -> per batch: (sums [batch, n_heads], counts [batch, n_heads])
-        self._units: dict[str, list[list[tuple[Tensor, Tensor]]]] = {}
+        self._units_: dict[str, list[list[tuple[Tensor, Tensor]]]] = {}
         self._stacked: dict[str, tuple[Tensor, Tensor]] = {}  # units(), built once
+        # sums added and not yet read: (name, layer, total, count), on their own device
+        self._pending: list[tuple[str, int, Tensor, Tensor | float]] = []
+
+    # every read goes through these: the pending sums are moved to the CPU first
+    @property
+    def sums(self) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+        """Per statistic, the sums ``[n_layers, n_heads]`` (float64, CPU)."""
+        self._settle()
+        return self._sums
+
+    @sums.setter
+    def sums(self, value: dict[str, Tensor]) -> None:
+        self._settle()
+        self._sums = value
+
+    @property
+    def counts(self) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+        """Per statistic, the counts the sums are divided by (float64, CPU)."""
+        self._settle()
+        return self._counts
+
+    @counts.setter
+    def counts(self, value: dict[str, Tensor]) -> None:
+        self._settle()
+        self._counts = value
+
+    @property
+    def _units(self) -> dict[str, list[list[tuple[Tensor, Tensor]]]]:
+        self._settle()
+        return self._units_
 
     def _zeros(self) -> Tensor:
         return torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)
+
+    def _settle(self) -> None:
+        """Move the pending sums to the CPU (the device's in one transfer: a pass on a GPU
+        synchronises once, when its statistics are read, not once per statistic and layer)
+        and add them in the order they came."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        tensors = [x for _, _, t, c in pending for x in (t, c) if isinstance(x, Tensor)]
+        local: dict[int, Tensor] = {}
+        for device in {x.device for x in tensors}:  # one transfer per device
+            group = [x for x in tensors if x.device == device]
+            flat = torch.cat([x.reshape(-1) for x in group]).cpu()
+            for x, part in zip(group, flat.split([x.numel() for x in group]), strict=True):
+                local[id(x)] = part.view(x.shape)
+        for name, layer, total, count in pending:
+            total = local.get(id(total), total)
+            if isinstance(count, Tensor):
+                count = local.get(id(count), count)
+            self._accumulate(name, layer, total, count)
 
     def add(self, name: str, layer: int, total: Tensor, count: Tensor | float) -> None:
         """Add one layer's sums ``total`` — per sequence ``[batch, n_heads]``, or
@@ -133,21 +183,26 @@ class HeadStats:
                 f"statistic '{name}' of layer {layer}: its reducer returned sums of shape {got}; "
                 f"expected [batch, n_heads] or [n_heads] (n_heads = {self.n_heads})"
             )
-        if name not in self.sums:
-            self.sums[name] = self._zeros()
-            self.counts[name] = self._zeros()
-        total = total.detach().to("cpu", torch.float64)
+        # a copy in float64 where the sums are (no synchronisation: the move to the CPU
+        # waits until they are read, :meth:`_settle`)
+        total = total.detach().to(torch.float64, copy=True)
         if isinstance(count, Tensor):
-            count = count.detach().to("cpu", torch.float64)
+            count = count.detach().to(torch.float64, copy=True)
+        self._pending.append((name, layer, total, count))
+
+    def _accumulate(self, name: str, layer: int, total: Tensor, count: Tensor | float) -> None:
+        if name not in self._sums:
+            self._sums[name] = self._zeros()
+            self._counts[name] = self._zeros()
         if total.dim() == 2:  # per sequence
             c = torch.as_tensor(count, dtype=torch.float64)
             c = (c[:, None] if c.dim() == 1 else c).expand_as(total)
-            rows = self._units.setdefault(name, [[] for _ in range(self.n_layers)])
+            rows = self._units_.setdefault(name, [[] for _ in range(self.n_layers)])
             rows[layer].append((total, c))
             self._stacked.pop(name, None)
             total, count = total.sum(0), c.sum(0)
-        self.sums[name][layer] += total
-        self.counts[name][layer] += count
+        self._sums[name][layer] += total
+        self._counts[name][layer] += count
 
     def units(self, name: str) -> tuple[Tensor, Tensor] | None:
         """Per-sequence sums and counts ``[n_units, n_layers, n_heads]`` of a statistic, or
