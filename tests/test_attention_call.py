@@ -161,9 +161,9 @@ def test_engine_reduces_inside_the_call_with_points(tiny_models, monkeypatch):
         torch.testing.assert_close(got.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)
     assert float(want.mean("prev.hit").max()) > 0  # hits happen, so the comparison bites
 
-    # a reducer with neither points nor row statistics: the pass reads blocks of rows; the
-    # target reducers read their scores (no softmax), the spy the block's pattern, made
-    # in place from the scores and the kernel's LSE: the model's pattern rows
+    # a reducer with neither points nor row statistics: the pass reads blocks of rows (on
+    # a CPU with shared scores: each block's softmax, in place, which also computes the
+    # layer's output); the spy gets the block's pattern: the model's pattern rows
     seen = []
 
     def spy_fn(pattern, b, pr, layer, rows):
@@ -181,3 +181,52 @@ def test_engine_reduces_inside_the_call_with_points(tiny_models, monkeypatch):
         ref = cache[f"blocks.{layer}.attn.hook_pattern"][:, :, rows, : pattern.shape[-1]]
         real = batch.attention_mask.bool()[:, None, rows, None]  # padding queries: any row
         torch.testing.assert_close(pattern * real, ref * real, atol=1e-5, rtol=0)
+
+
+def test_shared_scores_compute_the_output_and_the_statistics(tiny_models, monkeypatch):
+    """Where a pass builds rows for every query (here confidence and positional: row
+    statistics), a CPU attention call skips the fused kernel: the statistics' blocks
+    compute the layer's output from their own softmax. Each layer's output equals SDPA's
+    on the same q, k, v and mask (padding included), no fused kernel runs, and every
+    statistic equals the kernel-and-LSE path's (shared scores off)."""
+    from headmech.attribution.confidence import confidence_reducer
+    from headmech.headtypes import get_head_type
+
+    model = tiny_models["llama"]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, int(model.cfg.d_vocab), (2, 30), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding: queries that see no key get a zero row
+    mask[1, 24:] = 0
+    batch = ProbeBatch(ids, mask, mask == 0)
+    reducers = [confidence_reducer(), *get_head_type("positional")().reducers()]
+    kernel, outputs = [], []
+    real_kernel, real_shared = attention_call._with_lse, attention_call._shared
+    monkeypatch.setattr(
+        attention_call, "_with_lse", lambda *a, **k: kernel.append(1) or real_kernel(*a, **k)
+    )
+
+    def shared(module, query, key, value, attention_mask, scale, causal, callback):
+        out = real_shared(module, query, key, value, attention_mask, scale, causal, callback)
+        outputs.append((query, key, value, attention_mask, scale, out.clone()))
+        return out
+
+    monkeypatch.setattr(attention_call, "_shared", shared)
+    got = stream_statistics(model, [batch], reducers, attention="blocks")
+    assert kernel == [] and len(outputs) == int(model.cfg.n_layers)
+    for query, key, value, allowed, scale, out in outputs:
+        rep = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+        allowed = attention_call._allowed(allowed)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=allowed, is_causal=allowed is None, scale=scale
+        ).transpose(1, 2)
+        assert allowed is not None and bool(out.isfinite().all())
+        seen = allowed.any(-1)[:, 0]  # [batch, query]: queries with a key to attend to
+        assert not bool(seen.all())
+        torch.testing.assert_close(out[seen], ref[seen], atol=1e-5, rtol=0)
+    monkeypatch.setattr(attention_call, "SHARED_SCORES", False)
+    want = stream_statistics(model, [batch], reducers, attention="blocks")
+    assert len(kernel) == int(model.cfg.n_layers) and len(outputs) == int(model.cfg.n_layers)
+    for k in want.sums:
+        torch.testing.assert_close(got.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)

@@ -1,8 +1,11 @@
 """Row statistics from scores and the kernel's log-sum-exp (headmech.stream.rows) against
 the softmax pattern rows: maxima and argmaxes over any keys, probabilities at chosen keys,
-the pattern made in place, and one reused buffer."""
+the pattern made in place, and one reused buffer; with shared scores, the same from the
+block's own softmax, and the output rows it computes."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -33,13 +36,33 @@ CALLS = {
 }
 
 
+def _shared(call: LayerCall) -> LayerCall:
+    """The call as shared scores get it: values and an output buffer, no log-sum-exp."""
+    n_seqs, n_heads, n = call.k.shape[:3]  # grouped-query: one value head serves all three
+    values = torch.randn(n_seqs, 1, n, 5, generator=torch.Generator().manual_seed(2))
+    out = torch.full((n_seqs, call.q.shape[2], n_heads, 5), float("nan"))
+    return dataclasses.replace(call, lse=None, values=values, out=out)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["lse", "shared"])
 @pytest.mark.parametrize("which", sorted(CALLS))
 @pytest.mark.parametrize("rows", [slice(0, 40), slice(0, 13), slice(13, 29), slice(29, 40)])
-def test_row_statistics_equal_the_softmax_rows(which, rows):
+def test_row_statistics_equal_the_softmax_rows(which, rows, shared):
     call = CALLS[which]()
     want = pattern_rows(call, rows)  # the model's softmax, [batch, head, rows, width]
+    if shared:
+        call = _shared(call)
     view = RowBlock(call, rows)
-    assert view.width == want.shape[-1]
+    assert view.width == want.shape[-1] and view.probabilities == shared
+    if shared:  # the block's output rows: its pattern times the values (padding rows: 0)
+        assert call.out is not None and call.values is not None
+        ref = want @ call.values[:, :, : view.width]  # [batch, head, rows, 5]
+        torch.testing.assert_close(call.out[:, rows], ref.transpose(1, 2), atol=1e-5, rtol=0)
+    # the keys each query may see, and whole rows picked out by query
+    torch.testing.assert_close(view.visible(), want.amax(1) > 0)
+    idx = torch.tensor([0, rows.stop - rows.start - 1])[None, None, :, None]
+    idx = idx.expand(2, 3, 2, view.width)
+    torch.testing.assert_close(view.rows_at(idx), want.gather(2, idx), atol=1e-6, rtol=0)
     keys = torch.ones(2, 40, dtype=torch.bool)
     keys[:, 0] = False  # every key but the first (confidence's "ordinary" keys)
     keys[1, 20] = False  # and a hole: not one run of keys
@@ -152,3 +175,32 @@ def test_row_maxima_over_one_mask_read_its_runs_once(monkeypatch):
         want = pattern.masked_fill(~keys[:, None, None, :width], float("-inf")).max(-1)
         assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
     assert len(reads) == 2  # starts and counts, once
+
+
+@pytest.mark.parametrize("width", [5, 255, 256, 300, 1000])
+def test_row_max_in_two_levels_equals_torch_max(width):
+    """blockwise.row_max (chunk maxima, then the key within the first chunk that holds
+    the row's maximum) against ``torch.max``: values and first indices, with ties within
+    and across chunks, rows of -inf (hidden keys) and views that start past key 0."""
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(2, 3, 7, width, generator=g).round(decimals=1)  # many ties
+    x[0, 0, 0] = float("-inf")  # a row that sees nothing: key 0, as torch.max says
+    x[0, 1, 1, width // 2 :] = float("-inf")
+    x[1, 2, 3] = 4.0  # a whole row tied
+    x[1, 0, 2, -1] = 9.0  # the maximum in the keys after the last whole chunk
+    x[1, 0, 4, [1, width - 1]] = 9.0  # a tie between the first chunk and the tail
+    for view in (x, x[..., 1:], x[0]):
+        want = view.max(-1)
+        value, index = blockwise.row_max(view)
+        assert torch.equal(value, want.values) and torch.equal(index, want.indices)
+
+
+def test_a_power_of_two_scale_on_the_queries_gives_the_same_scores():
+    """A scale that is a power of two (head size 64: 1/8) multiplies the queries before
+    the product, not every score after it: the same bits, one pass fewer."""
+    call = dataclasses.replace(_call(), scale=0.125)
+    view = RowBlock(call, slice(5, 30))
+    want = (call.q[:, :, 5:30] @ call.k[:, :, : view.width].transpose(-1, -2)) * 0.125
+    assert call.mask is not None
+    want = want.masked_fill(~call.mask[..., 5:30, : view.width], float("-inf"))
+    assert torch.equal(view.scores, want)

@@ -111,9 +111,8 @@ class RareWordHead(HeadType):
         layer: int,
         rows: slice,
     ) -> dict[str, tuple[Tensor, Tensor]]:
-        # what the layer can attend to: a finite score (the argmax of the scores is the
-        # pattern's: no softmax)
-        visible = view.scores.amax(1) > float("-inf")
+        # what the layer can attend to (the argmax of the scores is the pattern's: no softmax)
+        visible = view.visible()
         return self._sums(lambda keys: view.top(keys)[1], visible, prepared, rows)
 
     def _sums(

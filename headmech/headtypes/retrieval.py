@@ -83,11 +83,7 @@ class RetrievalHead(HeadType):
             view: RowBlock, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
         ) -> dict:
             # only the answer steps' rows become probabilities: exp(score - LSE)
-            def steps_at(idx: Tensor) -> Tensor:
-                lse = view.lse.gather(2, idx[..., 0])[..., None]
-                return torch.exp(view.scores.gather(2, idx) - lse).nan_to_num_(0.0)
-
-            return sums(steps_at, view.scores.shape, batch, prepared, rows)
+            return sums(view.rows_at, view.scores.shape, batch, prepared, rows)
 
         def sums(
             steps_at: Callable[[Tensor], Tensor],

@@ -66,6 +66,12 @@ class LayerCall:
         maxima: each query row's largest masked score over any key set, from the kernel
             or computed (:mod:`headmech.stream.maxima`, under its ``row_maxima``); None
             outside it.
+        values: shared scores (:mod:`headmech.stream.rows`): the values ``[batch,
+            n_kv_heads, k_pos, d_head]`` (query head ``h`` reads key-value head ``h //
+            (n_heads / n_kv_heads)``), from which the statistics' blocks of rows compute
+            the output themselves; None where a kernel computed it.
+        out: with ``values``, where the blocks write the output ``[batch, q_pos, n_heads,
+            d_head]`` (the layout the model reads).
     """
 
     q: Float[Tensor, "batch n_heads q_pos d_head"]
@@ -77,6 +83,8 @@ class LayerCall:
     causal: bool
     lse: Tensor | None = None
     maxima: RowMaxima | None = None
+    values: Tensor | None = None
+    out: Tensor | None = None
 
 
 def _allowed(mask: Tensor | None) -> Tensor | None:
@@ -124,6 +132,9 @@ def pattern_rows(call: LayerCall, rows: slice) -> Float[Tensor, "batch n_heads r
 # --- the attention function -------------------------------------------------------------
 
 _CALLBACK = "_headmech_stats"  # module attribute: the layer's callback (or None)
+# module attribute: the callback builds rows for every query (shared scores may compute the
+# output, :mod:`headmech.stream.rows`)
+_SHARED = "_headmech_shared"
 _VARIANTS = "_headmech_stats_eager"  # module attribute: warned that it runs eager
 
 
@@ -238,6 +249,8 @@ def stats_attention(
     fused: tuple[Tensor, Tensor, Tensor | None] | None = None
     maxima = None
     causal = bool(getattr(module, "is_causal", True))
+    if module.__dict__.get(_SHARED) and _shareable(query, softcap, sinks):
+        return _shared(module, query, key, value, attention_mask, scale, causal, callback), None
     if softcap is None and sinks is None:
         flexed = maxima_route.flex_call(query, key, value, _allowed(attention_mask), causal, scale)
         if flexed is not None:
@@ -269,6 +282,59 @@ def stats_attention(
     if fused is not None:
         return fused[0], None
     return _output(module, query, key, value, attention_mask, scale, **kwargs), None
+
+
+# shared scores on (:func:`_shareable`); off, a CPU pass that builds rows runs the fused
+# kernel for the output and computes the rows' scores again (the reference path)
+SHARED_SCORES = True
+
+
+def _shareable(query: Tensor, softcap: Any, sinks: Any) -> bool:
+    """Whether shared scores (:mod:`headmech.stream.rows`) may compute this call's output:
+    plain float32 attention on a CPU (where it measured faster than the fused kernel plus
+    the statistics' own q·kᵀ), unless the call gets its rows' maxima
+    (:func:`headmech.stream.maxima.engaged`)."""
+    return (
+        SHARED_SCORES
+        and query.device.type == "cpu"
+        and query.dtype == torch.float32
+        and softcap is None
+        and sinks is None
+        and not maxima_route.engaged(query.device)
+    )
+
+
+def _shared(
+    module: Any,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scale: float,
+    causal: bool,
+    callback: Callable[[LayerCall], None],
+) -> Tensor:
+    """The layer's output ``[batch, q_pos, n_heads, d_head]`` computed by the callback's
+    blocks of rows from the values (:class:`LayerCall`'s ``values`` and ``out``)."""
+    rep = query.shape[1] // key.shape[1]
+    k = key.detach()
+    if rep > 1:  # grouped-query: kv head j serves a run of query heads
+        k = _repeat(k, rep, "stats_k")
+    n_seqs, n_heads, n_q = query.shape[:3]
+    out = query.new_empty(n_seqs, n_q, n_heads, value.shape[-1])
+    call = LayerCall(
+        q=query.detach(),
+        k=k,
+        mask=_allowed(attention_mask),
+        scale=scale,
+        softcap=None,
+        sinks=None,
+        causal=causal,
+        values=value.detach(),
+        out=out,
+    )
+    callback(call)
+    return out
 
 
 def _register() -> None:
@@ -311,7 +377,10 @@ def reducing(
     """Inside the block, every layer's attention runs through ``"headmech_stats"`` (the
     Hugging Face module, not the bridge's eager attention) and ``callback(layer, call)``
     runs in the layers ``layers``. Forward values equal the eager bridge's to float
-    rounding; pattern hooks do not fire.
+    rounding; pattern hooks do not fire. A callback whose ``every_row`` attribute is true
+    builds rows for every query (:func:`headmech.stream.passes.call_reducer` says so): on
+    a CPU its blocks then compute the layer's output as well (shared scores,
+    :mod:`headmech.stream.rows`), and no fused kernel runs.
 
     Raises:
         ValueError: :func:`possible` says why the model's attention cannot be reached.
@@ -354,8 +423,12 @@ def _calling(
                 attn.original_component.__dict__[_CALLBACK] = lambda call, layer=layer: callback(
                     layer, call
                 )
+                attn.original_component.__dict__[_SHARED] = bool(
+                    getattr(callback, "every_row", False)
+                )
         yield
     finally:
         for attn in attns:
             attn.__dict__.pop("forward", None)
             attn.original_component.__dict__.pop(_CALLBACK, None)
+            attn.original_component.__dict__.pop(_SHARED, None)

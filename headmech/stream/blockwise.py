@@ -41,6 +41,7 @@ __all__ = [
     "pattern_rows",
     "rotate",
     "rows_per_block",
+    "row_max",
     "top1",
 ]
 
@@ -271,7 +272,7 @@ def top1(
             return out
     width = pattern.shape[-1]
     if keys is None:
-        out = _all_keys_max(pattern) if width > 1 else pattern.max(-1)
+        out = _all_keys_max(pattern) if width > 1 else row_max(pattern)
     else:
         out = _masked_max(pattern, keys)
     values, indices = out
@@ -279,11 +280,41 @@ def top1(
     return values, indices
 
 
+# keys per chunk of row_max's first level (measured on one CPU thread, 9 heads x 227 rows
+# x 8,191 keys: 3.4 ms at 64, 4.2 ms at 32, 3.7 ms at 128, against 8.4 ms for torch.max)
+_CHUNK = 64
+
+
+def row_max(x: Float[Tensor, "... width"]) -> tuple[Tensor, Tensor]:
+    """``x.max(-1)``: each row's maximum and the first key that holds it, in two levels.
+
+    ``torch.max`` with indices is a slow reduction on a CPU (as slow as a softmax of the
+    same rows); ``amax`` is vectorised. So the rows' chunks of :data:`_CHUNK` keys get
+    their maxima first, the first chunk with the row's maximum is found among those, and
+    the key within that chunk (its first maximum) by ``max`` over the chunk alone. Ties
+    go to the first key, as in ``torch.max``; rows narrower than four chunks go to it."""
+    width = x.shape[-1]
+    n = width // _CHUNK * _CHUNK
+    if width < 4 * _CHUNK or x.stride(-1) != 1:
+        return x.max(-1)
+    head = x[..., :n]
+    _, chunk = head.unflatten(-1, (n // _CHUNK, _CHUNK)).amax(-1).max(-1)
+    start = chunk * _CHUNK
+    keys = start[..., None] + torch.arange(_CHUNK, device=x.device)
+    value, offset = head.gather(-1, keys).max(-1)
+    index = start + offset
+    if n < width:  # the keys after the last whole chunk: a later key must be larger
+        tail, at = x[..., n:].max(-1)
+        later = tail > value
+        value, index = torch.where(later, tail, value), torch.where(later, at + n, index)
+    return value, index
+
+
 def _run_max(pattern: Tensor, seq: int, lo: int, hi: int) -> tuple[Tensor, Tensor]:
     """Max and argmax of sequence ``seq``'s rows over keys ``lo .. hi - 1`` (a view)."""
     key = ("run", seq, lo, hi)
     if key not in _TOP[1]:
-        v, i = pattern[seq, ..., lo:hi].max(-1)
+        v, i = row_max(pattern[seq, ..., lo:hi])
         _TOP[1][key] = (v, i + lo)
     return _TOP[1][key]
 
@@ -327,8 +358,7 @@ def _masked_max(pattern: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     width = pattern.shape[-1]
     runs = _runs(keys)
     if runs is None or any(lo >= width for lo, _ in runs):
-        out = pattern.masked_fill(~keys[:, None, None, :width], float("-inf")).max(-1)
-        return out.values, out.indices
+        return row_max(pattern.masked_fill(~keys[:, None, None, :width], float("-inf")))
     pairs = [_run_max(pattern, seq, lo, min(lo + c, width)) for seq, (lo, c) in enumerate(runs)]
     return torch.stack([v for v, _ in pairs]), torch.stack([i for _, i in pairs])
 

@@ -38,6 +38,7 @@ __all__ = [
     "KERNEL_DEVICES",
     "MODES",
     "RowMaxima",
+    "engaged",
     "explicit_maxima",
     "flex_call",
     "forget",
@@ -206,6 +207,12 @@ def _block_mask(
     return block
 
 
+def engaged(device: torch.device) -> bool:
+    """Whether an attention call on ``device`` gets its rows' maxima: ``"explicit"``
+    anywhere, ``"kernel"`` on :data:`KERNEL_DEVICES`."""
+    return mode() == "explicit" or (mode() == "kernel" and device.type in KERNEL_DEVICES)
+
+
 def flex_call(
     query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor, RowMaxima] | None:
@@ -213,7 +220,7 @@ def flex_call(
     n_heads, d_head]``, the rows' log-sum-exp and their :class:`RowMaxima` from
     FlexAttention (one call; one more per key subset asked for); None elsewhere, or where
     FlexAttention fails (warned once: the engine's row path runs instead)."""
-    if mode() != "kernel" or query.device.type not in KERNEL_DEVICES:
+    if mode() != "kernel" or not engaged(query.device):
         return None
     try:
         from torch.nn.attention.flex_attention import AuxRequest

@@ -150,6 +150,9 @@ def call_reducer(
     pattern_reducers = [r for r in reducers if r.hook == "hook_pattern"]
 
     def on_call(layer: int, call: attention_call.LayerCall) -> None:
+        if call.out is not None:  # shared scores: the blocks compute the output too
+            _reduce_rows(call, pattern_reducers, layer, state, stats)
+            return
         ways = [_pointwise(r, call) for r in pattern_reducers]
         if call.lse is not None and all(w is not None for w in ways):
             view = Points(call)
@@ -172,6 +175,12 @@ def call_reducer(
 
         _reduce_blocks(pattern_reducers, rows_of, _shape3(call.q), layer, state, stats)
 
+    # the pass builds rows for every query of a layer (some reducer has no points and reads
+    # rows block by block): the attention call may let those blocks compute the output
+    # (shared scores, :mod:`headmech.stream.rows`)
+    on_call.every_row = any(r.points is None for r in pattern_reducers) and any(  # type: ignore[attr-defined]
+        r.from_rows is not None or r.blockwise for r in pattern_reducers
+    )
     return on_call
 
 

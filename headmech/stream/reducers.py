@@ -250,7 +250,7 @@ def _target_rows(
         keep = (q >= rows.start) & (q < rows.stop) & (k < width)
         b, q, k = b[keep], q[keep] - rows.start, k[keep]
         p = view.pairs(b, q, k)  # [pairs, head]
-        n_seqs, n_heads, n_rows = view.lse.shape
+        n_seqs, n_heads, n_rows = view.scores.shape[:3]
         mass = p.new_zeros(n_seqs, n_rows, n_heads).index_put_((b, q), p, accumulate=True)
         mass = mass.transpose(1, 2)
         if top is not None:

@@ -17,10 +17,21 @@ rows by their sums, the eager softmax's precision again (1.5e-5 from float64); t
 reads (``top``, ``at``, ``pairs``) keep the 1e-4 relative error. The scores go to one
 buffer per pass (:class:`ScoreBuffer`), reused by every block of every layer, so the peak
 memory of a pass does not depend on how the allocator treats freed blocks.
+
+**Shared scores** (CPU). Where a pass builds rows for every query of a layer anyway, the
+attention call skips the fused kernel and hands over the values instead
+(``LayerCall.values``): each block's scores become the softmax in place and the block's
+output rows are ``pattern @ values``, written into ``LayerCall.out``, one sequence's head
+at a time while its rows are in the cache. The layer's q·kᵀ is then computed once, not
+once in the kernel and once more for the statistics, and the block holds the eager
+pattern itself (no log-sum-exp: :meth:`RowBlock.top`, :meth:`RowBlock.at` and the others
+read probabilities). docs/scaling.md has the measurements.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -51,8 +62,8 @@ class RowBlock:
     def __init__(
         self, call: LayerCall, rows: slice, buffers: blockwise.Buffers | None = None
     ) -> None:
-        if call.lse is None:
-            raise ValueError("RowBlock needs the log-sum-exp of the fused kernel")
+        if call.lse is None and call.out is None:
+            raise ValueError("RowBlock needs the log-sum-exp of the fused kernel or the values")
         n_seqs, n_heads, n_q = (int(d) for d in call.q.shape[:3])
         n_keys = int(call.k.shape[2])
         width = min(n_keys, rows.stop) if call.causal and n_keys == n_q else n_keys
@@ -64,27 +75,80 @@ class RowBlock:
         scores = (buffers or blockwise.Buffers()).take(
             "scores", shape, device=call.q.device, reserve=widest
         )
-        # the product, then the scale: the fused kernel's order (its LSE is rounded as these)
-        torch.matmul(call.q[:, :, rows], call.k[:, :, :width].transpose(-1, -2), out=scores)
-        scores.mul_(call.scale)
-        if call.softcap is not None:
-            scores.div_(call.softcap).tanh_().mul_(call.softcap)
-        if call.mask is not None:
-            scores.masked_fill_(~call.mask[..., rows, :width], float("-inf"))
-        elif call.causal:  # only the keys at or after the block's first query can be hidden
-            lo = rows.start + n_keys - n_q
-            if lo < width:
-                q_pos = torch.arange(rows.start, rows.stop, device=scores.device) + n_keys - n_q
-                hidden = torch.arange(lo, width, device=scores.device)[None, :] > q_pos[:, None]
-                scores[..., lo:].masked_fill_(hidden, float("-inf"))
+        self._call, self.rows, self.width = call, rows, width
         self.scores: Float[Tensor, "batch n_heads rows width"] = scores
-        self.lse: Float[Tensor, "batch n_heads rows"] = call.lse[:, :, rows]
-        self.rows, self.width = rows, width
-        self._probs = False
+        self.lse: Float[Tensor, "batch n_heads rows"] | None = (
+            None if call.lse is None else call.lse[:, :, rows]
+        )
+        self._probs = call.out is not None
+        hidden = self._hidden(n_keys, n_q)
+        if call.out is None:
+            self._scores(slice(None), slice(None), hidden)
+            return
+        # shared scores: one sequence's head at a time, scores to pattern to output while
+        # its rows are still in the cache (7% less time than each step over the whole block)
+        assert call.values is not None
+        empty = call.mask is not None and not bool(call.mask[..., rows, :width].any(-1).all())
+        for b, h in itertools.product(range(n_seqs), range(n_heads)):
+            seq, head = slice(b, b + 1), slice(h, h + 1)
+            block = self._scores(seq, head, hidden)
+            torch.ops.aten._softmax.out(block, -1, False, out=block)
+            if empty:
+                block.nan_to_num_(0.0)  # a query with no key to attend to (padding): 0
+            values = call.values[b, h // (n_heads // call.values.shape[1]), :width]
+            torch.matmul(block[0, 0], values, out=call.out[b, rows, h])
 
-    def _p(self, s: Tensor, lse: Tensor) -> Tensor:
-        """Scores at their rows' LSE to probabilities (0 where the row has no key)."""
-        return s if self._probs else torch.exp(s - lse).nan_to_num_(0.0)
+    def _hidden(self, n_keys: int, n_q: int) -> tuple[Tensor, int] | None:
+        """The block's hidden keys as a mask and the first key it covers (the model's
+        mask; causal: only the keys at or after the block's first query); None: none."""
+        call, rows, width = self._call, self.rows, self.width
+        if call.mask is not None:
+            return ~call.mask[..., rows, :width], 0
+        lo = rows.start + n_keys - n_q
+        if not call.causal or lo >= width:
+            return None
+        q_pos = torch.arange(rows.start, rows.stop, device=self.scores.device) + n_keys - n_q
+        return torch.arange(lo, width, device=self.scores.device)[None, :] > q_pos[:, None], lo
+
+    def _scores(self, seqs: slice, heads: slice, hidden: tuple[Tensor, int] | None) -> Tensor:
+        """Sequences ``seqs``' heads ``heads`` of the block's masked scores, into the
+        block's buffer.
+
+        The product, then the scale: the fused kernel's order (its LSE is rounded as
+        these); a scale that is a power of two multiplies the queries instead (no rounding
+        either way: the same scores, without a pass over them)."""
+        call, out = self._call, self.scores[seqs, heads]
+        q = call.q[seqs, heads, self.rows]
+        k = call.k[seqs, heads, : self.width].transpose(-1, -2)
+        exact = math.frexp(call.scale)[0] == 0.5
+        torch.matmul(q * call.scale if exact else q, k, out=out)
+        if not exact:
+            out.mul_(call.scale)
+        if call.softcap is not None:
+            out.div_(call.softcap).tanh_().mul_(call.softcap)
+        if hidden is not None:
+            mask, lo = hidden
+            if mask.dim() == 4 and mask.shape[0] > 1:  # one mask per sequence
+                mask = mask[seqs]
+            out[..., lo:].masked_fill_(mask, float("-inf"))
+        return out
+
+    @property
+    def probabilities(self) -> bool:
+        """Whether the block holds its pattern (shared scores, or after :meth:`pattern`)
+        rather than scores."""
+        return self._probs
+
+    def _p(self, s: Tensor, rows: Tensor | slice = slice(None), b: Tensor | None = None) -> Tensor:
+        """Values read from the block (``[batch, n_heads, rows]``-shaped, or ``[pairs,
+        n_heads]`` with the pairs' sequences ``b`` and ``rows``) as probabilities: scores at
+        their rows' LSE (0 where a row has no key); the values themselves once the block
+        holds its pattern."""
+        if self._probs:
+            return s
+        assert self.lse is not None
+        lse = self.lse[:, :, rows] if b is None else self.lse[b, :, rows]
+        return torch.exp(s - lse).nan_to_num_(0.0)
 
     def top(
         self, keys: Bool[Tensor, "batch pos"] | None = None
@@ -93,20 +157,49 @@ class RowBlock:
         default) and its key, as :func:`headmech.stream.blockwise.top1` of the pattern
         (first index on ties; 0 and key 0 for a row with none)."""
         values, indices = blockwise.top1(self.scores, keys)
-        return self._p(values, self.lse), indices
+        return self._p(values), indices
 
     def at(self, keys: Int[Tensor, "batch rows"]) -> Float[Tensor, "batch n_heads rows"]:
         """``p(i, keys[b, i])`` for the block's rows (key indices >= 0; a key past the
         block's width, or hidden, gets 0)."""
         n_heads = self.scores.shape[1]
         idx = keys.clamp(max=self.width - 1)[:, None, :, None].expand(-1, n_heads, -1, 1)
-        p = self._p(self.scores.gather(-1, idx)[..., 0], self.lse)
+        p = self._p(self.scores.gather(-1, idx)[..., 0])
         return p.masked_fill_((keys >= self.width)[:, None], 0.0)
 
     def pairs(self, b: Tensor, q: Tensor, k: Tensor) -> Float[Tensor, "pairs n_heads"]:
         """``p(q, k)`` of sequence ``b`` for listed triples (``q`` a row of the block,
         counted from its first; ``k < width``), every head."""
-        return self._p(self.scores[b, :, q, k], self.lse[b, :, q])
+        return self._p(self.scores[b, :, q, k], q, b)
+
+    def rows_at(
+        self, idx: Int[Tensor, "batch n_heads steps width"]
+    ) -> Float[Tensor, "batch n_heads steps width"]:
+        """Whole probability rows of the block's queries ``idx`` (counted from its first,
+        expanded to the width, as ``gather`` along the rows takes them), without turning the
+        other rows into probabilities."""
+        rows = self.scores.gather(2, idx)
+        if self._probs:
+            return rows
+        assert self.lse is not None
+        return torch.exp(rows - self.lse.gather(2, idx[..., 0])[..., None]).nan_to_num_(0.0)
+
+    def visible(self) -> Bool[Tensor, "batch rows width"]:
+        """Which keys each query of the block may attend to (the model's mask, causal
+        order), the same for every head."""
+        n_seqs, _, n_rows, width = (int(d) for d in self.scores.shape)
+        call = self._call
+        if call.mask is not None:
+            return call.mask[:, 0, self.rows, :width].expand(n_seqs, n_rows, width)
+        if not call.causal:
+            return torch.ones(n_seqs, n_rows, width, dtype=torch.bool, device=self.scores.device)
+        n_keys, n_q = int(call.k.shape[2]), int(call.q.shape[2])
+        q_pos = torch.arange(self.rows.start, self.rows.stop, device=self.scores.device)
+        seen = (
+            torch.arange(width, device=self.scores.device)[None, :]
+            <= (q_pos + n_keys - n_q)[:, None]
+        )
+        return seen.expand(n_seqs, n_rows, width)
 
     def pattern(self) -> Float[Tensor, "batch n_heads rows width"]:
         """The block's pattern rows, computed in place of the scores (after this call the
@@ -114,6 +207,7 @@ class RowBlock:
         Each row is divided by its sum: the kernel's LSE is rounded apart from these
         scores (the module's docstring)."""
         if not self._probs:
+            assert self.lse is not None
             blockwise.forget()  # maxima cached for the scores are not the pattern's
             self.scores.sub_(self.lse[..., None]).exp_().nan_to_num_(0.0)
             # a row with no key sums to 0 and stays 0
