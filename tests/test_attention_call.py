@@ -225,8 +225,15 @@ def test_shared_scores_compute_the_output_and_the_statistics(tiny_models, monkey
         seen = allowed.any(-1)[:, 0]  # [batch, query]: queries with a key to attend to
         assert not bool(seen.all())
         torch.testing.assert_close(out[seen], ref[seen], atol=1e-5, rtol=0)
+    # statistics from points alone (here the previous token's mass and hits) build no
+    # rows: the kernel computes the output and its log-sum-exp feeds the points
+    n_layers = int(model.cfg.n_layers)
+    points = [target_reducer("prev", lambda b: torch.arange(30).expand_as(b.input_ids) - 1)]
+    assert all(r.points is not None for r in points)
+    stream_statistics(model, [batch], points, attention="blocks")
+    assert len(kernel) == n_layers and len(outputs) == n_layers
     monkeypatch.setattr(attention_call, "SHARED_SCORES", False)
     want = stream_statistics(model, [batch], reducers, attention="blocks")
-    assert len(kernel) == int(model.cfg.n_layers) and len(outputs) == int(model.cfg.n_layers)
+    assert len(kernel) == 2 * n_layers and len(outputs) == n_layers
     for k in want.sums:
         torch.testing.assert_close(got.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)
