@@ -229,7 +229,8 @@ def check(args: argparse.Namespace, model: Any, budget: int) -> dict:
     finally:
         cfg._attn_implementation = old
     for name, r in zip(("induction", "duplicate"), reducers(half, "points"), strict=True):
-        t, has = r.prepare(batch)[:2]
+        prepared = r.prepare(batch)
+        t, has = prepared.index, prepared.has
         want = torch.stack(
             [
                 (a_.float().gather(-1, t[:, None, :, None].expand(-1, a_.shape[1], -1, 1))[..., 0]

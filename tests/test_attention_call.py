@@ -206,8 +206,8 @@ def test_shared_scores_compute_the_output_and_the_statistics(tiny_models, monkey
         attention_call, "_with_lse", lambda *a, **k: kernel.append(1) or real_kernel(*a, **k)
     )
 
-    def shared(module, query, key, value, attention_mask, scale, causal, callback):
-        out = real_shared(module, query, key, value, attention_mask, scale, causal, callback)
+    def shared(query, key, value, attention_mask, scale, causal, callback):
+        out = real_shared(query, key, value, attention_mask, scale, causal, callback)
         outputs.append((query, key, value, attention_mask, scale, out.clone()))
         return out
 

@@ -63,7 +63,9 @@ def assert_paths_agree(model, options=SMALL, budget=2**14, rtol=1e-5, probes=Non
             if k.endswith(".hit"):
                 # an argmax: where a row's two largest weights tie to rounding, the two
                 # paths' summation orders may pick different keys (seen on an AVX-512 CPU:
-                # 1 of SmolLM2's 258 rows of one head); a wrong hit rule moves many rows
+                # 1 of SmolLM2's 258 rows of one head; on another, one thread a worker, 2
+                # of one 21-row sequence, L3H5 of the inactive probe, whose two largest
+                # weights differ by 0 and 2.4e-6 relative); a wrong hit rule moves many rows
                 _assert_few_flips(b.sums[k], a.sums[k], a.counts[k], k)
                 if ua is not None and ub is not None:
                     _assert_few_flips(ub[0], ua[0], ua[1], k)
@@ -77,10 +79,10 @@ def assert_paths_agree(model, options=SMALL, budget=2**14, rtol=1e-5, probes=Non
 
 def _assert_few_flips(got, want, rows, what: str) -> None:
     """Hit counts equal up to rare argmax flips: every count differs by whole rows, and by
-    at most 1 row in 100 (and at least 1) of the rows counted."""
+    at most 1 row in 100 (and at least 2) of the rows counted."""
     diff = (got - want).abs()
     assert torch.allclose(diff, diff.round(), atol=1e-6), what
-    allowed = torch.clamp(0.01 * torch.as_tensor(rows, dtype=diff.dtype), min=1.0)
+    allowed = torch.clamp(0.01 * torch.as_tensor(rows, dtype=diff.dtype), min=2.0)
     assert bool((diff <= allowed).all()), (what, float(diff.max()))
 
 

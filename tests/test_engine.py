@@ -78,6 +78,29 @@ def test_engine_matches_run_with_cache(tiny_models, kind, targets_fn):
     assert stats.mean("t.mass").shape == (model.cfg.n_layers, model.cfg.n_heads)
 
 
+@pytest.mark.parametrize("route", ["pattern", "points", "rows"])
+def test_set_targets_on_every_route(tiny_models, route):
+    """A set of target keys per query (kept as sorted pair codes, read by binary search)
+    gives the hand computation's mass and hits on each route: the cached pattern's
+    blocks, point masses from the kernel's log-sum-exp, and rows of scores (shared scores
+    on a CPU: the blocks compute the output too). Padded batches of mixed lengths."""
+    import dataclasses
+
+    model = tiny_models["llama"]
+    tok = model.tokenizer
+    seqs = encode_sentences(model, SENTENCES * 2)
+    batches = batch_sequences(seqs, tok, batch_size=3)
+    r = target_reducer("t", duplicate_targets)
+    if route == "rows":  # no points: the pass builds rows for every query
+        r = dataclasses.replace(r, points=None)
+    attention = "pattern" if route == "pattern" else "blocks"
+    stats = stream_statistics(model, batches, [r], attention=attention)
+    want_mass, want_hit = hand_stats(model, seqs, duplicate_targets, tok)
+    torch.testing.assert_close(stats.mean("t.mass").double(), want_mass, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(stats.mean("t.hit").double(), want_hit, atol=1e-6, rtol=0)
+    assert float(want_mass.max()) > 0.05  # the sets are not empty
+
+
 def test_gqa_statistics_are_per_query_head(tiny_models):
     model = tiny_models["llama"]
     assert model.cfg.n_key_value_heads == 2 and model.cfg.n_heads == 4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from headmech.headtypes.registry import HeadType
@@ -41,8 +40,9 @@ class DuplicateTokenHead(HeadType):
 
     def targets(self, batch: ProbeBatch) -> Tensor:
         ids = batch.input_ids
-        n = ids.shape[1]
-        same = ids[:, :, None] == ids[:, None, :]  # [batch, query_pos, key_pos]
-        earlier = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril(-1)
+        # [batch, query_pos, key_pos], built in place: one T x T mask, not four
+        same = (ids[:, :, None] == ids[:, None, :]).tril_(-1)  # earlier keys only
         real = ~batch.special
-        return same & earlier & real[:, :, None] & real[:, None, :]
+        same &= real[:, :, None]
+        same &= real[:, None, :]
+        return same

@@ -52,7 +52,9 @@ class LayerCall:
     Attributes:
         q: queries ``[batch, n_heads, q_pos, d_head]``, as the scores multiply them.
         k: keys ``[batch, n_heads, k_pos, d_head]``, one per query head (grouped-query key
-            heads repeated for the query heads they serve).
+            heads repeated for the query heads they serve); under shared scores (``values``
+            set) one per key-value head, ``[batch, n_kv_heads, k_pos, d_head]``, as
+            ``values`` (the repeated copy was 19 MB a layer for SmolLM2 at 8,192 tokens).
         mask: the model's mask, True where a query may attend, ``[batch | 1, 1, q_pos,
             k_pos]``; None: causal (or every key, for a bidirectional layer).
         scale: the factor on ``q · k``.
@@ -75,7 +77,7 @@ class LayerCall:
     """
 
     q: Float[Tensor, "batch n_heads q_pos d_head"]
-    k: Float[Tensor, "batch n_heads k_pos d_head"]
+    k: Float[Tensor, "batch n_kv_heads k_pos d_head"]
     mask: Tensor | None
     scale: float
     softcap: float | None
@@ -103,6 +105,8 @@ def pattern_rows(call: LayerCall, rows: slice) -> Float[Tensor, "batch n_heads r
     n_keys = call.k.shape[2]
     width = min(n_keys, rows.stop) if call.causal and n_keys == call.q.shape[2] else n_keys
     qb, kb = call.q[:, :, rows], call.k[:, :, :width]
+    if kb.shape[1] != qb.shape[1]:  # shared scores keep one key per key-value head
+        kb = kb.repeat_interleave(qb.shape[1] // kb.shape[1], 1)
     # the product, then the scale: eager attention's and the fused kernels' order
     scores = torch.matmul(qb, kb.transpose(-1, -2)).mul_(call.scale)  # [batch, head, rows, width]
     if call.softcap is not None:
@@ -250,7 +254,7 @@ def stats_attention(
     maxima = None
     causal = bool(getattr(module, "is_causal", True))
     if module.__dict__.get(_SHARED) and _shareable(query, softcap, sinks):
-        return _shared(module, query, key, value, attention_mask, scale, causal, callback), None
+        return _shared(query, key, value, attention_mask, scale, causal, callback), None
     if softcap is None and sinks is None:
         flexed = maxima_route.flex_call(query, key, value, _allowed(attention_mask), causal, scale)
         if flexed is not None:
@@ -305,7 +309,6 @@ def _shareable(query: Tensor, softcap: Any, sinks: Any) -> bool:
 
 
 def _shared(
-    module: Any,
     query: Tensor,
     key: Tensor,
     value: Tensor,
@@ -315,11 +318,9 @@ def _shared(
     callback: Callable[[LayerCall], None],
 ) -> Tensor:
     """The layer's output ``[batch, q_pos, n_heads, d_head]`` computed by the callback's
-    blocks of rows from the values (:class:`LayerCall`'s ``values`` and ``out``)."""
-    rep = query.shape[1] // key.shape[1]
+    blocks of rows from the values (:class:`LayerCall`'s ``values`` and ``out``). The keys
+    stay one per key-value head, as the values: each block reads its head's."""
     k = key.detach()
-    if rep > 1:  # grouped-query: kv head j serves a run of query heads
-        k = _repeat(k, rep, "stats_k")
     n_seqs, n_heads, n_q = query.shape[:3]
     out = query.new_empty(n_seqs, n_q, n_heads, value.shape[-1])
     call = LayerCall(

@@ -164,6 +164,10 @@ class Buffers:
             flat = self._flat[name] = torch.empty(max(n, reserve), dtype=dtype, device=device)
         return flat[:n].view(shape)
 
+    def release(self, name: str) -> None:
+        """Free buffer ``name`` (the next :meth:`take` allocates it again)."""
+        self._flat.pop(name, None)
+
     def repeat_heads(self, name: str, x: Tensor, rep: int) -> Tensor:
         """``x.repeat_interleave(rep, dim=1)`` (``[batch, heads, pos, d]``: grouped-query
         key heads for the query heads they serve) into buffer ``name``."""

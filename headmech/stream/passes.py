@@ -224,6 +224,10 @@ def _reduce_rows(
                 merge_sums(acc[r.name], _call(r, block, state, layer, rows))
         blockwise.forget()
         del view
+    if call.q.device.type == "cpu":
+        # the scores' buffer (64 MB for SmolLM2 at 8,192 tokens) is not held through the
+        # layer's MLP, where the forward's own peak is: on a CPU a fresh one costs little
+        buffers.release("scores")
     for r in [*from_rows, *on_pattern]:
         _add(stats, r.name, layer, {s: (t, c) for s, (t, c) in acc[r.name].items()})
     if whole:

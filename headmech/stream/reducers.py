@@ -99,15 +99,56 @@ class Reducer:
         return self.fn(activation, batch, prepared, layer, rows)
 
 
-def _set_mass(pattern: Tensor, where: Tensor, rows: slice) -> Tensor:
-    """Attention mass on a set of target keys per query, ``[batch, head_index, rows]``,
-    from the targets' ``(sequence, query, key)`` rows ``where`` (O(targets), not O(T^2))."""
-    b, q, k = where.unbind(-1)
-    keep = (q >= rows.start) & (q < rows.stop) & (k < pattern.shape[-1])
-    b, q, k = b[keep], q[keep] - rows.start, k[keep]
-    mass = pattern.new_zeros(pattern.shape[0], pattern.shape[2], pattern.shape[1])
-    mass.index_put_((b, q), pattern[b, :, q, k], accumulate=True)  # [batch, rows, head]
-    return mass.transpose(1, 2)
+@dataclass(frozen=True)
+class _Targets:
+    """:func:`target_reducer`'s targets for one batch, prepared once.
+
+    One key per query is ``index`` (``[batch, query_pos]``, 0 where a query has none). A
+    set of keys per query is kept as its pairs, ``(sequence * T + query) * T + key`` codes
+    in ascending order, not as a ``T x T`` mask: at 8,192 tokens the mask alone was 64 MB a
+    sequence, held through every layer, where a probe's sets hold a few pairs a query.
+    """
+
+    has: Tensor  # [batch, query_pos]: the query is real and has a target
+    real_query: Tensor  # [batch, query_pos]
+    index: Tensor | None = None  # one key per query
+    pairs: Tensor | None = None  # a set per query: sorted (sequence, query, key) codes
+    n: int = 0  # T, the codes' base
+
+    def at(self, rows: slice) -> _Targets:
+        """The rows' view (``has``, ``real_query`` and ``index``; the pairs stay whole)."""
+        index = None if self.index is None else self.index[:, rows]
+        return _Targets(self.has[:, rows], self.real_query[:, rows], index, self.pairs, self.n)
+
+    def pairs_in(self, rows: slice, width: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The set pairs ``(sequence, query - rows.start, key)`` with a query in ``rows``
+        and a key below ``width``, read by binary search (O(pairs of the rows))."""
+        assert self.pairs is not None
+        n, codes = self.n, self.pairs
+        seqs = torch.arange(self.has.shape[0], device=codes.device)
+        bounds = torch.stack([(seqs * n + rows.start) * n, (seqs * n + rows.stop) * n], 1)
+        lo, hi = torch.searchsorted(codes, bounds).unbind(1)
+        if len(lo) == 1:  # one sequence: a slice, no gather
+            mine = codes[int(lo[0]) : int(hi[0])]
+        else:
+            mine = torch.cat([codes[int(a) : int(b)] for a, b in zip(lo, hi, strict=True)])
+        b, rest = mine.div(n * n, rounding_mode="floor"), mine.remainder(n * n)
+        q, k = rest.div(n, rounding_mode="floor"), rest.remainder(n)
+        keep = k < width
+        return b[keep], q[keep] - rows.start, k[keep]
+
+    def contains(self, keys: Tensor, start: int = 0) -> Tensor:
+        """Whether each of ``keys`` (``[batch, head, rows]``, key positions of queries
+        ``start ..``) is in its query's set, by binary search."""
+        assert self.pairs is not None
+        n, codes = self.n, self.pairs
+        if codes.numel() == 0:
+            return torch.zeros_like(keys, dtype=torch.bool)
+        b = torch.arange(keys.shape[0], device=keys.device)[:, None, None]
+        q = torch.arange(start, start + keys.shape[2], device=keys.device)
+        want = (b * n + q) * n + keys
+        at = torch.searchsorted(codes, want.flatten()).clamp_(max=codes.numel() - 1)
+        return (codes[at] == want.flatten()).view_as(keys)
 
 
 def _checked_targets(
@@ -176,87 +217,90 @@ def target_reducer(
 
 def _target_prepare(
     name: str, targets: Callable[[ProbeBatch], Tensor], batch: ProbeBatch
-) -> tuple[Tensor, ...]:
-    """The targets as ``(target, has, real_query[, (sequence, query, key) rows])``."""
+) -> _Targets:
+    """The targets, checked, as :class:`_Targets`."""
     t = _checked_targets(name, targets, batch)
     real_query = batch.attention_mask.bool()
     if t.dtype == torch.bool:  # a set of keys per query: [batch, query_pos, key_pos]
         t = t & batch.attention_mask.bool()[:, None, :]
-        # its True entries as (sequence, query, key) rows: the mass reads only these
-        return t, t.any(-1) & real_query, real_query, t.nonzero()
-    return t.clamp(min=0), (t >= 0) & real_query, real_query  # one key per query
+        has = t.any(-1) & real_query
+        n = t.shape[1]
+        b, q, k = t.nonzero().unbind(-1)  # in (sequence, query, key) order: codes ascend
+        del t  # the T x T mask is not kept
+        return _Targets(has, real_query, pairs=(b * n + q) * n + k, n=n)
+    return _Targets((t >= 0) & real_query, real_query, index=t.clamp(min=0))
 
 
 def _target_pattern(
-    hits: bool, pattern: Tensor, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
+    hits: bool, pattern: Tensor, batch: ProbeBatch, prepared: _Targets, layer: int, rows: slice
 ) -> dict:
     """The sums from a block of pattern rows."""
-    target, has, real_query = (x[:, rows] for x in prepared[:3])
+    t = prepared.at(rows)
     # pattern: [batch, head_index, query rows, key_pos]
     top = blockwise.top1(pattern)[1] if hits else None  # [batch, head_index, query rows]
     width = pattern.shape[-1]  # keys 0 .. width - 1 (later keys have no weight)
     hit = None
-    if target.dim() == 2:  # one key per query: read it, no [query, key] mask needed
+    if t.index is not None:  # one key per query: read it, no [query, key] mask needed
+        target = t.index
         idx = target.clamp(max=width - 1)[:, None, :, None].expand(-1, pattern.shape[1], -1, 1)
-        mass = pattern.gather(-1, idx)[..., 0] * (has & (target < width))[:, None]
+        mass = pattern.gather(-1, idx)[..., 0] * (t.has & (target < width))[:, None]
         if top is not None:
             hit = top == target[:, None]
-    else:
-        mass = _set_mass(pattern, prepared[3], rows)
+    else:  # a set of keys per query: its pairs in this block (O(pairs), not O(T^2))
+        b, q, k = prepared.pairs_in(rows, width)
+        mass = pattern.new_zeros(pattern.shape[0], pattern.shape[2], pattern.shape[1])
+        mass.index_put_((b, q), pattern[b, :, q, k], accumulate=True)  # [batch, rows, head]
+        mass = mass.transpose(1, 2)
         if top is not None:
-            sets = target[:, None, :, :width].expand_as(pattern)
-            hit = sets.gather(-1, top[..., None])[..., 0]
-    return _target_sums(mass, hit, has, real_query)
+            hit = prepared.contains(top, rows.start)
+    return _target_sums(mass, hit, t.has, t.real_query)
 
 
-def _target_points(hits: bool, view: Points, batch: ProbeBatch, prepared: Any, layer: int) -> dict:
+def _target_points(
+    hits: bool, view: Points, batch: ProbeBatch, prepared: _Targets, layer: int
+) -> dict:
     """The sums from point masses (:class:`~headmech.stream.points.Points`)."""
-    target, has, real_query = prepared[:3]
-    if target.dim() == 2:  # one key per query
+    has = prepared.has
+    if prepared.index is not None:  # one key per query
+        target = prepared.index
         mass = view.at(target) * has[:, None]
 
         def is_target(keys: Tensor) -> Tensor:
             return keys == target[:, None]
 
         best = mass
-    else:  # a set of keys per query: its (sequence, query, key) rows
-        b, q, k = prepared[3].unbind(-1)
+    else:  # a set of keys per query: its (sequence, query, key) pairs
+        b, q, k = prepared.pairs_in(slice(0, prepared.n), prepared.n)
         p = view.pairs(b, q, k)  # [pairs, head]
-        n_seqs, n = target.shape[:2]
+        n_seqs, n = has.shape
         mass = p.new_zeros(n_seqs, n, p.shape[1]).index_put_((b, q), p, accumulate=True)
         mass, best = mass.transpose(1, 2), _set_max(p, b, q, n_seqs, n).transpose(1, 2)
-        sets = target[:, None]  # [batch, 1, q_pos, key_pos]
-
-        def is_target(keys: Tensor) -> Tensor:  # keys [batch, head, q_pos]
-            return sets.expand(-1, keys.shape[1], -1, -1).gather(-1, keys[..., None])[..., 0]
+        is_target = prepared.contains  # keys [batch, head, q_pos]
 
     hit = view.hits(best, is_target, has) if hits else None
-    return _target_sums(mass, hit, has, real_query)
+    return _target_sums(mass, hit, has, prepared.real_query)
 
 
 def _target_rows(
-    hits: bool, view: RowBlock, batch: ProbeBatch, prepared: Any, layer: int, rows: slice
+    hits: bool, view: RowBlock, batch: ProbeBatch, prepared: _Targets, layer: int, rows: slice
 ) -> dict:
     """The sums from a block of rows' scores (:class:`~headmech.stream.rows.RowBlock`)."""
-    target, has, real_query = (x[:, rows] for x in prepared[:3])
+    t = prepared.at(rows)
     top = view.top()[1] if hits else None  # [batch, head_index, query rows]
-    width, hit = view.width, None
-    if target.dim() == 2:  # one key per query
-        mass = view.at(target) * has[:, None]
+    hit = None
+    if t.index is not None:  # one key per query
+        mass = view.at(t.index) * t.has[:, None]
         if top is not None:
-            hit = top == target[:, None]
-    else:  # a set of keys per query: its (sequence, query, key) rows in this block
-        b, q, k = prepared[3].unbind(-1)
-        keep = (q >= rows.start) & (q < rows.stop) & (k < width)
-        b, q, k = b[keep], q[keep] - rows.start, k[keep]
+            hit = top == t.index[:, None]
+    else:  # a set of keys per query: its (sequence, query, key) pairs in this block
+        b, q, k = prepared.pairs_in(rows, view.width)
         p = view.pairs(b, q, k)  # [pairs, head]
         n_seqs, n_heads, n_rows = view.scores.shape[:3]
         mass = p.new_zeros(n_seqs, n_rows, n_heads).index_put_((b, q), p, accumulate=True)
         mass = mass.transpose(1, 2)
         if top is not None:
-            sets = target[:, None, :, :width].expand(-1, n_heads, -1, -1)
-            hit = sets.gather(-1, top[..., None])[..., 0]
-    return _target_sums(mass, hit, has, real_query)
+            hit = prepared.contains(top, rows.start)
+    return _target_sums(mass, hit, t.has, t.real_query)
 
 
 def _set_max(p: Tensor, b: Tensor, q: Tensor, n_seqs: int, n: int) -> Tensor:

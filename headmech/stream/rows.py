@@ -81,7 +81,8 @@ class RowBlock:
             None if call.lse is None else call.lse[:, :, rows]
         )
         self._probs = call.out is not None
-        hidden = self._hidden(n_keys, n_q)
+        self._hide = self._hidden(n_keys, n_q)
+        hidden = self._hide
         if call.out is None:
             self._scores(slice(None), slice(None), hidden)
             return
@@ -99,11 +100,17 @@ class RowBlock:
             torch.matmul(block[0, 0], values, out=call.out[b, rows, h])
 
     def _hidden(self, n_keys: int, n_q: int) -> tuple[Tensor, int] | None:
-        """The block's hidden keys as a mask and the first key it covers (the model's
-        mask; causal: only the keys at or after the block's first query); None: none."""
+        """The block's hidden keys as a mask and the first key it covers: from the first
+        key that some query of the block may not see (causal: the block's first query's
+        next key), so the scores are filled only there; None: every key is visible."""
         call, rows, width = self._call, self.rows, self.width
-        if call.mask is not None:
-            return ~call.mask[..., rows, :width], 0
+        if call.mask is not None:  # the model's: [batch | 1, 1, rows, width]
+            hidden = ~call.mask[..., rows, :width]
+            cols = hidden.flatten(0, -2).any(0).nonzero()
+            if len(cols) == 0:
+                return None
+            lo = int(cols[0, 0])
+            return hidden[..., lo:], lo
         lo = rows.start + n_keys - n_q
         if not call.causal or lo >= width:
             return None
@@ -119,7 +126,7 @@ class RowBlock:
         either way: the same scores, without a pass over them)."""
         call, out = self._call, self.scores[seqs, heads]
         q = call.q[seqs, heads, self.rows]
-        k = call.k[seqs, heads, : self.width].transpose(-1, -2)
+        k = self._keys(seqs, heads).transpose(-1, -2)
         exact = math.frexp(call.scale)[0] == 0.5
         torch.matmul(q * call.scale if exact else q, k, out=out)
         if not exact:
@@ -132,6 +139,19 @@ class RowBlock:
                 mask = mask[seqs]
             out[..., lo:].masked_fill_(mask, float("-inf"))
         return out
+
+    def _keys(self, seqs: slice, heads: slice) -> Tensor:
+        """The keys of heads ``heads`` (query heads), ``[seqs, heads, width, d_head]``:
+        under shared scores the call keeps one key per key-value head (a view where
+        ``heads`` is one head; the one case the shared loop asks for)."""
+        k, n_heads = self._call.k, int(self._call.q.shape[1])
+        group = n_heads // int(k.shape[1])  # query heads per key-value head
+        if group == 1:
+            return k[seqs, heads, : self.width]
+        first, stop, _ = heads.indices(n_heads)
+        if stop - first == 1:
+            return k[seqs, first // group : first // group + 1, : self.width]
+        return k[seqs, :, : self.width].repeat_interleave(group, 1)[:, heads]
 
     @property
     def probabilities(self) -> bool:
@@ -189,7 +209,7 @@ class RowBlock:
         order), the same for every head."""
         n_seqs, _, n_rows, width = (int(d) for d in self.scores.shape)
         seen = torch.ones(n_seqs, n_rows, width, dtype=torch.bool, device=self.scores.device)
-        hidden = self._hidden(int(self._call.k.shape[2]), int(self._call.q.shape[2]))
+        hidden = self._hide
         if hidden is not None:
             mask, lo = hidden
             seen[..., lo:] &= ~(mask[:, 0] if mask.dim() == 4 else mask)
