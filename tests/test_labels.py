@@ -189,7 +189,8 @@ def test_the_command_lines_table_and_report_name_the_heads_not_labelled(toy, str
     assert f"none (best {best} {float(r.score[best]):.2f})" in nothing.table()
     effect, low, high = strict["induction"].details["copying_effect"]["L1H3"]
     assert (
-        f"L1H3 0.98 (own effect {effect:+.3f} nats [{low:+.3f}, {high:+.3f}], not above 0.11:" in row
+        f"L1H3 0.98 (own effect {effect:+.3f} nats [{low:+.3f}, {high:+.3f}], not above 0.11:"
+        in row
     )
     report.evidence(strict)
     out = capsys.readouterr().out
@@ -262,7 +263,12 @@ def test_validation_ablates_alone_at_most_as_many_heads_as_asked(toy):
     """``classify(alone=(labelled, rejected))``: the highest-scoring labelled heads alone,
     the rest said in ``per_head_note``, and the cap in the provenance's settings."""
     cat = headmech.classify(
-        toy, [InductionHead(copying_threshold=COPYING)], validate=True, n_random=1, alone=(1, 2), **SIZE
+        toy,
+        [InductionHead(copying_threshold=COPYING)],
+        validate=True,
+        n_random=1,
+        alone=(1, 2),
+        **SIZE,
     )
     r = cat["induction"]
     assert len(r.heads) == 1 and len(r.not_labelled) == 3
