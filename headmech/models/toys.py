@@ -289,15 +289,10 @@ def train_toy_induction(
 
 TOY_CHECKPOINT_EVERY = 50  # training steps between saved checkpoints of a toy model
 
-# ATen's vectorised kernels and MKL's GEMMs choose their code by the CPU (AVX2, AVX-512), and
-# each sums floats in its own order: the same seed on one thread trains other weights on other
-# CPUs. The cached toy is trained in a child process pinned to ATen's AVX2 code and to MKL's
-# COMPATIBLE branch (conditional numerical reproducibility: one SSE2 code path, the only
-# branch MKL honours on non-Intel CPUs as well). The AVX2 branch it used before is honoured
-# on Intel CPUs only (MKL falls back to its own dispatch elsewhere): measured, the AMD EPYCs
-# trained 62c7e068... and an Intel Xeon 2ea5d2e8...; the Xeon's SSE2, SSE4_2, AVX and strict
-# AVX2 branches gave three more toys. So the toy and its published catalog are the same on
-# every x86-64 CPU with AVX2, at the cost of a slower training (SSE2 GEMMs).
+# ATen's kernels and MKL's GEMMs choose their code by the CPU and sum floats in its order, so
+# the toy is trained in a child process on ATen's AVX2 code and MKL's COMPATIBLE branch (one
+# SSE2 path; MKL honours its AVX2 branch on Intel CPUs only: the AMD EPYCs trained 62c7e068...,
+# an Intel Xeon 2ea5d2e8..., its SSE2 fb3fb715...): the same toy on every x86-64 CPU with AVX2.
 PINNED_ISA = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
 
 
