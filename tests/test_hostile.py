@@ -785,12 +785,12 @@ def test_corrupt_smollm2_cache_is_named_and_rebuilt(monkeypatch, tmp_path, tiny_
 
 
 def test_corrupt_toy_cache_is_named_and_rebuilt(monkeypatch, tmp_path, tiny_dirs):
-    from headmech.models import toys
+    from headmech.models import toy_cache
 
     monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))
-    folder = toys.toy_path("toy-induction")
+    folder = toy_cache.toy_path("toy-induction")
     _corrupt_cache(
-        "garbage-weights", folder, monkeypatch, toys, "_train_pinned", tiny_dirs["llama"]
+        "garbage-weights", folder, monkeypatch, toy_cache, "_build_into", tiny_dirs["llama"]
     )
     with pytest.warns(HeadmechWarning) as record:
         headmech.load_hf("toy-induction")

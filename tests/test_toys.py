@@ -78,17 +78,57 @@ def test_checkpoints_are_taken_on_schedule_and_do_not_change_training():
 
 @pytest.mark.slow
 def test_cached_toy_has_loadable_checkpoints():
-    from headmech.models.toys import TOY_CHECKPOINT_EVERY, toy_checkpoints
+    """The checkpoints are a replay of the recipe on this machine: every step, loadable, and
+    the same circuit as the shipped toy (previous-token head L0H3, induction head L1H3);
+    replay.json says truly whether it ended at the shipped weights."""
+    from headmech.models.toy_cache import TOY_CHECKPOINT_EVERY, toy_checkpoints
 
     ckpts = toy_checkpoints("toy-induction")
     steps = ToyInductionConfig().steps
     assert sorted(ckpts) == list(range(0, steps + 1, TOY_CHECKPOINT_EVERY))
     final, _ = headmech.load_hf(ckpts[steps])
     cached, _ = headmech.load_hf("toy-induction")
-    for (name, p), q in zip(final.state_dict().items(), cached.state_dict().values(), strict=True):
-        assert torch.equal(p, q), name
+    same = all(
+        torch.equal(p, q)
+        for p, q in zip(final.state_dict().values(), cached.state_dict().values(), strict=True)
+    )
+    replay = json.loads((ckpts[steps].parent.parent / "replay.json").read_text())
+    shipped = json.loads((ensure_toy("toy-induction") / "training.json").read_text())
+    assert replay["same_weights_as_the_toy"] == same
+    for key in ("previous_token_head", "induction_head"):
+        assert replay[key] == shipped[key], key
     with pytest.raises(headmech.HeadmechError, match="unknown toy model"):
         toy_checkpoints("toy-nothing")
+
+
+def test_the_toy_is_shipped_for_its_recipe_and_copied_to_the_cache(monkeypatch, tmp_path):
+    """A changed recipe (config, checkpoint stride, threads, ISA pins) needs newly shipped
+    weights: this fails until they are. The cache gets the shipped files byte for byte;
+    without shipped weights the toy is trained and its checkpoints kept as the replay."""
+    from headmech.models import toy_cache
+
+    source = toy_cache.shipped("toy-induction")
+    assert source is not None, "train the toy (python -m headmech.models.toy_cache DIR) and ship it"
+    monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path))
+    folder = ensure_toy("toy-induction")
+    assert folder == toy_cache.toy_path("toy-induction")
+    for f in source.iterdir():
+        assert (folder / f.name).read_bytes() == f.read_bytes(), f.name
+
+    def train(out):  # a stand-in for the minutes of training
+        for step in (0, 50):
+            (out / "checkpoints" / f"step-{step:05d}").mkdir(parents=True)
+        for f in source.iterdir():
+            (out / f.name).write_bytes(f.read_bytes())
+
+    monkeypatch.setattr(toy_cache, "shipped", lambda name: None)
+    monkeypatch.setattr(toy_cache, "_train_pinned", train)
+    monkeypatch.setenv("HEADMECH_CACHE", str(tmp_path / "other"))
+    assert sorted(toy_cache.toy_checkpoints("toy-induction")) == [0, 50]
+    replay = json.loads(
+        (toy_cache.toy_path("toy-induction") / "checkpoints/replay.json").read_text()
+    )
+    assert replay["same_weights_as_the_toy"] is True
 
 
 @pytest.fixture(scope="module")

@@ -52,9 +52,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     def quick(name: str) -> str | None:  # the loaders' status() imports torch (seconds)
         if name in BUNDLED_MODELS:
             return status(name)
-        if name == "toy-induction":  # trained once per recipe (the load checks which)
-            trained = any((cache_dir() / "toys").glob(f"{name}-*/config.json"))
-            return "cached" if trained else "trained on first use (minutes)"
+        if name == "toy-induction":  # shipped, copied to the cache (the load checks the recipe)
+            cached = any((cache_dir() / "toys").glob(f"{name}-*/config.json"))
+            return "cached" if cached else "copied from the package on first use"
         return None
 
     rows = [

@@ -6,8 +6,8 @@ Four kinds of name resolve here:
   ``smollm2-135m``, ``gemma3-270m``, ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b``;
   :mod:`headmech.models.bundled`);
   nothing is fetched from a model hub;
-* ``toy-*`` models, small configs trained locally with a fixed seed and cached
-  (:mod:`headmech.models.toys`);
+* ``toy-*`` models, small configs trained with a fixed seed (:mod:`headmech.models.toys`)
+  whose weights ship with the package (:mod:`headmech.models.toy_cache`);
 * a path to any local Hugging Face model directory;
 * a path to a GGUF file, dequantised once and cached under its SHA-256
   (:func:`headmech.models.bundled.load_gguf`).
@@ -18,7 +18,7 @@ bridge would make its end-of-text token one and prepend it (``cfg.default_prepen
 
 Named models are :class:`ModelSource` entries of :data:`headmech.core.registry.MODELS` (plug-ins:
 entry-point group ``headmech.models``). Attention is eager, so ``hook_pattern`` fires. Built
-once (dequantised SmolLM2, trained toys): ``$HEADMECH_CACHE`` (``~/.cache/headmech``).
+once (dequantised SmolLM2, the toys and their checkpoints): ``$HEADMECH_CACHE`` (``~/.cache/headmech``).
 """
 
 from __future__ import annotations
@@ -151,14 +151,14 @@ def _bundled(name: str) -> ModelSource:
 
 def _toy(name: str) -> ModelSource:
     def load() -> tuple[Any, Any]:
-        from headmech.models.toys import ensure_toy
+        from headmech.models.toy_cache import ensure_toy
 
         return load_hf_dir(ensure_toy(name))
 
     def status() -> str:
-        from headmech.models.toys import toy_path
+        from headmech.models.toy_cache import toy_path
 
-        return "cached" if toy_path(name).exists() else "trained on first use (minutes)"
+        return "cached" if toy_path(name).exists() else "copied from the package on first use"
 
     def tokenizer() -> Any:
         from headmech.models.toys import ToyInductionConfig, make_toy_tokenizer
@@ -166,9 +166,9 @@ def _toy(name: str) -> ModelSource:
         return make_toy_tokenizer(ToyInductionConfig().vocab_size)
 
     def repair() -> None:
-        from headmech.models.toys import toy_path
+        from headmech.models.toy_cache import toy_path
 
-        repair_cache_folder(toy_path(name), "training it again (minutes)")
+        repair_cache_folder(toy_path(name), "copying it again from the package")
 
     description = (
         "2-layer attention-only LLaMA (rotary positions) trained on repeated random "
@@ -184,15 +184,15 @@ MODELS.register("toy-induction", _toy("toy-induction"), summary=_toy("toy-induct
 
 
 def ensure_toy(name: str) -> Path:
-    """Train a toy model once (seeded) and cache it (see :func:`headmech.models.toys.ensure_toy`)."""
-    from headmech.models.toys import ensure_toy as ensure
+    """A toy model's folder in the cache (see :func:`headmech.models.toy_cache.ensure_toy`)."""
+    from headmech.models.toy_cache import ensure_toy as ensure
 
     return ensure(name)
 
 
 def toy_checkpoints(name: str) -> dict[int, Path]:
-    """The saved training checkpoints of a toy model (:func:`headmech.models.toys.toy_checkpoints`)."""
-    from headmech.models.toys import toy_checkpoints as checkpoints
+    """The training checkpoints of a toy model (:func:`headmech.models.toy_cache.toy_checkpoints`)."""
+    from headmech.models.toy_cache import toy_checkpoints as checkpoints
 
     return checkpoints(name)
 

@@ -21,26 +21,15 @@ is above 0.8.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from filelock import FileLock
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from headmech.core.errors import UnknownModelError
-from headmech.models.files import cache_dir, quiet
 from headmech.models.toy_data import (
     BOS_TOKEN,
     PAD_TOKEN,
@@ -51,14 +40,10 @@ from headmech.models.toy_data import (
 __all__ = [
     "BOS_TOKEN",
     "PAD_TOKEN",
-    "TOY_CHECKPOINT_EVERY",
     "ToyInductionConfig",
-    "ensure_toy",
     "induction_mechanism_scores",
     "make_toy_tokenizer",
     "repeated_random_tokens",
-    "toy_checkpoints",
-    "toy_path",
     "train_toy_induction",
 ]
 
@@ -283,116 +268,3 @@ def train_toy_induction(
         "config": asdict(config),
     }
     return model, tokenizer, metrics
-
-
-# --- the cached toy models ----------------------------------------------------------------
-
-TOY_CHECKPOINT_EVERY = 50  # training steps between saved checkpoints of a toy model
-
-# ATen's kernels and MKL's GEMMs choose their code by the CPU and sum floats in its order, so
-# the toy is trained in a child process on ATen's AVX2 code and MKL's COMPATIBLE branch (one
-# SSE2 path; MKL honours its AVX2 branch on Intel CPUs only: the AMD EPYCs trained 62c7e068...,
-# an Intel Xeon 2ea5d2e8..., its SSE2 fb3fb715...): the same toy on every x86-64 CPU with AVX2.
-PINNED_ISA = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
-
-
-def _fingerprint() -> str:
-    """Identifies the recipe: a changed recipe trains into a new cache folder."""
-    recipe = {
-        **asdict(ToyInductionConfig()),
-        "checkpoint_every": TOY_CHECKPOINT_EVERY,
-        "threads": TRAINING_THREADS,
-        "isa": PINNED_ISA if _can_pin() else torch.backends.cpu.get_cpu_capability(),
-    }
-    blob = json.dumps(recipe, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def _can_pin() -> bool:
-    """Whether this CPU runs :data:`PINNED_ISA`'s code (an x86-64 CPU with AVX2)."""
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-
-
-def _train_pinned(folder: Path) -> None:
-    """:func:`_train_into` in a child process on :data:`PINNED_ISA` (in this process where
-    the CPU cannot run it: that toy then depends on the CPU, and says so in its folder)."""
-    if not _can_pin():
-        _train_into(folder)
-        return
-    env = {**os.environ, **PINNED_ISA, "OMP_NUM_THREADS": str(TRAINING_THREADS)}
-    cmd = [sys.executable, "-m", "headmech.models.toys", str(folder)]
-    done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    if done.returncode != 0:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"training the toy model failed: {tail[0]}")
-
-
-def _known(name: str) -> None:
-    if name != "toy-induction":
-        raise UnknownModelError(f"unknown toy model '{name}': use toy-induction")
-
-
-def toy_path(name: str) -> Path:
-    """Where a toy model's trained weights live in the cache."""
-    _known(name)
-    return cache_dir() / "toys" / f"{name}-{_fingerprint()}"
-
-
-def _train_into(folder: Path) -> None:
-    """Train the toy with checkpoints saved under ``folder/checkpoints/step-NNNNN/``."""
-    config = ToyInductionConfig()
-    tokenizer = make_toy_tokenizer(config.vocab_size)
-
-    def save(step: int, model: Any) -> None:
-        with quiet():
-            model.save_pretrained(folder / "checkpoints" / f"step-{step:05d}")
-            tokenizer.save_pretrained(folder / "checkpoints" / f"step-{step:05d}")
-
-    model, tokenizer, metrics = train_toy_induction(
-        config, checkpoint_every=TOY_CHECKPOINT_EVERY, on_checkpoint=save
-    )
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    (folder / "training.json").write_text(json.dumps(metrics, indent=1, default=str))
-
-
-def ensure_toy(name: str) -> Path:
-    """Train a toy model once (seeded) and cache it as a Hugging Face directory."""
-    out = toy_path(name)
-    if (out / "config.json").exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # one trainer at a time (two test workers, two notebooks): the others wait and reuse it
-    with FileLock(str(out) + ".lock"):
-        if (out / "config.json").exists():
-            return out
-        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out.parent))
-        try:
-            _train_pinned(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        try:
-            tmp.rename(out)
-        except OSError:  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def toy_checkpoints(name: str) -> dict[int, Path]:
-    """The saved training checkpoints of a toy model, by optimizer step (0 = untrained).
-
-    Trains the toy once if it is not cached. Each value is a Hugging Face model directory
-    that :func:`headmech.load_model` loads like any other.
-
-    Examples:
-        >>> ckpts = toy_checkpoints("toy-induction")  # doctest: +SKIP
-        >>> model = load_model(ckpts[500])  # doctest: +SKIP
-    """
-    _known(name)
-    folder = ensure_toy(name) / "checkpoints"
-    return {int(p.name.split("-")[1]): p for p in sorted(folder.glob("step-*"))}
-
-
-if __name__ == "__main__":  # the child process of _train_pinned
-    _train_into(Path(sys.argv[1]))
