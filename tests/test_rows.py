@@ -12,7 +12,9 @@ import torch
 from test_attention_call import _call as attention_call_case
 
 from headmech.stream import blockwise
+from headmech.stream import rows as rows_module
 from headmech.stream.attention_call import LayerCall, pattern_rows
+from headmech.stream.buffers import Buffers
 from headmech.stream.rows import RowBlock
 
 
@@ -38,7 +40,7 @@ CALLS = {
 
 def _shared(call: LayerCall) -> LayerCall:
     """The call as shared scores get it: values and an output buffer, no log-sum-exp."""
-    n_seqs, n_heads, n = call.k.shape[:3]  # grouped-query: one value head serves all three
+    (n_seqs, n_heads), n = call.q.shape[:2], call.k.shape[2]  # one value head serves all
     values = torch.randn(n_seqs, 1, n, 5, generator=torch.Generator().manual_seed(2))
     out = torch.full((n_seqs, call.q.shape[2], n_heads, 5), float("nan"))
     return dataclasses.replace(call, lse=None, values=values, out=out)
@@ -94,6 +96,38 @@ def test_row_statistics_equal_the_softmax_rows(which, rows, shared):
     blockwise.forget()
 
 
+@pytest.mark.parametrize("masked", [True, False], ids=["padding-mask", "causal-no-mask"])
+@pytest.mark.parametrize("kv_heads", [3, 1], ids=["mha", "one-kv-head"])
+@pytest.mark.parametrize("rows", [slice(0, 437), slice(290, 437)])
+def test_shared_scores_in_tiles_of_rows(monkeypatch, kv_heads, rows, masked):
+    """Shared scores go through a head's rows in tiles (here 50 rows) and take the first
+    level of the row maxima (chunk maxima of keys 1..) from each tile: the output rows,
+    the maxima and argmaxes over every key and over keys 1.. are the softmax rows' (437
+    keys: seven whole chunks of 64 and a tail; the last tile shorter)."""
+    monkeypatch.setattr(rows_module, "TILE_BYTES", 0)
+    monkeypatch.setattr(rows_module, "MIN_TILE_ROWS", 50)
+    case, _ = attention_call_case(n=437, pad=40 if masked else 0)
+    call = dataclasses.replace(
+        case, k=case.k[:, :kv_heads].contiguous(), mask=case.mask if masked else None
+    )
+    want = pattern_rows(call, rows)
+    call = _shared(call)
+    view = RowBlock(call, rows)
+    assert call.out is not None and call.values is not None
+    ref = want @ call.values[:, :, : view.width]
+    torch.testing.assert_close(call.out[:, rows], ref.transpose(1, 2), atol=1e-5, rtol=0)
+    keys = torch.ones(2, 437, dtype=torch.bool)
+    keys[:, 0] = False
+    for mask in (None, keys):
+        p, idx = view.top(mask)
+        w = want if mask is None else want.masked_fill(~mask[:, None, None, :], -1)
+        wv, wi = w.max(-1)
+        torch.testing.assert_close(p, wv.clamp(min=0), atol=1e-6, rtol=0)
+        real = wv > 1e-6
+        assert torch.equal(idx[real], wi[real])
+    blockwise.forget()
+
+
 def test_pattern_rows_sum_to_one_when_the_kernel_rounded_its_lse_apart():
     """The fused kernel's log-sum-exp comes from its own float32 scores; where scores are
     in the thousands (Qwen2.5-Coder-1.5B's layer 0: up to 4,514) its rounding moves the
@@ -127,7 +161,7 @@ def test_padding_queries_get_zero_rows():
 
 def test_one_buffer_serves_every_block():
     call = _call()
-    buffers = blockwise.Buffers()
+    buffers = Buffers()
     first = RowBlock(call, slice(20, 40), buffers).scores
     ptr = first.data_ptr()
     for rows in (slice(0, 10), slice(10, 20), slice(30, 40)):  # no larger than the first
@@ -145,7 +179,7 @@ def test_causal_blocks_that_grow_share_one_allocation():
     the buffer for the widest, so no later block allocates (on a GPU each allocation of a
     grown buffer cost a device allocation: a 32k-token pass was 8x slower)."""
     call = _call(pad=0, mask=False)
-    buffers = blockwise.Buffers()
+    buffers = Buffers()
     ptrs = {RowBlock(call, slice(s, s + 10), buffers).scores.data_ptr() for s in (0, 10, 20, 30)}
     assert len(ptrs) == 1
 

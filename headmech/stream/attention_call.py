@@ -32,7 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.stream import maxima as maxima_route
-from headmech.stream.blockwise import Buffers
+from headmech.stream.buffers import Buffers
 from headmech.stream.forward import hf_attention_forward, masks_for, pattern_hooked
 
 if TYPE_CHECKING:

@@ -18,7 +18,6 @@ own pattern on a short input before it trusts them for a model
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,11 +32,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BLOCK_MEMORY",
+    "CHUNK",
     "Geometry",
     "capture_rotary",
     "default_block_memory",
     "forget",
     "geometry",
+    "keep_chunk_maxima",
     "pattern_rows",
     "rotate",
     "rows_per_block",
@@ -131,52 +132,6 @@ def rotate(
     return q, k
 
 
-class Buffers:
-    """Named buffers of one pass, each grown to the largest size asked of it and reused by
-    every block and layer: a pass allocates its large temporaries once, so its peak memory
-    does not depend on how the C allocator treats many freed buffers of about the same
-    size (at 8,192 tokens, glibc's heap kept SmolLM2's per-layer buffers of ~19 MB)."""
-
-    def __init__(self) -> None:
-        self._flat: dict[str, Tensor] = {}
-
-    def take(
-        self,
-        name: str,
-        shape: tuple[int, ...],
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        reserve: int = 0,
-    ) -> Tensor:
-        """A contiguous ``shape`` view of buffer ``name`` (its values are whatever was
-        left: write before reading). ``reserve``: elements to allocate when the buffer
-        must grow (the largest size the caller will ask for), so that a run of growing
-        requests (causal blocks) allocates once."""
-        n = math.prod(shape)
-        flat = self._flat.get(name)
-        if (
-            flat is None
-            or flat.numel() < n
-            or flat.dtype != dtype
-            or flat.device != torch.device(device)
-        ):
-            self._flat.pop(name, None)  # the old buffer goes before the new one is allocated
-            flat = self._flat[name] = torch.empty(max(n, reserve), dtype=dtype, device=device)
-        return flat[:n].view(shape)
-
-    def release(self, name: str) -> None:
-        """Free buffer ``name`` (the next :meth:`take` allocates it again)."""
-        self._flat.pop(name, None)
-
-    def repeat_heads(self, name: str, x: Tensor, rep: int) -> Tensor:
-        """``x.repeat_interleave(rep, dim=1)`` (``[batch, heads, pos, d]``: grouped-query
-        key heads for the query heads they serve) into buffer ``name``."""
-        b, h, n, d = (int(v) for v in x.shape)
-        out = self.take(name, (b, h, rep, n, d), x.dtype, x.device)
-        out.copy_(x[:, :, None].expand(b, h, rep, n, d))
-        return out.view(b, h * rep, n, d)
-
-
 BLOCK_MEMORY = 256 * 2**20  # default bytes for one block of rebuilt pattern rows (CPU)
 # On a GPU the blocks' cost is their kernel launches, not their arithmetic: measured on an
 # H200 (benchmarks/bench_call.py, LLaMA-3.2-1B's shape, bf16, 8,192 tokens, every type on
@@ -252,7 +207,8 @@ def pattern_rows(
 
 
 # the block reducers are looking at, and the row maxima asked of it:
-# [block, {("run", sequence, lo, hi): (values, indices)}, [(keys, (values, indices))]]
+# [block, {("run", sequence, lo, hi): (values, indices), ("chunks", sequence, lo, hi):
+# chunk maxima}, [(keys, (values, indices))]]
 _TOP: list[Any] = [None, {}, []]
 
 
@@ -286,25 +242,28 @@ def top1(
 
 # keys per chunk of row_max's first level (measured on one CPU thread, 9 heads x 227 rows
 # x 8,191 keys: 3.4 ms at 64, 4.2 ms at 32, 3.7 ms at 128, against 8.4 ms for torch.max)
-_CHUNK = 64
+CHUNK = 64
 
 
-def row_max(x: Float[Tensor, "... width"]) -> tuple[Tensor, Tensor]:
+def row_max(x: Float[Tensor, "... width"], chunks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``x.max(-1)``: each row's maximum and the first key that holds it, in two levels.
 
     ``torch.max`` with indices is a slow reduction on a CPU (as slow as a softmax of the
-    same rows); ``amax`` is vectorised. So the rows' chunks of :data:`_CHUNK` keys get
-    their maxima first, the first chunk with the row's maximum is found among those, and
-    the key within that chunk (its first maximum) by ``max`` over the chunk alone. Ties
-    go to the first key, as in ``torch.max``; rows narrower than four chunks go to it."""
+    same rows); ``amax`` is vectorised. So the rows' chunks of :data:`CHUNK` keys get
+    their maxima first (``chunks``: already taken, ``[..., width // CHUNK]``), the first
+    chunk with the row's maximum is found among those, and the key within that chunk (its
+    first maximum) by ``max`` over the chunk alone. Ties go to the first key, as in
+    ``torch.max``; rows narrower than four chunks go to it."""
     width = x.shape[-1]
-    n = width // _CHUNK * _CHUNK
-    if width < 4 * _CHUNK or x.stride(-1) != 1:
+    n = width // CHUNK * CHUNK
+    if width < 4 * CHUNK or x.stride(-1) != 1:
         return x.max(-1)
     head = x[..., :n]
-    _, chunk = head.unflatten(-1, (n // _CHUNK, _CHUNK)).amax(-1).max(-1)
-    start = chunk * _CHUNK
-    keys = start[..., None] + torch.arange(_CHUNK, device=x.device)
+    if chunks is None:
+        chunks = head.unflatten(-1, (n // CHUNK, CHUNK)).amax(-1)
+    _, chunk = chunks.max(-1)
+    start = chunk * CHUNK
+    keys = start[..., None] + torch.arange(CHUNK, device=x.device)
     value, offset = head.gather(-1, keys).max(-1)
     index = start + offset
     if n < width:  # the keys after the last whole chunk: a later key must be larger
@@ -314,11 +273,21 @@ def row_max(x: Float[Tensor, "... width"]) -> tuple[Tensor, Tensor]:
     return value, index
 
 
+def keep_chunk_maxima(pattern: Tensor, seq: int, lo: int, hi: int, chunks: Tensor) -> None:
+    """Record the first level of :func:`row_max` over sequence ``seq``'s keys ``lo .. hi -
+    1`` of ``pattern`` (``chunks``: each row's maxima of its whole chunks of
+    :data:`CHUNK` keys from ``lo``), taken while the rows were in the cache: the maxima
+    over that run (:func:`top1`) then start from them."""
+    if _TOP[0] is not pattern:
+        _TOP[0], _TOP[1], _TOP[2] = pattern, {}, []
+    _TOP[1][("chunks", seq, lo, hi)] = chunks
+
+
 def _run_max(pattern: Tensor, seq: int, lo: int, hi: int) -> tuple[Tensor, Tensor]:
     """Max and argmax of sequence ``seq``'s rows over keys ``lo .. hi - 1`` (a view)."""
     key = ("run", seq, lo, hi)
     if key not in _TOP[1]:
-        v, i = row_max(pattern[seq, ..., lo:hi])
+        v, i = row_max(pattern[seq, ..., lo:hi], _TOP[1].get(("chunks", seq, lo, hi)))
         _TOP[1][key] = (v, i + lo)
     return _TOP[1][key]
 

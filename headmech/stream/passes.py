@@ -23,6 +23,7 @@ from torch import Tensor
 
 from headmech.core.stats import HeadStats
 from headmech.stream import attention_call, blockwise
+from headmech.stream.buffers import Buffers
 from headmech.stream.points import Points
 from headmech.stream.reducers import Reducer, Sums, merge_sums
 from headmech.stream.rows import RowBlock
@@ -201,7 +202,7 @@ def _reduce_rows(
 ) -> None:
     """One layer inside an attention call that returned the rows' log-sum-exp, for a pass
     that needs rows: one block of scores at a time (:class:`RowBlock`, in the pass's one
-    :class:`~headmech.stream.blockwise.Buffers`); the reducers with ``from_rows`` read the scores (no softmax),
+    :class:`~headmech.stream.buffers.Buffers`); the reducers with ``from_rows`` read the scores (no softmax),
     then the other blockwise reducers the block's pattern (computed in place, only where
     one of them needs it); a reducer that is not blockwise gets its whole pattern."""
     from_rows = [r for r in reducers if r.from_rows is not None]
@@ -209,7 +210,7 @@ def _reduce_rows(
     whole = [r for r in reducers if r.from_rows is None and not r.blockwise]
     n_seqs, n_heads, n = _shape3(call.q)
     step = blockwise.rows_per_block(n_seqs, n_heads, n, state["budget"])
-    buffers = state.setdefault("buffers", blockwise.Buffers())
+    buffers = state.setdefault("buffers", Buffers())
     acc: dict[str, dict[str, list[Any]]] = {r.name: {} for r in [*from_rows, *on_pattern]}
     for start in range(0, n if from_rows or on_pattern else 0, step):
         rows = slice(start, min(n, start + step))
@@ -228,6 +229,7 @@ def _reduce_rows(
         # the scores' buffer (64 MB for SmolLM2 at 8,192 tokens) is not held through the
         # layer's MLP, where the forward's own peak is: on a CPU a fresh one costs little
         buffers.release("scores")
+        buffers.release("chunk_maxima")
     for r in [*from_rows, *on_pattern]:
         _add(stats, r.name, layer, {s: (t, c) for s, (t, c) in acc[r.name].items()})
     if whole:
