@@ -79,7 +79,8 @@ def test_checkpoints_are_taken_on_schedule_and_do_not_change_training():
 @pytest.mark.slow
 def test_cached_toy_has_loadable_checkpoints():
     """The checkpoints are a replay of the recipe on this machine: every step, loadable, and
-    the same circuit as the shipped toy (previous-token head L0H3, induction head L1H3);
+    the same circuit as the shipped toy (a previous-token head in layer 0, an induction
+    head in layer 1: which of the four is best may differ on another CPU kind);
     replay.json says truly whether it ended at the shipped weights."""
     from headmech.models.toy_cache import TOY_CHECKPOINT_EVERY, toy_checkpoints
 
@@ -95,8 +96,9 @@ def test_cached_toy_has_loadable_checkpoints():
     replay = json.loads((ckpts[steps].parent.parent / "replay.json").read_text())
     shipped = json.loads((ensure_toy("toy-induction") / "training.json").read_text())
     assert replay["same_weights_as_the_toy"] == same
-    for key in ("previous_token_head", "induction_head"):
-        assert replay[key] == shipped[key], key
+    for run in (replay, shipped):
+        assert run["previous_token_head"][0] == 0 and run["previous_token_score"] > 0.8, run
+        assert run["induction_head"][0] == 1 and run["induction_score"] > 0.8, run
     with pytest.raises(headmech.HeadmechError, match="unknown toy model"):
         toy_checkpoints("toy-nothing")
 
