@@ -289,6 +289,7 @@ def main() -> None:
     default = lengths == [2048, 4096, 8192]
     key += "" if default else "_" + "_".join(str(n) for n in lengths)
     key += "_mmap" if args.mmap_threshold else ""
+    key += f"_x{args.repeats}" if args.repeats > 1 else ""  # medians: a record of its own
     record(key, args.device, rows)
 
 

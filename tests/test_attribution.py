@@ -4,6 +4,7 @@ differences, TransformerLens' patching, hand computations; real-model findings (
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -244,6 +245,39 @@ def test_attribution_patching_correlates(tiny_models, kind):
         base = float(_logit_diff(model(corrupt)))
     rho = spearman(approx - base, exact - base)
     assert rho > 0.8
+
+
+def test_patching_agreement_warns_on_rank_and_on_scale(tiny_models, small_batches):
+    """The check of attribution patching against exact patching: estimates equal to the
+    exact effects agree (r 1, overlap 1, scale 1, no warning); the same ranking at 1/100 of
+    the size (the shipped toy's L0H3: 0.046 estimated, 4.4 exact) warns of the scale alone;
+    the ranking reversed warns of r and overlap."""
+    from headmech.attribution.methods import patching_agreement
+    from headmech.attribution.patching import exact_patching
+
+    model = tiny_models["gpt2"]
+    task, batches = get_task("induction", model), small_batches[("gpt2", "induction")]
+    heads = [(layer, head) for layer in range(2) for head in range(4)]
+    exact = exact_patching(model, task, batches, heads, seed=0).reshape(2, 4)
+    assert exact.abs().max() > 1e-4 and exact.unique().numel() == 8  # a ranking to keep
+
+    def check(approx):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = patching_agreement(model, task, batches, approx, "noising", 0, 3)
+        return got, [str(w.message) for w in caught]
+
+    same, said = check(exact.clone())
+    assert said == [] and same["pearson_r"] == pytest.approx(1.0)
+    assert same["top_half_overlap"] == 1.0 and same["scale"] == pytest.approx(1.0, rel=1e-5)
+    assert len(same["heads"]) == 6 and same["exact"] == pytest.approx(same["estimate"])
+    small, said = check(exact / 100)
+    assert small["pearson_r"] == pytest.approx(1.0) and small["top_half_overlap"] == 1.0
+    assert small["scale"] == pytest.approx(0.01, rel=1e-5)
+    assert len(said) == 1 and "estimates 0.01x the exact effects" in said[0]
+    flipped, said = check(-exact)
+    assert flipped["pearson_r"] == pytest.approx(-1.0) and flipped["top_half_overlap"] < 0.5
+    assert len(said) == 1 and "Pearson r -1.00" in said[0]
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
