@@ -91,7 +91,9 @@ def pytest_xdist_make_scheduler(config, log):
 FAST_TIER = os.environ.get("HEADMECH_TEST_TIER") == "fast"
 # end-to-end runs that take seconds each and check no claim the unit tests leave out: a
 # real browser on the built atlas (Chromium), several processes (torchrun, SIGKILL and
-# resume); `make test` runs them, `make test-fast` leaves them to it
+# resume), a fresh interpreter or kernel importing torch (10-20 s each: import hygiene,
+# the fast tier's own guard, spaCy left out, a notebook's progress bars); `make test` runs
+# them, `make test-fast` leaves them to it
 END_TO_END_FIXTURES = {"page", "browser", "results"}
 
 

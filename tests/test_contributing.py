@@ -172,6 +172,7 @@ def _with_hand_definition(source: str, name: str) -> str:
     )
 
 
+@pytest.mark.end_to_end  # a fresh process: make test runs it, make test-fast leaves it
 def test_the_pull_request_tests_pass_with_the_type(contribution, tmp_path):
     """With the type present and the hand definition added, the type's tests of
     tests/test_conformance.py (harness, hand definition, planted head) and the every-type

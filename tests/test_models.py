@@ -106,6 +106,7 @@ def test_weights_hash_reads_zero_dim_tensors():
     assert weights_hash(m) != before
 
 
+@pytest.mark.end_to_end  # a fresh process: make test runs it, make test-fast leaves it
 def test_minilm_load_prints_no_transformers_report():
     """MiniLM's package has no masked-LM head (headmech supplies a fixed one): loading it
     must not print transformers' MISSING/UNEXPECTED report, which reads as an error. A

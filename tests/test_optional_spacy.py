@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import importlib.abc, sys
@@ -41,6 +43,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.end_to_end  # a fresh process: make test runs it, make test-fast leaves it
 def test_prose_types_run_without_spacy(tiny_dirs):
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tiny_dirs["llama"]), str(tiny_dirs["bert"])],

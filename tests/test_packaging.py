@@ -80,6 +80,7 @@ def test_public_names_have_docstrings(module):
     assert not missing, f"{module}: no docstring on {missing}"
 
 
+@pytest.mark.end_to_end  # a fresh process: make test runs it, make test-fast leaves it
 def test_importing_headmech_changes_nothing_global():
     """No environment variables, matplotlib backend or random state set at import."""
     code = (
@@ -111,6 +112,7 @@ def test_library_calls_leave_the_random_stream_alone():
     assert torch.equal(torch.rand(3), want)
 
 
+@pytest.mark.end_to_end  # a fresh process: make test runs it, make test-fast leaves it
 def test_no_import_cycle_with_the_package_root():
     """Every submodule imports first, on its own (no module needs ``headmech/__init__`` to
     have finished first): one interpreter, headmech's modules forgotten before each.

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from headmech.core.scratch import scratch_folder
 
 
@@ -37,6 +39,7 @@ def test_a_folder_without_owner_goes_at_exit() -> None:
     assert not path.exists()
 
 
+@pytest.mark.end_to_end  # a fresh process: make test runs it, make test-fast leaves it
 def test_a_tiny_model_leaves_no_folder_behind() -> None:
     code = (
         "from headmech.models.tiny import tiny_model\n"

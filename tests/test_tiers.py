@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 PROBE = """
@@ -27,6 +29,7 @@ def test_a_real_model_is_refused(name):
 """
 
 
+@pytest.mark.end_to_end  # a fresh process: make test runs it, make test-fast leaves it
 def test_fast_tier_refuses_a_bundled_real_model(tmp_path):
     (tmp_path / "test_probe.py").write_text(PROBE)
     env = {

@@ -102,6 +102,7 @@ def test_tutorial_runs(path, tmp_path, monkeypatch, kernel_client):
     _render(nb, path)
 
 
+@pytest.mark.end_to_end  # a fresh process: make test runs it, make test-fast leaves it
 def test_a_notebook_shows_classify_progress_without_a_tqdm_warning(monkeypatch, kernel_client):
     """``classify`` shows progress by default; in a kernel without ipywidgets (this one)
     tqdm.auto, first imported by transformers, would warn in a block of stderr
