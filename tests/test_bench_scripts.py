@@ -44,3 +44,46 @@ def test_bench_call_runs_and_its_routes_agree(tmp_path):
     assert agreement["maxima-eager confidence.max"] < 1e-4
     assert agreement["all statistics"] > 10
     assert max(v for k, v in agreement.items() if k.startswith("points-blocks")) < 1e-4
+
+
+def test_bench_long_repeats_report_medians_and_each_turns_ratio(tmp_path, monkeypatch, capsys):
+    """``bench_long.py --repeats 3`` runs the modes in turn and reports each mode's median
+    pass with each turn's own ratio to its bare pass, under a key of its own. The passes
+    (each a subprocess loading the model, ~20 s) are given here, so the table, the record
+    and the figure are checked in-process; a copy of the script runs, so its figure lands
+    in ``tmp_path``."""
+    import importlib.util
+
+    for name in ("bench_long.py", "common.py"):
+        (tmp_path / name).write_text((ROOT / "benchmarks" / name).read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = importlib.util.spec_from_file_location("bench_long_copy", tmp_path / "bench_long.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    seconds = {"bare": iter([50.0, 60.0, 52.0]), "all": iter([65.0, 66.0, 80.0])}
+    order = []
+
+    def measure(args, mode, n):
+        order.append(mode)
+        s = next(seconds[mode])
+        return {"mode": mode, "tokens": n - 1, "seconds": s, "cpu_seconds": s, "peak_mb": s * 10}
+
+    results = tmp_path / "results.json"
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "record", lambda key, device, rows: results.write_text(
+        json.dumps({"key": key, "rows": rows})))  # fmt: skip
+    argv = ["bench_long.py", "--lengths", "8192", "--modes", "bare,all", "--repeats", "3"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    assert order == ["bare", "all"] * 3  # the modes in turn, not one mode's passes in a row
+    data = json.loads(results.read_text())
+    assert data["key"] == "bench_long_8192_x3"
+    (row,) = data["rows"]
+    assert row["values"]["bare"]["seconds"] == 52.0 and row["values"]["all"]["seconds"] == 66.0
+    assert len(row["values"]["turns"]) == 3
+    # ratio of the medians 66/52, each turn's own: 65/50, 66/60, 80/52, lowest first
+    assert "time 1.27x" in row["result"] and "each turn: 1.10x, 1.30x, 1.54x" in row["result"]
+    assert row["target"] == "memory <= 1.1x, time <= 1.2x at 8,192" and row["met"] is False
+    assert "medians of 3 turns" in row["what"]
+    assert capsys.readouterr().out.count("    all ") == 4  # three passes and the median
+    assert (tmp_path / "long_8192.png").exists()
