@@ -127,6 +127,23 @@ def available_mb(device: str | None) -> float:
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
+def isa() -> str:
+    """The CPU's widest vector instructions, as the timings depend on them: "avx512" (with
+    "+bf16", "+amx" where present), "avx2" or "" (the same CPU model name covers kinds
+    whose ratios differ by 1.4x: docs/scaling.md)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(
+                next((ln for ln in f if ln.startswith("flags")), ":").split(":", 1)[1].split()
+            )
+    except OSError:
+        return ""
+    if "avx512f" in flags:
+        extra = ["bf16"] * ("avx512_bf16" in flags) + ["amx"] * ("amx_tile" in flags)
+        return "+".join(["avx512", *extra])
+    return "avx2" if "avx2" in flags else ""
+
+
 def machine(device: str | None) -> dict[str, Any]:
     """CPU model, cores, RAM, library versions and the device the figures ran on."""
     cpu = platform.processor() or platform.machine()
@@ -157,6 +174,7 @@ def machine(device: str | None) -> dict[str, Any]:
         "transformer_lens": version("transformer-lens"),
         "device": str(device or "cpu"),
         "threads": torch.get_num_threads(),
+        "isa": isa(),
     }
     if is_cuda(device):
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))

@@ -23,7 +23,9 @@ def describe(m: dict[str, Any]) -> str:
     threads = m.get("threads")
     where += f", {threads} torch thread{'s' if threads != 1 else ''}" if threads else ""
     return (
-        f"{m['cpu']}, {m['cores']} cores, {m['ram_gb']} GB RAM; device {where}; "
+        f"{m['cpu']}"
+        + (f" ({m['isa'].upper()})" if m.get("isa") else "")
+        + f", {m['cores']} cores, {m['ram_gb']} GB RAM; device {where}; "
         f"torch {m['torch']}, transformers {m['transformers']}, "
         f"TransformerLens {m['transformer_lens']}, Python {m['python']}"
     )

@@ -46,20 +46,28 @@ def test_bench_call_runs_and_its_routes_agree(tmp_path):
     assert max(v for k, v in agreement.items() if k.startswith("points-blocks")) < 1e-4
 
 
+def _bench_long_copy(tmp_path, monkeypatch, isa: str):
+    """A copy of ``bench_long.py`` (and ``common.py``) in ``tmp_path``, imported, as on a
+    CPU with vector instructions ``isa``: its figure lands there, not in benchmarks/."""
+    import importlib.util
+
+    for name in ("bench_long.py", "common.py"):
+        (tmp_path / name).write_text((ROOT / "benchmarks" / name).read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = importlib.util.spec_from_file_location(f"bench_long_{isa}", tmp_path / "bench_long.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "isa", lambda: isa)
+    return bench
+
+
 def test_bench_long_repeats_report_medians_and_each_turns_ratio(tmp_path, monkeypatch, capsys):
     """``bench_long.py --repeats 3`` runs the modes in turn and reports each mode's median
     pass with each turn's own ratio to its bare pass, under a key of its own. The passes
     (each a subprocess loading the model, ~20 s) are given here, so the table, the record
     and the figure are checked in-process; a copy of the script runs, so its figure lands
     in ``tmp_path``."""
-    import importlib.util
-
-    for name in ("bench_long.py", "common.py"):
-        (tmp_path / name).write_text((ROOT / "benchmarks" / name).read_text())
-    monkeypatch.syspath_prepend(str(tmp_path))
-    spec = importlib.util.spec_from_file_location("bench_long_copy", tmp_path / "bench_long.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_long_copy(tmp_path, monkeypatch, "avx512")
     seconds = {"bare": iter([50.0, 60.0, 52.0]), "all": iter([65.0, 66.0, 80.0])}
     order = []
 
@@ -87,3 +95,31 @@ def test_bench_long_repeats_report_medians_and_each_turns_ratio(tmp_path, monkey
     assert "medians of 3 turns" in row["what"]
     assert capsys.readouterr().out.count("    all ") == 4  # three passes and the median
     assert (tmp_path / "long_8192.png").exists()
+
+
+def test_bench_long_without_a_bare_pass_records_the_passes_alone(tmp_path, monkeypatch):
+    """``--modes all`` (no bare pass to divide by) records the pass's seconds and memory
+    with no ratio and no verdict (it raised KeyError at its end, after every pass had
+    run), under a key of its own on an AVX2-only CPU."""
+    bench = _bench_long_copy(tmp_path, monkeypatch, "avx2")
+
+    def measure(args, mode, n):
+        return {
+            "mode": mode,
+            "tokens": n - 1,
+            "seconds": 76.2,
+            "cpu_seconds": 76.0,
+            "peak_mb": 1080,
+        }
+
+    results = tmp_path / "results.json"
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "record", lambda key, device, rows: results.write_text(
+        json.dumps({"key": key, "rows": rows})))  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["bench_long.py", "--lengths", "8192", "--modes", "all"])
+    bench.main()
+    data = json.loads(results.read_text())
+    assert data["key"] == "bench_long_8192_avx2"  # an AVX2-only CPU's record of its own
+    (row,) = data["rows"]
+    assert row["result"] == "76.2 s, 1080 MB (no bare pass to compare)"
+    assert row["met"] is None and row["target"] == ""

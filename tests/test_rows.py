@@ -96,20 +96,30 @@ def test_row_statistics_equal_the_softmax_rows(which, rows, shared):
     blockwise.forget()
 
 
-@pytest.mark.parametrize("masked", [True, False], ids=["padding-mask", "causal-no-mask"])
+@pytest.mark.parametrize(
+    "masked", ["padding", None, "window"], ids=["padding-mask", "causal-no-mask", "window-mask"]
+)
 @pytest.mark.parametrize("kv_heads", [3, 1], ids=["mha", "one-kv-head"])
 @pytest.mark.parametrize("rows", [slice(0, 437), slice(290, 437)])
 def test_shared_scores_in_tiles_of_rows(monkeypatch, kv_heads, rows, masked):
-    """Shared scores go through a head's rows in tiles (here 50 rows) and take the first
-    level of the row maxima (chunk maxima of keys 1..) from each tile: the output rows,
-    the maxima and argmaxes over every key and over keys 1.. are the softmax rows' (437
-    keys: seven whole chunks of 64 and a tail; the last tile shorter)."""
+    """Shared scores go through a head's rows in tiles (here 50 rows), each tile's
+    products only over the keys its rows may see (causal: up to its last row; a sliding
+    window of 100 keys: from its first row's window on), and take the first level of the
+    row maxima (chunk maxima of keys 1..) from each tile: the output rows, the maxima and
+    argmaxes over every key and over keys 1.. are the softmax rows' (437 keys: seven whole
+    chunks of 64 and a tail; the last tile shorter)."""
     monkeypatch.setattr(rows_module, "TILE_BYTES", 0)
     monkeypatch.setattr(rows_module, "MIN_TILE_ROWS", 50)
-    case, _ = attention_call_case(n=437, pad=40 if masked else 0)
+    window = 100 if masked == "window" else None
+    case, _ = attention_call_case(n=437, pad=40 if masked == "padding" else 0, window=window)
     call = dataclasses.replace(
         case, k=case.k[:, :kv_heads].contiguous(), mask=case.mask if masked else None
     )
+    spans = RowBlock(_shared(call), rows)._spans(437, 437, 50)
+    if masked != "padding":  # a causal tile's products stop at its own last row's key
+        assert all(keys.stop == rows.start + sub.stop for sub, keys in spans)
+    if masked == "window":  # and start at its first row's window
+        assert all(keys.start == max(0, rows.start + sub.start - 99) for sub, keys in spans)
     want = pattern_rows(call, rows)
     call = _shared(call)
     view = RowBlock(call, rows)

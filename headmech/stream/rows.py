@@ -103,24 +103,47 @@ class RowBlock:
         maxima = (buffers or Buffers()).take(
             "chunk_maxima", (n_seqs, n_heads, n_rows, n_chunks), device=call.q.device
         )
+        spans = self._spans(n_keys, n_q, tile)
         for b, h in itertools.product(range(n_seqs), range(n_heads)):
             values = call.values[b, h // group, :width]
-            for lo in range(0, n_rows, tile):
-                sub = slice(lo, min(lo + tile, n_rows))
-                block = self._scores(slice(b, b + 1), slice(h, h + 1), hidden, sub)
+            for sub, keys in spans:
+                block = self._scores(slice(b, b + 1), slice(h, h + 1), hidden, sub, keys)
                 torch.ops.aten._softmax.out(block, -1, False, out=block)
                 if empty:
                     block.nan_to_num_(0.0)  # a query with no key to attend to (padding): 0
                 out = call.out[b, rows.start + sub.start : rows.start + sub.stop, h]
-                torch.matmul(block[0, 0], values, out=out)
+                torch.mm(block[0, 0, :, keys], values[keys], out=out)
                 if chunked:
-                    keys = block[0, 0, :, 1 : 1 + n_chunks * blockwise.CHUNK]
+                    tail = block[0, 0, :, 1 : 1 + n_chunks * blockwise.CHUNK]
                     torch.amax(
-                        keys.unflatten(-1, (n_chunks, blockwise.CHUNK)), -1, out=maxima[b, h, sub]
+                        tail.unflatten(-1, (n_chunks, blockwise.CHUNK)), -1, out=maxima[b, h, sub]
                     )
         if chunked:  # keys 1 .. width - 1: every key but the first (a BOS), and every key
             for b in range(n_seqs):
                 blockwise.keep_chunk_maxima(self.scores, b, 1, width, maxima[b])
+
+    def _spans(self, n_keys: int, n_q: int, tile: int) -> list[tuple[slice, slice]]:
+        """The block's tiles of rows, each with the keys that hold every key its rows may
+        see: a tile's products are computed over those only (a causal tile's rows see no
+        key after its own last row; a sliding window's, none before its first row's
+        window), its other keys are ``-inf`` before the softmax."""
+        call, rows, width = self._call, self.rows, self.width
+        n_rows = rows.stop - rows.start
+        tiles = [slice(lo, min(lo + tile, n_rows)) for lo in range(0, n_rows, tile)]
+        if call.mask is None:
+            if not call.causal:
+                return [(sub, slice(0, width)) for sub in tiles]
+            first = rows.start + n_keys - n_q  # the block's first row's last key
+            return [(sub, slice(0, min(width, first + sub.stop))) for sub in tiles]
+        seen = call.mask[..., rows, :width].flatten(0, -3).any(0)  # [rows, width]
+        anywhere = seen.any(-1)
+        first = seen.int().argmax(-1).masked_fill_(~anywhere, width)
+        stop = (width - seen.flip(-1).int().argmax(-1)).masked_fill_(~anywhere, 0)
+        spans = []
+        for sub, lo, hi in zip(tiles, first.split(tile), stop.split(tile), strict=True):
+            left, right = int(lo.min()), int(hi.max())
+            spans.append((sub, slice(min(left, right), right)))
+        return spans
 
     def _hidden(self, n_keys: int, n_q: int) -> tuple[Tensor, int] | None:
         """The block's hidden keys as a mask and the first key it covers: from the first
@@ -146,22 +169,31 @@ class RowBlock:
         heads: slice,
         hidden: tuple[Tensor, int] | None,
         sub: slice = slice(None),
+        keys: slice | None = None,
     ) -> Tensor:
         """Sequences ``seqs``' heads ``heads`` of the block's masked scores (its rows
-        ``sub``, counted from its first), into the block's buffer.
+        ``sub``, counted from its first), into the block's buffer; with ``keys``, the rows
+        see no key outside that span: only its scores are computed, the rest is ``-inf``.
 
         The product, then the scale: the fused kernel's order (its LSE is rounded as
         these); a scale that is a power of two multiplies the queries instead (no rounding
         either way: the same scores, without a pass over them)."""
-        call, out = self._call, self.scores[seqs, heads, sub]
+        call, block = self._call, self.scores[seqs, heads, sub]
+        left, stop = (0, self.width) if keys is None else (keys.start, keys.stop)
+        out = block[..., left:stop]
         q = call.q[seqs, heads, self.rows][:, :, sub]
-        k = self._keys(seqs, heads).transpose(-1, -2)
+        k = self._keys(seqs, heads)[:, :, left:stop].transpose(-1, -2)
         exact = math.frexp(call.scale)[0] == 0.5
-        torch.matmul(q * call.scale if exact else q, k, out=out)
+        if out.shape[0] * out.shape[1] == 1:  # one head: a plain GEMM into the strided rows
+            torch.mm((q * call.scale if exact else q)[0, 0], k[0, 0], out=out[0, 0])
+        else:
+            torch.matmul(q * call.scale if exact else q, k, out=out)
         if not exact:
             out.mul_(call.scale)
         if call.softcap is not None:
             out.div_(call.softcap).tanh_().mul_(call.softcap)
+        block[..., :left].fill_(float("-inf"))
+        block[..., stop:].fill_(float("-inf"))
         if hidden is not None:
             mask, lo = hidden
             if mask.dim() == 4 and mask.shape[0] > 1:  # one mask per sequence
@@ -169,8 +201,12 @@ class RowBlock:
             mask = mask[..., sub, :]
             if mask.dim() == 2 and sub.start:  # causal: the tile's rows see the keys before it
                 mask, lo = mask[:, sub.start :], lo + sub.start
-            out[..., lo:].masked_fill_(mask, float("-inf"))
-        return out
+            start = max(lo, left)
+            if start < stop:
+                block[..., start:stop].masked_fill_(
+                    mask[..., start - lo : stop - lo], float("-inf")
+                )
+        return block
 
     def _keys(self, seqs: slice, heads: slice) -> Tensor:
         """The keys of heads ``heads`` (query heads), ``[seqs, heads, width, d_head]``:
