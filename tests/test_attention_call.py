@@ -188,10 +188,13 @@ def test_shared_scores_compute_the_output_and_the_statistics(tiny_models, monkey
     statistics), a CPU attention call skips the fused kernel: the statistics' blocks
     compute the layer's output from their own softmax. Each layer's output equals SDPA's
     on the same q, k, v and mask (padding included), no fused kernel runs, and every
-    statistic equals the kernel-and-LSE path's (shared scores off)."""
+    statistic equals the kernel-and-LSE path's (shared scores off). (Confidence and
+    positional also read maxima: the tiles of tests/test_tiles.py would give them, so
+    they are off here.)"""
     from headmech.attribution.confidence import confidence_reducer
     from headmech.headtypes import get_head_type
 
+    monkeypatch.setattr(attention_call, "TILED_MAXIMA", False)
     model = tiny_models["llama"]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, int(model.cfg.d_vocab), (2, 30), generator=g)
@@ -206,7 +209,8 @@ def test_shared_scores_compute_the_output_and_the_statistics(tiny_models, monkey
         attention_call, "_with_lse", lambda *a, **k: kernel.append(1) or real_kernel(*a, **k)
     )
 
-    def shared(query, key, value, attention_mask, scale, causal, callback):
+    def shared(query, key, value, attention_mask, scale, causal, callback, key_sets):
+        assert key_sets is None  # tiles off: the rows compute the output
         out = real_shared(query, key, value, attention_mask, scale, causal, callback)
         outputs.append((query, key, value, attention_mask, scale, out.clone()))
         return out

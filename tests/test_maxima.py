@@ -13,7 +13,7 @@ from test_attention_call import _call, _scores
 from headmech.attribution.confidence import confidence_reducer
 from headmech.headtypes.registry import get_head_type
 from headmech.probes import ProbeOptions, build_probe
-from headmech.stream import maxima, passes
+from headmech.stream import attention_call, maxima, passes
 from headmech.stream.engine import ProbeBatch, stream_statistics
 from headmech.stream.points import Points
 
@@ -79,6 +79,7 @@ def test_every_sequence_statistic_from_maxima_equals_the_row_path(tiny_models, m
     reducers = [confidence_reducer()]
     for name in ("positional", "previous_token", "duplicate_token", "induction", "attention_sink"):
         reducers += get_head_type(name)().reducers()
+    monkeypatch.setattr(attention_call, "TILED_MAXIMA", False)  # tests/test_tiles.py
     rows_path = stream_statistics(model, [batch], reducers, attention="blocks")
 
     def no_rows(*args, **kwargs):
@@ -113,16 +114,20 @@ def test_a_reducer_without_points_or_maxima_still_reads_rows(tiny_models):
 
 
 @pytest.mark.slow
-def test_sequence_statistics_from_maxima_agree_with_the_row_path_on_smollm2(smollm2):
+def test_sequence_statistics_from_maxima_agree_with_the_row_path_on_smollm2(smollm2, monkeypatch):
     """On SmolLM2 (2 x 511 tokens) the maxima route's statistics equal the row path's up
     to near-ties: a row whose top two scores lie within float32 rounding of each other
     (Points.tolerance) may fall either way. Measured: at most 1 query of a head's ~1,000
-    (previous-token hits), confidence to 1e-5."""
+    (previous-token hits), confidence to 1e-5. The tiles' log-sum-exp and maxima
+    (headmech.stream.tiles, the default of such a pass on a CPU) make the same decisions
+    as the kernel's LSE with explicit maxima: every count equal, masses to 1e-6."""
     options = ProbeOptions(n_sequences=2, half_len=255, batch_size=2)
     batch = build_probe("repeated_random", smollm2, options).batches[0]
     reducers = [confidence_reducer()]
     for name in ("positional", "previous_token", "duplicate_token", "induction", "attention_sink"):
         reducers += get_head_type(name)().reducers()
+    tiled = stream_statistics(smollm2, [batch], reducers, attention="blocks")
+    monkeypatch.setattr(attention_call, "TILED_MAXIMA", False)
     want = stream_statistics(smollm2, [batch], reducers, attention="blocks")
     with maxima.row_maxima("explicit"):
         got = stream_statistics(smollm2, [batch], reducers, attention="blocks")
@@ -130,6 +135,9 @@ def test_sequence_statistics_from_maxima_agree_with_the_row_path_on_smollm2(smol
         diff = (got.mean(k) - want.mean(k)).abs()
         assert float(diff.max()) <= (1e-5 if k.startswith("confidence") else 2e-3), k
         assert float((diff > 1e-6).float().mean()) <= 0.02, k  # a few heads at most
+        if k.endswith(".hit") or k.startswith("positional"):  # counts of decided rows
+            assert torch.equal(tiled.sums[k], got.sums[k]), k
+        torch.testing.assert_close(tiled.mean(k), got.mean(k), atol=1e-6, rtol=0, msg=k)
 
 
 def _cpu_flex(monkeypatch):

@@ -32,6 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from headmech.stream import maxima as maxima_route
+from headmech.stream import tiles
 from headmech.stream.buffers import Buffers
 from headmech.stream.forward import hf_attention_forward, masks_for, pattern_hooked
 
@@ -140,6 +141,9 @@ _CALLBACK = "_headmech_stats"  # module attribute: the layer's callback (or None
 # output, :mod:`headmech.stream.rows`)
 _SHARED = "_headmech_shared"
 _VARIANTS = "_headmech_stats_eager"  # module attribute: warned that it runs eager
+# module attribute: every statistic reads points and maxima; a function that returns the key
+# sets to maximise over (:func:`_tiled`)
+_TILED = "_headmech_tiled"
 
 
 def _output(
@@ -254,7 +258,9 @@ def stats_attention(
     maxima = None
     causal = bool(getattr(module, "is_causal", True))
     if module.__dict__.get(_SHARED) and _shareable(query, softcap, sinks):
-        return _shared(query, key, value, attention_mask, scale, causal, callback), None
+        sets = module.__dict__.get(_TILED) if TILED_MAXIMA else None
+        key_sets = sets() if sets is not None else None
+        return _shared(query, key, value, attention_mask, scale, causal, callback, key_sets), None
     if softcap is None and sinks is None:
         flexed = maxima_route.flex_call(query, key, value, _allowed(attention_mask), causal, scale)
         if flexed is not None:
@@ -308,6 +314,27 @@ def _shareable(query: Tensor, softcap: Any, sinks: Any) -> bool:
     )
 
 
+def _plain(
+    query: Tensor, k: Tensor, mask: Tensor | None, scale: float, causal: bool, **rest: Any
+) -> LayerCall:
+    """The call of plain attention (no softcap, no sinks) with ``rest``'s fields."""
+    return LayerCall(
+        q=query.detach(),
+        k=k,
+        mask=mask,
+        scale=scale,
+        softcap=None,
+        sinks=None,
+        causal=causal,
+        **rest,
+    )
+
+
+# the output, log-sum-exp and maxima from tiles (:mod:`headmech.stream.tiles`) where a
+# shared-scores pass needs only points and maxima; off, the row path (shared scores)
+TILED_MAXIMA = True
+
+
 def _shared(
     query: Tensor,
     key: Tensor,
@@ -316,26 +343,42 @@ def _shared(
     scale: float,
     causal: bool,
     callback: Callable[[LayerCall], None],
+    key_sets: Sequence[Tensor] | None = None,
 ) -> Tensor:
-    """The layer's output ``[batch, q_pos, n_heads, d_head]`` computed by the callback's
-    blocks of rows from the values (:class:`LayerCall`'s ``values`` and ``out``). The keys
-    stay one per key-value head, as the values: each block reads its head's."""
+    """The layer's output ``[batch, q_pos, n_heads, d_head]`` from shared scores. With
+    ``key_sets`` (the pass needs only points and maxima), from tiles that also give each
+    row's log-sum-exp and maxima over every key and over ``key_sets``
+    (:func:`headmech.stream.tiles.attend`): the callback gets them as a kernel's (a key set
+    not declared is maximised from the scores again, :func:`explicit_maxima`). Without,
+    the callback's blocks of rows compute it from the values (:class:`LayerCall`'s
+    ``values`` and ``out``); the keys stay one per key-value head, as the values: each
+    block reads its head's."""
+    if key_sets is not None:
+        return _tiled(query, key, value, attention_mask, scale, causal, callback, key_sets)
     k = key.detach()
     n_seqs, n_heads, n_q = query.shape[:3]
     out = query.new_empty(n_seqs, n_q, n_heads, value.shape[-1])
-    call = LayerCall(
-        q=query.detach(),
-        k=k,
-        mask=_allowed(attention_mask),
-        scale=scale,
-        softcap=None,
-        sinks=None,
-        causal=causal,
-        values=value.detach(),
-        out=out,
-    )
+    call = _plain(query, k, _allowed(attention_mask), scale, causal, values=value.detach(), out=out)
     callback(call)
     return out
+
+
+def _tiled(
+    query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, scale: float,
+    causal: bool, callback: Callable[[LayerCall], None], key_sets: Sequence[Tensor],
+) -> Tensor:  # fmt: skip
+    """:func:`_shared`'s output from tiles."""
+    mask = _allowed(attention_mask)
+    key_sets = [s for s in key_sets if s.shape == (query.shape[0], key.shape[2])]
+    done = tiles.attend(query, key, value, mask, scale, causal, key_sets, _BUFFERS[0])
+    k = key.detach()
+    if k.shape[1] != query.shape[1]:
+        k = _repeat(k, query.shape[1] // k.shape[1], "stats_k")
+    call = _plain(query, k, mask, scale, causal, lse=done.lse)
+    known = list(zip(key_sets, done.sets, strict=True))
+    rows = maxima_route.explicit_maxima(call, done.every, known)
+    callback(dataclasses.replace(call, maxima=rows))
+    return done.out
 
 
 def _register() -> None:
@@ -427,9 +470,11 @@ def _calling(
                 attn.original_component.__dict__[_SHARED] = bool(
                     getattr(callback, "every_row", False)
                 )
+                attn.original_component.__dict__[_TILED] = getattr(callback, "maxima_keys", None)
         yield
     finally:
         for attn in attns:
             attn.__dict__.pop("forward", None)
             attn.original_component.__dict__.pop(_CALLBACK, None)
             attn.original_component.__dict__.pop(_SHARED, None)
+            attn.original_component.__dict__.pop(_TILED, None)

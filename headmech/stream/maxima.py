@@ -19,7 +19,11 @@ layer. Where they come from, under :func:`row_maxima`:
 * ``"explicit"``: computed from blocks of the layer's scores, in the kernel's order (the
   product, then the scale): the reference the kernel's maxima are checked against, and
   the emulation of the kernel route on a CPU (no faster than the row path).
-* ``"off"`` (default): no maxima; the row path.
+* ``"off"`` (default): no maxima from here; the row path, except where the pass
+  computes the layer's output itself on a CPU (shared scores) and every statistic reads
+  points and maxima: then the tiles that compute the output give the log-sum-exp and the
+  maxima over every key and the declared key sets (:mod:`headmech.stream.tiles`), the
+  flash kernel's cost plus a maximum a row (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -88,11 +92,19 @@ class RowMaxima:
     Args:
         compute: ``compute(keys)`` → the maxima.
         every: the maxima over every key where they are already known (the kernel's).
+        known: key sets whose maxima are already known, with them
+            (:func:`headmech.stream.tiles.attend`'s).
     """
 
-    def __init__(self, compute: Callable[[Keys | None], Maxima], every: Maxima | None = None):
+    def __init__(
+        self,
+        compute: Callable[[Keys | None], Maxima],
+        every: Maxima | None = None,
+        known: Sequence[tuple[Keys, Maxima]] = (),
+    ):
         self._compute = compute
         self._cache: list[tuple[Keys | None, Maxima]] = [] if every is None else [(None, every)]
+        self._cache += list(known)
 
     def __call__(self, keys: Keys | None = None) -> Maxima:
         for known, out in self._cache:
@@ -117,9 +129,12 @@ def _allowed_rows(call: Any, rows: slice, width: int) -> Tensor | None:
     return None
 
 
-def explicit_maxima(call: Any) -> RowMaxima:
+def explicit_maxima(
+    call: Any, every: Maxima | None = None, known: Sequence[tuple[Keys, Maxima]] = ()
+) -> RowMaxima:
     """The row maxima of ``call`` (a :class:`~headmech.stream.attention_call.LayerCall`,
-    which imports this module) computed from blocks of its scores (module docstring)."""
+    which imports this module) computed from blocks of its scores (module docstring),
+    but those already known (``every``, ``known``: as :class:`RowMaxima` takes them)."""
 
     def compute(keys: Keys | None) -> Maxima:
         n_seqs, n_heads, n_q = (int(d) for d in call.q.shape[:3])
@@ -143,7 +158,7 @@ def explicit_maxima(call: Any) -> RowMaxima:
             out[:, :, rows] = s.amax(-1)
         return out
 
-    return RowMaxima(compute)
+    return RowMaxima(compute, every, known)
 
 
 # --- FlexAttention (CUDA) ---------------------------------------------------------------

@@ -156,7 +156,7 @@ def call_reducer(
             return
         ways = [_pointwise(r, call) for r in pattern_reducers]
         if call.lse is not None and all(w is not None for w in ways):
-            view = Points(call)
+            view = Points(call, state.setdefault("buffers", Buffers()))
             for r, way in zip(pattern_reducers, ways, strict=True):
                 assert way is not None
                 _add(
@@ -182,6 +182,15 @@ def call_reducer(
     on_call.every_row = any(r.points is None for r in pattern_reducers) and any(  # type: ignore[attr-defined]
         r.from_rows is not None or r.blockwise for r in pattern_reducers
     )
+    if all(r.points is not None or r.from_maxima is not None for r in pattern_reducers):
+        # ... but every statistic reads points and the rows' maxima: the tiles that compute
+        # the output give those (:mod:`headmech.stream.tiles`), over every key and over the
+        # key sets the built-in statistics take (ordinary tokens; real tokens)
+        def maxima_keys() -> list[Tensor]:
+            batch = state["batch"]
+            return [~batch.special.bool(), batch.attention_mask.bool()]
+
+        on_call.maxima_keys = maxima_keys  # type: ignore[attr-defined]
     return on_call
 
 

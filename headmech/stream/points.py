@@ -17,6 +17,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech.stream.buffers import Buffers
+
 if TYPE_CHECKING:
     from headmech.stream.attention_call import LayerCall
 
@@ -51,6 +53,11 @@ class Points:
 
     Args:
         call: the layer's call, with ``lse``.
+        buffers: the pass's buffers, where the keys read at each query's key go (default:
+            new ones). A pass reads them a dozen times a layer (19 MB each for SmolLM2 at
+            8,192 tokens): allocated afresh each time, they left glibc's heap fragmented
+            and the process's peak 0.8-3.1 GB above the pass's in one run of three
+            (docs/scaling.md).
     """
 
     # a probability decided from points must clear this margin (the kernel's LSE and the
@@ -64,10 +71,11 @@ class Points:
     # bytes of scores for one chunk of rows computed whole
     ROW_BYTES = 64 * 2**20
 
-    def __init__(self, call: LayerCall) -> None:
+    def __init__(self, call: LayerCall, buffers: Buffers | None = None) -> None:
         if call.lse is None:
             raise ValueError("Points needs the log-sum-exp of the fused kernel")
         self.call = call
+        self._buffers = buffers or Buffers()
         self.n_seqs, self.n_heads, self.n_queries, self.d_head = (int(d) for d in call.q.shape)
         self.offset = int(call.k.shape[2]) - self.n_queries  # keys before the first query
         self._q = call.q
@@ -88,11 +96,12 @@ class Points:
         """The scaled score ``s(i, keys[b, i])`` for every query (``keys``:
         ``Int[batch, q_pos]``, valid key indices); ``-inf`` where the mask hides the key."""
         call = self.call
-        seq = torch.arange(self.n_seqs, device=keys.device)[:, None]
-        # advanced indexing copies d_head contiguous floats per (sequence, query, head); a
-        # gather with an index expanded over d_head reads element by element (3x slower)
-        k = call.k.transpose(1, 2)[seq, keys].transpose(1, 2)  # [batch, head, q_pos, d_head]
-        scores = torch.linalg.vecdot(self._q, k).mul_(call.scale)
+        # index_select copies d_head contiguous floats per (head, query); a gather with an
+        # index expanded over d_head reads element by element (3x slower)
+        k = self._buffers.take("points_k", tuple(self._q.shape), device=keys.device)
+        for b in range(self.n_seqs):
+            torch.index_select(call.k[b], 1, keys[b], out=k[b])  # [head, q_pos, d_head]
+        scores = k.mul_(self._q).sum(-1).mul_(call.scale)  # linalg.vecdot's own steps
         if call.softcap is not None:
             scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
         return scores.masked_fill_(~self.allowed(keys), float("-inf"))
