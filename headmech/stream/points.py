@@ -55,9 +55,9 @@ class Points:
         call: the layer's call, with ``lse``.
         buffers: the pass's buffers, where the keys read at each query's key go (default:
             new ones). A pass reads them a dozen times a layer (19 MB each for SmolLM2 at
-            8,192 tokens): allocated afresh each time, they left glibc's heap fragmented
-            and the process's peak 0.8-3.1 GB above the pass's in one run of three
-            (docs/scaling.md).
+            8,192 tokens): one reused buffer, not a fresh temporary each time (the
+            process's peak still moves with glibc's heap, as the bare forward's does:
+            docs/scaling.md).
     """
 
     # a probability decided from points must clear this margin (the kernel's LSE and the
