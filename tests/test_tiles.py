@@ -42,7 +42,8 @@ def _masks():
 
 @pytest.mark.parametrize("kind", ["causal", "bidirectional", "padding", "window"])
 def test_tiles_give_the_output_lse_and_maxima_of_the_scores(kind, monkeypatch):
-    """Tiles of 16 rows (four to a head): the output equals SDPA's, the log-sum-exp the
+    """Tiles of 16 rows a product (eight of each query head of a key head: seven tiles of
+    a 50-row sequence): the output equals SDPA's, the log-sum-exp the
     scores' ``logsumexp`` and the maxima their ``amax`` over every key and over each key
     set: keys but the first (a leading set), keys but the first and a hole (a set put
     back after its maximum), every key, and a set that hides every key of sequence 1."""
@@ -88,6 +89,25 @@ def test_a_power_of_two_scale_and_one_head_per_key_head():
     torch.testing.assert_close(got.out, (torch.softmax(s, -1) @ v).transpose(1, 2))
     assert torch.equal(got.every, s.amax(-1))
     assert got.sets == []
+
+
+def test_three_query_heads_a_key_head_in_one_product(monkeypatch):
+    """Three query heads of a key head share each product (16 rows: six of each head,
+    nine tiles of 50 rows, the last of two): every head's output, LSE and maxima are its
+    own, equal to the explicit scores' under a causal mask; the largest probability of a
+    row, ``exp(max − LSE)``, is ``1 / Σ exp(s − max)`` as the softmax's."""
+    monkeypatch.setattr(tiles, "MIN_TILE_ROWS", 16)
+    monkeypatch.setattr(tiles, "TILE_BYTES", 1)
+    q, k, v = _inputs(n_heads=6, n_kv=2, seed=2)
+    got = tiles.attend(q, k, v, None, 0.125, True)
+    kr, vr = k.repeat_interleave(3, 1), v.repeat_interleave(3, 1)
+    s = (q @ kr.transpose(-1, -2) * 0.125).masked_fill(
+        ~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf")
+    )
+    torch.testing.assert_close(got.out, (torch.softmax(s, -1) @ vr).transpose(1, 2))
+    torch.testing.assert_close(got.every, s.amax(-1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(got.lse, s.logsumexp(-1))
+    torch.testing.assert_close(torch.exp(got.every - got.lse), torch.softmax(s, -1).amax(-1))
 
 
 def _batch(model):

@@ -8,13 +8,16 @@ ordinary tokens). CPU flash attention returns the first and not the others, and 
 path (:mod:`headmech.stream.rows`) writes every score of a block to a buffer that the
 reducers read after its tiles (docs/scaling.md: the cost of that write on an AVX2 CPU).
 
-:func:`attend` goes through one sequence's head and one tile of its rows at a time, in a
-contiguous scratch tile of the keys those rows may see (a causal tile stops at its own
-last row, a sliding window starts at its first row's window): the scores (the product,
-then the scale, as the fused kernels), their maxima over every key and over each key set
-declared, the softmax in place, its largest probability (``LSE = max − log p_max``: the
-largest probability is ``1 / Σ exp(s − max)``) and ``pattern @ values`` into the layer's
-output. No score leaves the tile; the flash kernel's structure, with the maxima added.
+:func:`attend` goes through one sequence's key heads, and for each through its rows a tile
+at a time (the head's keys and values stay in cache): the rows of every query head the
+key head serves (grouped-query attention) are one product with its keys, in a contiguous
+scratch tile of the keys those rows may see (a causal tile stops at its own last row, a sliding window starts
+at its first row's window). In the tile: the scores (the product, then the scale, as the
+fused kernels), their maxima over every key and over each key set declared,
+``p = 2^((s − max) · log2 e)`` in place (``exp2`` runs 1.7x faster than ``exp`` on an
+AVX2 core, and the row's largest ``p`` is exactly 1), ``Σ p`` (so ``LSE = max + log Σ p``)
+and ``(p @ values) / Σ p`` into the layer's output. No score leaves the tile: the flash
+kernel's structure, with the maxima added.
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ from headmech.stream.buffers import Buffers
 
 __all__ = ["MIN_TILE_ROWS", "TILE_BYTES", "Attended", "attend"]
 
-# a tile holds about this many bytes of scores, and at least MIN_TILE_ROWS rows: thinner
-# q·kᵀ products run slower (one SmolLM2 head at 8,192 keys, one AVX2 core: 64-row tiles
-# 2.1-2.4 s a layer, 128-row tiles 1.9-2.1 s)
+# a tile holds about this many bytes of scores, and at least MIN_TILE_ROWS rows (those of
+# every query head of a key head together): thinner or thicker products run slower (one
+# SmolLM2 layer at 8,192 tokens, 3 query heads a key head, one AVX2 core, best of 3: 96
+# rows 1.44 s, 128 1.49 s, 192 1.31-1.34 s, 256 1.39 s, 384 1.36 s; SDPA 1.12-1.16 s)
 TILE_BYTES = 2 * 2**20
-MIN_TILE_ROWS = 128
+MIN_TILE_ROWS = 192
 
 Maxima = Float[Tensor, "batch n_heads q_pos"]
+_LOG2E = 1.0 / math.log(2.0)
 
 
 class Attended:
@@ -77,55 +82,71 @@ def attend(
         buffers: where the scratch tiles live (default: new ones).
     """
     n_seqs, n_heads, n_q, n_keys = (int(d) for d in (*q.shape[:3], k.shape[2]))
-    group, buffers = n_heads // int(k.shape[1]), buffers or Buffers()
-    out = q.new_empty(n_seqs, n_q, n_heads, int(v.shape[-1]))
+    n_kv, d_head, d_v = int(k.shape[1]), int(q.shape[-1]), int(v.shape[-1])
+    group, buffers = n_heads // n_kv, buffers or Buffers()
+    out = q.new_empty(n_seqs, n_q, n_heads, d_v)
     lse, every, *sets = (q.new_empty(n_seqs, n_heads, n_q) for _ in range(2 + len(key_sets)))
-    tile = max(MIN_TILE_ROWS, TILE_BYTES // (4 * max(n_keys, 1)))
+    # rows of each query head a tile: the group's rows fill about TILE_BYTES of scores,
+    # at least MIN_TILE_ROWS in all
+    tile = -(-MIN_TILE_ROWS // group)
+    tile = min(n_q, max(tile, TILE_BYTES // (4 * group * max(n_keys, 1))))
     rows = [(lo, min(lo + tile, n_q)) for lo in range(0, n_q, tile)]
     exact = math.frexp(scale)[0] == 0.5  # a power of two: scale q, no pass over the scores
     upper = torch.ones(tile, tile, dtype=torch.bool, device=q.device).triu_(1)
     for b in range(n_seqs):
         spans = _spans(mask, b, causal, rows, n_q, n_keys)
         hidden_keys = [(~keys[b]).nonzero()[:, 0] for keys in key_sets]
+        plans = [[_leading(cols, first, stop) for cols in hidden_keys] for first, stop in spans]
         seq_mask = None if mask is None else mask[b if mask.shape[0] > 1 else 0, 0]
-        for h in range(n_heads):
-            kv = h // group
-            qh = q[b, h] * scale if exact else q[b, h]
-            for (lo, hi), (first, stop) in zip(rows, spans, strict=True):
-                picks = (b, h, slice(lo, hi))
-                if stop <= first:  # no key for any row of the tile
-                    out[b, lo:hi, h], lse[picks] = 0.0, math.inf
+        # a key head at a time, through every tile of rows: its keys and values stay in cache
+        for kv in range(n_kv):
+            heads = slice(kv * group, (kv + 1) * group)
+            for (lo, hi), (first, stop), plan in zip(rows, spans, plans, strict=True):
+                n, width = hi - lo, stop - first
+                if width <= 0:  # no key for any row of the tile
+                    out[b, lo:hi, heads], lse[b, heads, lo:hi] = 0.0, math.inf
                     for m in (every, *sets):
-                        m[picks] = -math.inf
+                        m[b, heads, lo:hi] = -math.inf
                     continue
-                s = buffers.take("tile", (hi - lo, stop - first), device=q.device)
-                torch.mm(qh[lo:hi], k[b, kv, first:stop].T, out=s)
+                qt = buffers.take("tile_q", (group, n, d_head), q.dtype, q.device)
+                torch.mul(q[b, heads, lo:hi], scale if exact else 1.0, out=qt)
+                s = buffers.take("tile", (group * n, width), q.dtype, q.device)
+                torch.mm(qt.view(group * n, d_head), k[b, kv, first:stop].T, out=s)
+                s3 = s.view(group, n, width)
                 if not exact:
                     s.mul_(scale)
-                if seq_mask is not None:
-                    hidden = buffers.take("tile_mask", tuple(s.shape), torch.bool, q.device)
-                    s.masked_fill_(
-                        torch.logical_not(seq_mask[lo:hi, first:stop], out=hidden), -math.inf
-                    )
+                keyless = False
+                if seq_mask is not None:  # the mask as 0 / -inf, added to every head's scores
+                    seen = seq_mask[lo:hi, first:stop]
+                    keyless = not bool(seen.any(-1).all())
+                    bias = buffers.take("tile_bias", (n, width), q.dtype, q.device).zero_()
+                    s3.add_(bias.masked_fill_(~seen, -math.inf))
                 elif causal:  # the keys of the tile's own rows: each row sees up to itself
-                    diag, n = n_keys - n_q + lo - first, hi - lo
-                    s[:, diag : diag + n].masked_fill_(upper[:n, :n], -math.inf)
-                every[picks] = _maxima(s, first, stop, hidden_keys, [m[picks] for m in sets])
-                _softmax_lse(s, every[picks], lse[picks])
-                torch.mm(s, v[b, kv, first:stop], out=out[b, lo:hi, h])
+                    diag = n_keys - n_q + lo - first
+                    s3[:, :, diag : diag + n].masked_fill_(upper[:n, :n], -math.inf)
+                top = every[b, heads, lo:hi]
+                _maxima(s3, plan, top, [m[b, heads, lo:hi] for m in sets])
+                total = _exp2_rows(s, top.reshape(-1), keyless)
+                o = buffers.take("tile_out", (group, n, d_v), q.dtype, q.device)
+                torch.mm(s, v[b, kv, first:stop], out=o.view(group * n, d_v))
+                o.div_(total.view(group, n, 1))
+                torch.add(top, total.view(group, n).log_(), out=lse[b, heads, lo:hi])
+                if keyless:  # a row without a key: output 0, every probability 0
+                    o.nan_to_num_(0.0)
+                    lse[b, heads, lo:hi].masked_fill_(torch.isneginf(top), math.inf)
+                out[b, lo:hi, heads] = o.transpose(0, 1)
     return Attended(out, lse, every, sets)
 
 
-def _softmax_lse(s: Tensor, top: Tensor, lse: Tensor) -> None:
-    """The tile's softmax in place and its rows' log-sum-exp into ``lse``, from their
-    maxima ``top`` and largest probabilities (``1 / Σ exp(s − max)``); a row with no key
-    gets zeros and ``+inf``."""
-    torch.ops.aten._softmax.out(s, -1, False, out=s)
-    empty = torch.isneginf(top)
-    if bool(empty.any()):
-        s.nan_to_num_(0.0)
-    torch.sub(top, s.amax(-1).log_(), out=lse)
-    lse.masked_fill_(empty, math.inf)
+def _exp2_rows(
+    s: Float[Tensor, "rows width"], top: Float[Tensor, " rows"], keyless: bool
+) -> Tensor:
+    """``exp(s − top)`` in place as ``2^((s − top) · log2 e)``, and each row's sum (at
+    least 1: the maximum's term is exactly 1; 0 for a row with no key where ``keyless``)."""
+    if keyless:  # -inf - -inf would be nan: such a row's terms stay exp(-inf) = 0
+        top = top.masked_fill(torch.isneginf(top), 0.0)
+    s.sub_(top[:, None]).mul_(_LOG2E).exp2_()
+    return s.sum(-1)
 
 
 def _spans(
@@ -145,38 +166,49 @@ def _spans(
     return spans
 
 
+def _leading(cols: Tensor, first: int, stop: int) -> int | Tensor | None:
+    """How a key set's hidden keys ``cols`` (positions) meet the tile of keys ``first ..
+    stop - 1``: None (none in it), their count where they lead it (a BOS), else their
+    positions in the tile. The same for every head of the tile."""
+    cols = cols[(cols >= first) & (cols < stop)] - first
+    c = len(cols)
+    if c == 0:
+        return None
+    return c if bool((cols == torch.arange(c, device=cols.device)).all()) else cols
+
+
 def _maxima(
-    s: Float[Tensor, "rows width"],
-    first: int,
-    stop: int,
-    hidden_keys: list[Tensor],
-    outs: list[Tensor],
-) -> Float[Tensor, " rows"]:
-    """Each row's largest score over every key, returned, and over each key set (its
-    hidden keys ``hidden_keys``, positions), into ``outs``. A set's hidden keys within the
-    tile are few (the special tokens): where they lead the tile (a BOS) its maximum is
-    read from the rest of the row, else they are set to ``-inf`` and put back."""
-    top: Tensor | None = None
-    for cols, m in zip(hidden_keys, outs, strict=True):
-        cols = cols[(cols >= first) & (cols < stop)] - first
-        c = len(cols)
-        if c == 0:
-            if top is None:
-                top = s.amax(-1)
+    s: Float[Tensor, "heads rows width"],
+    plan: list[int | Tensor | None],
+    top: Float[Tensor, "heads rows"],
+    outs: list[Float[Tensor, "heads rows"]],
+) -> None:
+    """Each row's largest score over every key into ``top`` and over each key set (how
+    its hidden keys meet the tile: ``plan``, :func:`_leading`) into ``outs``. Hidden keys
+    that lead the tile (a BOS): the set's maximum is read from the rest of the row; others
+    (few: the special tokens) are set to ``-inf`` and put back."""
+    done = False
+    for hidden, m in zip(plan, outs, strict=True):
+        if hidden is None:
+            if not done:
+                torch.amax(s, -1, out=top)
+                done = True
             m.copy_(top)
-            continue
-        if bool((cols == torch.arange(c, device=cols.device)).all()):  # leading keys
-            if c == s.shape[1]:
-                m.fill_(float("-inf"))
+        elif isinstance(hidden, int):
+            if hidden == s.shape[-1]:
+                m.fill_(-math.inf)
             else:
-                torch.amax(s[:, c:], -1, out=m)
-            if top is None:
-                top = torch.maximum(m, s[:, :c].amax(-1))
-            continue
-        saved = s.index_select(1, cols)
-        s.index_fill_(1, cols, float("-inf"))
-        torch.amax(s, -1, out=m)
-        s.index_copy_(1, cols, saved)
-        if top is None:
-            top = torch.maximum(m, saved.amax(-1))
-    return s.amax(-1) if top is None else top
+                torch.amax(s[..., hidden:], -1, out=m)
+                if not done:
+                    torch.maximum(m, s[..., :hidden].amax(-1), out=top)
+                    done = True
+        else:
+            saved = s.index_select(-1, hidden)
+            s.index_fill_(-1, hidden, -math.inf)
+            torch.amax(s, -1, out=m)
+            s.index_copy_(-1, hidden, saved)
+            if not done:
+                torch.maximum(m, saved.amax(-1), out=top)
+                done = True
+    if not done:
+        torch.amax(s, -1, out=top)
