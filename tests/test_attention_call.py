@@ -241,3 +241,28 @@ def test_shared_scores_compute_the_output_and_the_statistics(tiny_models, monkey
     assert len(kernel) == 2 * n_layers and len(outputs) == n_layers
     for k in want.sums:
         torch.testing.assert_close(got.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_shifted_scores_are_the_gathered_ones_to_the_bit(window):
+    """Points.scores_shifted (slices of the keys) equals scores_at at the clamped keys
+    exactly, under padding and a window, for shifts inside, at and past both ends; and with
+    keys before the first query (no model mask, causal)."""
+    call, _ = _call(window=window, n=24)
+    view = Points(call)
+    pos = torch.arange(24)
+    for shift in (-30, -24, -5, -1, 0, 1, 3, 23, 24, 40):
+        want = view.scores_at((pos + shift).clamp(0, 23).expand(2, -1))
+        got = view.scores_shifted(shift)
+        assert torch.equal(got, want), shift
+    q, k = call.q[:, :, 4:], call.k  # 4 keys before the first of 20 queries
+    lse = _scores(q, k, call.scale, pos[None, :] <= pos[4:, None]).logsumexp(-1)
+    early = Points(LayerCall(q, k, None, call.scale, None, None, True, lse))
+    assert early.offset == 4
+    for shift in (-25, -2, 0, 4, 3, 10, 30):
+        want = early.scores_at((torch.arange(20) + shift).clamp(0, 23).expand(2, -1))
+        assert torch.equal(early.scores_shifted(shift), want), shift
+        assert bool(torch.isneginf(want).any()) == (shift > 4)  # later keys are hidden
+    n = torch.arange(20)
+    for which, keys in (("first", n * 0), ("self", n + 4), ("previous", n + 3)):
+        assert torch.equal(early.fixed(which), early.at(keys.expand(2, -1))), which

@@ -151,8 +151,11 @@ class PositionalHead(HeadType):
         binned = torch.zeros(n_seqs, view.n_heads, n, dtype=torch.bool, device=pos.device)
         for k, off in enumerate(OFFSETS):
             v: Bool[Tensor, "batch query_pos"] = valid[:, k]
-            at = (pos + off).clamp(0, n - 1).expand(n_seqs, -1)
-            hit = view.is_max(view.scores_at(at), keys) & v[:, None] & ~binned
+            if view.offset == 0:  # the key off positions away: slices, no gather
+                score = view.scores_shifted(off)
+            else:
+                score = view.scores_at((pos + off).clamp(0, n - 1).expand(n_seqs, -1))
+            hit = view.is_max(score, keys) & v[:, None] & ~binned
             binned |= hit
             out[_offset_stat(off)] = (hit.sum(2).double(), v.sum(1).double())
         n_queries = ordinary.sum(1).double()

@@ -106,6 +106,27 @@ class Points:
             scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
         return scores.masked_fill_(~self.allowed(keys), float("-inf"))
 
+    def scores_shifted(self, shift: int) -> Float[Tensor, "batch n_heads q_pos"]:
+        """:meth:`scores_at` of the key ``shift`` positions after each query's index
+        (``keys = (arange(q_pos) + shift).clamp(0, k_pos - 1)``: the token before, the
+        query's own, ...) from slices of the keys, no gather: the same products in the
+        same buffer, so the same scores to the bit."""
+        call, n_q = self.call, self.n_queries
+        n_keys = int(call.k.shape[2])
+        prod = self._buffers.take("points_k", tuple(self._q.shape), device=self._q.device)
+        lo = min(max(0, -shift), n_q)  # queries before lo read key 0, from hi the last key
+        hi = max(min(n_q, n_keys - shift), lo)
+        for a, b, key in ((0, lo, slice(0, 1)), (lo, hi, slice(lo + shift, hi + shift))):
+            if b > a:
+                torch.mul(call.k[:, :, key], self._q[:, :, a:b], out=prod[:, :, a:b])
+        if hi < n_q:
+            torch.mul(call.k[:, :, -1:], self._q[:, :, hi:], out=prod[:, :, hi:])
+        scores = prod.sum(-1).mul_(call.scale)
+        if call.softcap is not None:
+            scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
+        keys = (torch.arange(n_q, device=prod.device) + shift).clamp(0, n_keys - 1)
+        return scores.masked_fill_(~self.allowed(keys.expand(self.n_seqs, -1)), float("-inf"))
+
     def at(self, keys: Tensor) -> Float[Tensor, "batch n_heads q_pos"]:
         """``p(i, keys[b, i])`` for every query (``keys``: ``Int[batch, q_pos]``, valid
         key indices); 0 where the mask hides the key."""
@@ -170,9 +191,10 @@ class Points:
         position) or ``"previous"`` (the one before it); computed once per call, shared by
         every statistic that asks."""
         if which not in self._fixed:
-            pos = torch.arange(self.n_queries, device=self.call.q.device) + self.offset
-            key = {"first": torch.zeros_like(pos), "self": pos, "previous": (pos - 1).clamp(min=0)}
-            self._fixed[which] = self.at(key[which].expand(self.n_seqs, -1))
+            assert self.call.lse is not None
+            shift = {"first": -self.n_queries - self.offset, "self": self.offset}
+            score = self.scores_shifted(shift.get(which, self.offset - 1))
+            self._fixed[which] = torch.exp(score - self.call.lse).nan_to_num_(0.0)
         return self._fixed[which]
 
     def pairs(self, b: Tensor, q: Tensor, k: Tensor) -> Float[Tensor, "pairs n_heads"]:

@@ -8,14 +8,17 @@ ordinary tokens). CPU flash attention returns the first and not the others, and 
 path (:mod:`headmech.stream.rows`) writes every score of a block to a buffer that the
 reducers read after its tiles (docs/scaling.md: the cost of that write on an AVX2 CPU).
 
-:func:`attend` goes through one sequence's key heads, and for each through its rows a tile
-at a time (the head's keys and values stay in cache): the rows of every query head the
-key head serves (grouped-query attention) are one product with its keys, in a contiguous
-scratch tile of the keys those rows may see (a causal tile stops at its own last row, a sliding window starts
-at its first row's window). In the tile: the scores (the product, then the scale, as the
+:func:`attend` goes through one sequence's rows a tile at a time (the keys those rows may
+see: a causal tile stops at its own last row, a sliding window starts at its first row's
+window); each key head's keys meet the rows of every query head it serves (grouped-query
+attention) in one product, in a contiguous scratch tile. Without a model mask a key head
+goes through every tile (its keys and values stay in cache); under one, every key head of
+a tile in turn, so that the tile's mask is built once.
+In the tile: the scores (the product, then the scale, as the
 fused kernels), their maxima over every key and over each key set declared,
-``p = 2^((s − max) · log2 e)`` in place (``exp2`` runs 1.7x faster than ``exp`` on an
-AVX2 core, and the row's largest ``p`` is exactly 1), ``Σ p`` (so ``LSE = max + log Σ p``)
+``p = 2^(s · log2 e − max · log2 e)`` in place (``exp2`` runs 1.7x faster than ``exp`` on an
+AVX2 core; the row's largest ``p`` is 1 to within the rounding of ``max · log2 e``, about
+1e-6 relative for scores of 20), ``Σ p`` (so ``LSE = max + log Σ p``)
 and ``(p @ values) / Σ p`` into the layer's output. No score leaves the tile: the flash
 kernel's structure, with the maxima added.
 """
@@ -98,54 +101,65 @@ def attend(
         hidden_keys = [(~keys[b]).nonzero()[:, 0] for keys in key_sets]
         plans = [[_leading(cols, first, stop) for cols in hidden_keys] for first, stop in spans]
         seq_mask = None if mask is None else mask[b if mask.shape[0] > 1 else 0, 0]
-        # a key head at a time, through every tile of rows: its keys and values stay in cache
-        for kv in range(n_kv):
-            heads = slice(kv * group, (kv + 1) * group)
-            for (lo, hi), (first, stop), plan in zip(rows, spans, plans, strict=True):
-                n, width = hi - lo, stop - first
-                if width <= 0:  # no key for any row of the tile
-                    out[b, lo:hi, heads], lse[b, heads, lo:hi] = 0.0, math.inf
-                    for m in (every, *sets):
-                        m[b, heads, lo:hi] = -math.inf
-                    continue
-                qt = buffers.take("tile_q", (group, n, d_head), q.dtype, q.device)
-                torch.mul(q[b, heads, lo:hi], scale if exact else 1.0, out=qt)
-                s = buffers.take("tile", (group * n, width), q.dtype, q.device)
-                torch.mm(qt.view(group * n, d_head), k[b, kv, first:stop].T, out=s)
-                s3 = s.view(group, n, width)
-                if not exact:
-                    s.mul_(scale)
-                keyless = False
-                if seq_mask is not None:  # the mask as 0 / -inf, added to every head's scores
-                    seen = seq_mask[lo:hi, first:stop]
-                    keyless = not bool(seen.any(-1).all())
-                    bias = buffers.take("tile_bias", (n, width), q.dtype, q.device).zero_()
-                    s3.add_(bias.masked_fill_(~seen, -math.inf))
-                elif causal:  # the keys of the tile's own rows: each row sees up to itself
-                    diag = n_keys - n_q + lo - first
-                    s3[:, :, diag : diag + n].masked_fill_(upper[:n, :n], -math.inf)
-                top = every[b, heads, lo:hi]
-                _maxima(s3, plan, top, [m[b, heads, lo:hi] for m in sets])
-                total = _exp2_rows(s, top.reshape(-1), keyless)
-                o = buffers.take("tile_out", (group, n, d_v), q.dtype, q.device)
-                torch.mm(s, v[b, kv, first:stop], out=o.view(group * n, d_v))
-                o.div_(total.view(group, n, 1))
-                torch.add(top, total.view(group, n).log_(), out=lse[b, heads, lo:hi])
-                if keyless:  # a row without a key: output 0, every probability 0
-                    o.nan_to_num_(0.0)
-                    lse[b, heads, lo:hi].masked_fill_(torch.isneginf(top), math.inf)
-                out[b, lo:hi, heads] = o.transpose(0, 1)
+        for t in range(len(rows)):
+            if spans[t][1] <= spans[t][0]:  # no key for any row of the tile
+                lo, hi = rows[t]
+                out[b, lo:hi], lse[b, :, lo:hi] = 0.0, math.inf
+                for m in (every, *sets):
+                    m[b, :, lo:hi] = -math.inf
+        tiles = [t for t in range(len(rows)) if spans[t][1] > spans[t][0]]
+        # under a mask, every key head of a tile in turn (the tile's 0 / -inf mask built
+        # once); else a key head through every tile (its keys and values stay in cache:
+        # 2-3% faster on one SmolLM2-shaped layer at 8,192 tokens)
+        if seq_mask is None:
+            order = [(t, kv) for kv in range(n_kv) for t in tiles]
+        else:
+            order = [(t, kv) for t in tiles for kv in range(n_kv)]
+        built, keyless, bias = -1, False, None
+        for t, kv in order:
+            (lo, hi), (first, stop), plan = rows[t], spans[t], plans[t]
+            n, width, heads = hi - lo, stop - first, slice(kv * group, (kv + 1) * group)
+            if seq_mask is not None and t != built:  # the mask as 0 / -inf, a tile
+                seen = seq_mask[lo:hi, first:stop]
+                keyless, built = not bool(seen.any(-1).all()), t
+                bias = buffers.take("tile_bias", (n, width), q.dtype, q.device).zero_()
+                bias.masked_fill_(~seen, -math.inf)
+            qt = buffers.take("tile_q", (group, n, d_head), q.dtype, q.device)
+            torch.mul(q[b, heads, lo:hi], scale if exact else 1.0, out=qt)
+            s = buffers.take("tile", (group * n, width), q.dtype, q.device)
+            torch.mm(qt.view(group * n, d_head), k[b, kv, first:stop].T, out=s)
+            s3 = s.view(group, n, width)
+            if not exact:
+                s.mul_(scale)
+            if bias is not None:  # added to every query head's scores (add_ runs 10x
+                s3.add_(bias)  # faster than masked_fill_)
+            elif causal:  # the keys of the tile's own rows: each row sees up to itself
+                diag = n_keys - n_q + lo - first
+                s3[:, :, diag : diag + n].masked_fill_(upper[:n, :n], -math.inf)
+            top = every[b, heads, lo:hi]
+            _maxima(s3, plan, top, [m[b, heads, lo:hi] for m in sets])
+            total = _exp2_rows(s, top.reshape(-1), keyless)
+            o = buffers.take("tile_out", (group, n, d_v), q.dtype, q.device)
+            torch.mm(s, v[b, kv, first:stop], out=o.view(group * n, d_v))
+            o.div_(total.view(group, n, 1))
+            torch.add(top, total.view(group, n).log_(), out=lse[b, heads, lo:hi])
+            if keyless:  # a row without a key: output 0, every probability 0
+                o.nan_to_num_(0.0)
+                lse[b, heads, lo:hi].masked_fill_(torch.isneginf(top), math.inf)
+            out[b, lo:hi, heads] = o.transpose(0, 1)
     return Attended(out, lse, every, sets)
 
 
 def _exp2_rows(
     s: Float[Tensor, "rows width"], top: Float[Tensor, " rows"], keyless: bool
 ) -> Tensor:
-    """``exp(s − top)`` in place as ``2^((s − top) · log2 e)``, and each row's sum (at
-    least 1: the maximum's term is exactly 1; 0 for a row with no key where ``keyless``)."""
+    """``exp(s − top)`` in place as ``2^(s · log2 e − top · log2 e)`` (one fused
+    multiply-add before ``exp2``: 3% faster a layer than subtracting, then scaling; the
+    maximum's term is 1 within the rounding of ``top · log2 e``), and each row's sum (about
+    1 or more; 0 for a row with no key where ``keyless``)."""
     if keyless:  # -inf - -inf would be nan: such a row's terms stay exp(-inf) = 0
         top = top.masked_fill(torch.isneginf(top), 0.0)
-    s.sub_(top[:, None]).mul_(_LOG2E).exp2_()
+    torch.add(top[:, None] * -_LOG2E, s, alpha=_LOG2E, out=s).exp2_()
     return s.sum(-1)
 
 
