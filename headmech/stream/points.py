@@ -193,7 +193,8 @@ class Points:
         if which not in self._fixed:
             assert self.call.lse is not None
             shift = {"first": -self.n_queries - self.offset, "self": self.offset}
-            score = self.scores_shifted(shift.get(which, self.offset - 1))
+            shift["previous"] = self.offset - 1  # clamped at key 0, as the first's
+            score = self.scores_shifted(shift[which])
             self._fixed[which] = torch.exp(score - self.call.lse).nan_to_num_(0.0)
         return self._fixed[which]
 
