@@ -111,7 +111,7 @@ def attend(
                     m[b, :, lo:hi] = -math.inf
         # under a mask, every key head of a tile in turn (the tile's 0 / -inf mask built
         # once); else a key head through every tile (its keys and values stay in cache:
-        # 2-3% faster on one SmolLM2-shaped layer at 8,192 tokens)
+        # 1.7% faster on one SmolLM2-shaped layer at 8,192 tokens, ABBA)
         if seq_mask is None:
             order = [(t, kv) for kv in range(n_kv) for t in tiles]
         else:
