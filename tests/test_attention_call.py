@@ -4,6 +4,8 @@ points against a brute-force argmax, and the engine's choice of path per model."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -241,6 +243,45 @@ def test_shared_scores_compute_the_output_and_the_statistics(tiny_models, monkey
     assert len(kernel) == 2 * n_layers and len(outputs) == n_layers
     for k in want.sums:
         torch.testing.assert_close(got.sums[k], want.sums[k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_points_read_grouped_keys_as_their_repeated_copy_to_the_bit(monkeypatch):
+    """Points over keys one per key-value head (the tiles' pass) give every score,
+    probability, tolerance and argmax of the same points over the repeated keys, to the
+    bit, and so do the row maxima computed from blocks (to rounding: another product
+    shape); the chunk of queries the products are taken in changes no bit."""
+    from headmech.stream.maxima import explicit_maxima
+
+    call, _ = _call(n_heads=6, n=24, window=5)
+    kv = call.k[:, ::3].contiguous()  # 2 key heads, each serving 3 query heads
+    rep = dataclasses.replace(call, k=kv.repeat_interleave(3, 1))
+    grouped = dataclasses.replace(call, k=kv)
+    lse = _scores(call.q, rep.k, call.scale, call.mask).logsumexp(-1)
+    rep, grouped = (dataclasses.replace(c, lse=lse) for c in (rep, grouped))
+    a, b = Points(rep), Points(grouped)
+    assert (a.group, b.group, b.n_kv) == (1, 3, 2)
+    keys = torch.randint(0, 24, (2, 24), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a.scores_at(keys), b.scores_at(keys))
+    assert torch.equal(a.at(keys), b.at(keys))
+    for shift in (-30, -1, 0, 2, 30):
+        assert torch.equal(a.scores_shifted(shift), b.scores_shifted(shift)), shift
+    for which in ("first", "self", "previous"):
+        assert torch.equal(a.fixed(which), b.fixed(which)), which
+    assert torch.equal(a.tolerance(), b.tolerance())
+    sel = torch.tensor([0, 1, 1]), torch.tensor([3, 7, 20]), torch.tensor([2, 7, 19])
+    assert torch.equal(a.pairs(*sel), b.pairs(*sel))
+    rows = torch.rand(2, 6, 24, generator=torch.Generator().manual_seed(4)) > 0.5
+    assert torch.equal(a.argmax(rows), b.argmax(rows))
+    ordinary = torch.ones(2, 24, dtype=torch.bool)
+    ordinary[:, 0] = False
+    for ks in (None, ordinary):
+        want = explicit_maxima(rep)(ks)
+        torch.testing.assert_close(explicit_maxima(grouped)(ks), want, atol=1e-6, rtol=0)
+        assert bool(torch.isneginf(want[..., 0]).all()) == (ks is not None)  # row 0: key 0
+    monkeypatch.setattr(Points, "PRODUCT_BYTES", 4 * 2 * 6 * 8 * 5)  # 5 queries a chunk
+    c = Points(grouped)
+    assert torch.equal(c.scores_at(keys), b.scores_at(keys))
+    assert torch.equal(c.scores_shifted(-1), b.scores_shifted(-1))
 
 
 @pytest.mark.parametrize("window", [None, 6])

@@ -54,8 +54,11 @@ class LayerCall:
         q: queries ``[batch, n_heads, q_pos, d_head]``, as the scores multiply them.
         k: keys ``[batch, n_heads, k_pos, d_head]``, one per query head (grouped-query key
             heads repeated for the query heads they serve); under shared scores (``values``
-            set) one per key-value head, ``[batch, n_kv_heads, k_pos, d_head]``, as
-            ``values`` (the repeated copy was 19 MB a layer for SmolLM2 at 8,192 tokens).
+            set, or the output from tiles) one per key-value head, ``[batch, n_kv_heads,
+            k_pos, d_head]``, as ``values`` (the repeated copy was 19 MB a layer for
+            SmolLM2 at 8,192 tokens): query head ``h`` reads key head ``h // (n_heads /
+            n_kv_heads)``, as every reader of ``k`` does (:func:`pattern_rows`,
+            :class:`~headmech.stream.points.Points`, the row maxima).
         mask: the model's mask, True where a query may attend, ``[batch | 1, 1, q_pos,
             k_pos]``; None: causal (or every key, for a bidirectional layer).
         scale: the factor on ``q · k``.
@@ -371,10 +374,9 @@ def _tiled(
     mask = _allowed(attention_mask)
     key_sets = [s for s in key_sets if s.shape == (query.shape[0], key.shape[2])]
     done = tiles.attend(query, key, value, mask, scale, causal, key_sets, _BUFFERS[0])
-    k = key.detach()
-    if k.shape[1] != query.shape[1]:
-        k = _repeat(k, query.shape[1] // k.shape[1], "stats_k")
-    call = _plain(query, k, mask, scale, causal, lse=done.lse)
+    # the keys one per key-value head: points and maxima read each query head's from its
+    # key head's (the repeated copy was 19 MB a layer for SmolLM2 at 8,192 tokens)
+    call = _plain(query, key.detach(), mask, scale, causal, lse=done.lse)
     known = list(zip(key_sets, done.sets, strict=True))
     rows = maxima_route.explicit_maxima(call, done.every, known)
     callback(dataclasses.replace(call, maxima=rows))

@@ -129,6 +129,20 @@ def _allowed_rows(call: Any, rows: slice, width: int) -> Tensor | None:
     return None
 
 
+def _block_scores(
+    q: Float[Tensor, "batch n_heads rows d_head"], k: Float[Tensor, "batch n_kv_heads width d_head"]
+) -> Float[Tensor, "batch n_heads rows width"]:
+    """``q · kᵀ`` of every query head; grouped-query keys (one per key-value head) meet the
+    rows of every query head they serve in one product, not repeated."""
+    n_seqs, n_heads, n_rows = (int(d) for d in q.shape[:3])
+    n_kv = int(k.shape[1])
+    if n_kv == n_heads:
+        return torch.matmul(q, k.transpose(-1, -2))
+    qg = q.reshape(n_seqs, n_kv, (n_heads // n_kv) * n_rows, -1)
+    s = torch.matmul(qg, k.transpose(-1, -2))  # [batch, n_kv, group · rows, width]
+    return s.view(n_seqs, n_heads, n_rows, -1)
+
+
 def explicit_maxima(
     call: Any, every: Maxima | None = None, known: Sequence[tuple[Keys, Maxima]] = ()
 ) -> RowMaxima:
@@ -145,8 +159,7 @@ def explicit_maxima(
             rows = slice(start, min(n_q, start + step))
             causal = call.causal and n_keys == n_q
             width = min(n_keys, rows.stop) if causal else n_keys
-            s = torch.matmul(call.q[:, :, rows], call.k[:, :, :width].transpose(-1, -2))
-            s = s.mul_(call.scale)
+            s = _block_scores(call.q[:, :, rows], call.k[:, :, :width]).mul_(call.scale)
             if call.softcap is not None:
                 s = s.div_(call.softcap).tanh_().mul_(call.softcap)
             hidden = _allowed_rows(call, rows, width)

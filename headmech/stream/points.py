@@ -53,11 +53,14 @@ class Points:
 
     Args:
         call: the layer's call, with ``lse``.
-        buffers: the pass's buffers, where the keys read at each query's key go (default:
-            new ones). A pass reads them a dozen times a layer (19 MB each for SmolLM2 at
-            8,192 tokens): one reused buffer, not a fresh temporary each time (the
-            process's peak still moves with glibc's heap, as the bare forward's does:
-            docs/scaling.md).
+        buffers: the pass's buffers, where the keys read at each query's key and their
+            products with the queries go (default: new ones). A pass reads them a dozen
+            times a layer: reused buffers, not fresh temporaries (the process's peak still
+            moves with glibc's heap, as the bare forward's does: docs/scaling.md). The
+            keys are read one per key-value head (``call.k`` may hold them so, as the
+            tiles' pass does), the products a chunk of queries at a time
+            (``PRODUCT_BYTES``): 6 MB and 2 MB for SmolLM2 at 8,192 tokens, where the
+            repeated keys and the whole product took 19 MB each.
     """
 
     # a probability decided from points must clear this margin (the kernel's LSE and the
@@ -70,6 +73,8 @@ class Points:
     FEW = 8
     # bytes of scores for one chunk of rows computed whole
     ROW_BYTES = 64 * 2**20
+    # bytes of query-key products (before the sum over d_head) a chunk of queries
+    PRODUCT_BYTES = 2 * 2**20
 
     def __init__(self, call: LayerCall, buffers: Buffers | None = None) -> None:
         if call.lse is None:
@@ -78,7 +83,11 @@ class Points:
         self._buffers = buffers or Buffers()
         self.n_seqs, self.n_heads, self.n_queries, self.d_head = (int(d) for d in call.q.shape)
         self.offset = int(call.k.shape[2]) - self.n_queries  # keys before the first query
+        self.n_kv = int(call.k.shape[1])  # key heads: one per query head, or grouped-query
+        self.group = self.n_heads // self.n_kv  # the query heads a key head serves
         self._q = call.q
+        # [batch, n_kv, group, q_pos, d_head]: a key head's key meets its group's queries
+        self._qg = call.q.unflatten(1, (self.n_kv, self.group))
         self._fixed: dict[str, Tensor] = {}  # p at the first key, the query, the one before
 
     def allowed(self, keys: Tensor) -> Tensor:
@@ -96,36 +105,57 @@ class Points:
         """The scaled score ``s(i, keys[b, i])`` for every query (``keys``:
         ``Int[batch, q_pos]``, valid key indices); ``-inf`` where the mask hides the key."""
         call = self.call
-        # index_select copies d_head contiguous floats per (head, query); a gather with an
-        # index expanded over d_head reads element by element (3x slower)
-        k = self._buffers.take("points_k", tuple(self._q.shape), device=keys.device)
+        # index_select copies d_head contiguous floats per (key head, query); a gather with
+        # an index expanded over d_head reads element by element (3x slower)
+        shape = (self.n_seqs, self.n_kv, self.n_queries, self.d_head)
+        k = self._buffers.take("points_keys", shape, device=keys.device)
         for b in range(self.n_seqs):
-            torch.index_select(call.k[b], 1, keys[b], out=k[b])  # [head, q_pos, d_head]
-        scores = k.mul_(self._q).sum(-1).mul_(call.scale)  # linalg.vecdot's own steps
-        if call.softcap is not None:
-            scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
-        return scores.masked_fill_(~self.allowed(keys), float("-inf"))
+            torch.index_select(call.k[b], 1, keys[b], out=k[b])  # [key head, q_pos, d_head]
+        return self._scaled(self._dots([(0, self.n_queries, k)]), keys)
 
     def scores_shifted(self, shift: int) -> Float[Tensor, "batch n_heads q_pos"]:
         """:meth:`scores_at` of the key ``shift`` positions after each query's index
         (``keys = (arange(q_pos) + shift).clamp(0, k_pos - 1)``: the token before, the
-        query's own, ...) from slices of the keys, no gather: the same products in the
-        same buffer, so the same scores to the bit."""
+        query's own, ...) from slices of the keys, no gather: the same products, so the
+        same scores to the bit."""
         call, n_q = self.call, self.n_queries
         n_keys = int(call.k.shape[2])
-        prod = self._buffers.take("points_k", tuple(self._q.shape), device=self._q.device)
         lo = min(max(0, -shift), n_q)  # queries before lo read key 0, from hi the last key
         hi = max(min(n_q, n_keys - shift), lo)
-        for a, b, key in ((0, lo, slice(0, 1)), (lo, hi, slice(lo + shift, hi + shift))):
-            if b > a:
-                torch.mul(call.k[:, :, key], self._q[:, :, a:b], out=prod[:, :, a:b])
-        if hi < n_q:
-            torch.mul(call.k[:, :, -1:], self._q[:, :, hi:], out=prod[:, :, hi:])
-        scores = prod.sum(-1).mul_(call.scale)
+        parts = [(0, lo, call.k[:, :, :1]), (lo, hi, call.k[:, :, lo + shift : hi + shift])]
+        parts.append((hi, n_q, call.k[:, :, -1:]))
+        keys = (torch.arange(n_q, device=call.q.device) + shift).clamp(0, n_keys - 1)
+        return self._scaled(self._dots(parts), keys.expand(self.n_seqs, -1))
+
+    def _dots(self, parts: list[tuple[int, int, Tensor]]) -> Float[Tensor, "batch n_heads q_pos"]:
+        """``q_i · k`` for every query, the key of queries ``a .. z - 1`` given by ``parts``
+        (``(a, z, keys)``, ``keys`` ``[batch, n_kv, z - a | 1, d_head]``: one key a query,
+        or one for them all), a chunk of queries at a time: the elementwise products in a
+        reused buffer, then their sum (``linalg.vecdot``'s own steps; the same rounding
+        whichever chunk a query falls in)."""
+        heads, n_q = (self.n_seqs, self.n_kv, self.group), self.n_queries
+        out = self._q.new_empty(*heads, n_q)
+        step = max(1, self.PRODUCT_BYTES // (4 * self.n_seqs * self.n_heads * self.d_head))
+        for c in range(0, n_q, step):
+            e = min(n_q, c + step)
+            prod = self._buffers.take("points_k", (*heads, e - c, self.d_head), device=out.device)
+            for a, z, keys in parts:
+                lo, hi = max(a, c), min(z, e)
+                if hi > lo:
+                    k = keys if keys.shape[2] == 1 else keys[:, :, lo - a : hi - a]
+                    q = self._qg[:, :, :, lo:hi]
+                    torch.mul(k[:, :, None], q, out=prod[:, :, :, lo - c : hi - c])
+            torch.sum(prod, -1, out=out[..., c:e])
+        return out.view(self.n_seqs, self.n_heads, n_q)
+
+    def _scaled(self, dots: Tensor, keys: Tensor) -> Float[Tensor, "batch n_heads q_pos"]:
+        """Scores from ``q · k`` of the keys ``keys`` (``Int[batch, q_pos]``): the scale
+        (after the product, as the fused kernels), the softcap, ``-inf`` where hidden."""
+        call = self.call
+        scores = dots.mul_(call.scale)
         if call.softcap is not None:
             scores = scores.div_(call.softcap).tanh_().mul_(call.softcap)
-        keys = (torch.arange(n_q, device=prod.device) + shift).clamp(0, n_keys - 1)
-        return scores.masked_fill_(~self.allowed(keys.expand(self.n_seqs, -1)), float("-inf"))
+        return scores.masked_fill_(~self.allowed(keys), float("-inf"))
 
     def at(self, keys: Tensor) -> Float[Tensor, "batch n_heads q_pos"]:
         """``p(i, keys[b, i])`` for every query (``keys``: ``Int[batch, q_pos]``, valid
@@ -172,7 +202,8 @@ class Points:
         error (the kernel sums its products in another order)."""
         if "tolerance" not in self._fixed:
             call = self.call
-            k_norm = call.k.norm(dim=-1).amax(-1, keepdim=True)  # [batch, head, 1]
+            k_norm = call.k.norm(dim=-1).amax(-1, keepdim=True)  # [batch, key head, 1]
+            k_norm = k_norm.repeat_interleave(self.group, 1)  # [batch, head, 1]
             self._fixed["tolerance"] = self.DOT_EPS * call.scale * call.q.norm(dim=-1) * k_norm
         return self._fixed["tolerance"]
 
@@ -203,7 +234,8 @@ class Points:
         where the mask hides the key."""
         call = self.call
         qs = self._q[b, :, q]  # [pairs, head, d_head]
-        scores = (qs * call.k[b, :, k]).sum(-1).mul_(call.scale)
+        ks = call.k[b, :, k].repeat_interleave(self.group, 1)  # [pairs, head, d_head]
+        scores = (qs * ks).sum(-1).mul_(call.scale)
         assert call.lse is not None
         if call.mask is not None:
             ok = call.mask[b if call.mask.shape[0] > 1 else torch.zeros_like(b), 0, q, k]
@@ -233,7 +265,7 @@ class Points:
                 else:
                     hidden = None
                 sink = None if call.sinks is None else call.sinks[h].reshape(1, 1)
-                k = call.k[b, h, :width]
+                k = call.k[b, h // self.group, :width]
                 probs = _softmax_rows(call.q[b, h, sel], k, hidden, call, sink)
                 out[b, h, sel] = probs.argmax(-1)
         return out
