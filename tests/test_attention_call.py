@@ -284,6 +284,31 @@ def test_points_read_grouped_keys_as_their_repeated_copy_to_the_bit(monkeypatch)
     assert torch.equal(c.scores_shifted(-1), b.scores_shifted(-1))
 
 
+def test_points_take_products_in_chunks_on_a_cpu_and_whole_elsewhere(monkeypatch):
+    """On a CPU the products go through a buffer of PRODUCT_BYTES, a chunk of queries at a
+    time; on another device (here "meta", as a GPU would) all queries are one chunk: two
+    launches, not two a chunk."""
+    from headmech.stream.buffers import Buffers
+
+    class Recorded(Buffers):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def take(self, name, shape, *args, **kwargs):
+            self.shapes.append((name, shape))
+            return super().take(name, shape, *args, **kwargs)
+
+    monkeypatch.setattr(Points, "PRODUCT_BYTES", 4 * 4 * 8 * 16)  # 16 queries of 4 heads
+    for device, chunks in (("cpu", 4), ("meta", 1)):
+        q, k = torch.zeros(1, 4, 64, 8, device=device), torch.zeros(1, 2, 64, 8, device=device)
+        call = LayerCall(q, k, None, 0.3, None, None, True, torch.zeros(1, 4, 64, device=device))
+        buffers = Recorded()
+        assert Points(call, buffers).scores_shifted(-1).shape == (1, 4, 64)
+        taken = [shape for name, shape in buffers.shapes if name == "points_k"]
+        assert taken == [(1, 2, 2, 64 // chunks, 8)] * chunks, device
+
+
 @pytest.mark.parametrize("window", [None, 6])
 def test_shifted_scores_are_the_gathered_ones_to_the_bit(window):
     """Points.scores_shifted (slices of the keys) equals scores_at at the clamped keys

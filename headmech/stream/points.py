@@ -59,8 +59,9 @@ class Points:
             moves with glibc's heap, as the bare forward's does: docs/scaling.md). The
             keys are read one per key-value head (``call.k`` may hold them so, as the
             tiles' pass does), the products a chunk of queries at a time
-            (``PRODUCT_BYTES``): 6 MB and 2 MB for SmolLM2 at 8,192 tokens, where the
-            repeated keys and the whole product took 19 MB each.
+            (``PRODUCT_BYTES``, on a CPU): 6 MB and 2 MB for SmolLM2 at 8,192 tokens,
+            where the repeated keys and the whole product took 19 MB each. On a GPU
+            all queries are one chunk: a chunk costs two kernel launches.
     """
 
     # a probability decided from points must clear this margin (the kernel's LSE and the
@@ -73,7 +74,7 @@ class Points:
     FEW = 8
     # bytes of scores for one chunk of rows computed whole
     ROW_BYTES = 64 * 2**20
-    # bytes of query-key products (before the sum over d_head) a chunk of queries
+    # bytes of query-key products (before the sum over d_head) a chunk of queries, on a CPU
     PRODUCT_BYTES = 2 * 2**20
 
     def __init__(self, call: LayerCall, buffers: Buffers | None = None) -> None:
@@ -136,6 +137,8 @@ class Points:
         heads, n_q = (self.n_seqs, self.n_kv, self.group), self.n_queries
         out = self._q.new_empty(*heads, n_q)
         step = max(1, self.PRODUCT_BYTES // (4 * self.n_seqs * self.n_heads * self.d_head))
+        if out.device.type != "cpu":  # launches, not cache, bound a GPU's pass
+            step = n_q
         for c in range(0, n_q, step):
             e = min(n_q, c + step)
             prod = self._buffers.take("points_k", (*heads, e - c, self.d_head), device=out.device)
