@@ -436,8 +436,9 @@ def main() -> None:
                                    "bare": results["bare"], "agreement": agreement},
                     }
                 )  # fmt: skip
-    dev = "cuda" if args.device and args.device.startswith("cuda") else "cpu"
-    record(f"bench_call_{args.config}_{dev}_init{args.init:g}", args.device, rows)
+        # recorded after every length: a run stopped at a longer one keeps the shorter ones
+        dev = "cuda" if args.device and args.device.startswith("cuda") else "cpu"
+        record(f"bench_call_{args.config}_{dev}_init{args.init:g}", args.device, rows)
 
 
 if __name__ == "__main__":
