@@ -28,6 +28,7 @@ __all__ = [
     "materialised",
     "memory_map",
     "model_device",
+    "slow_on_cpu",
 ]
 
 # the weight dtypes a model can be loaded in; statistics and metrics accumulate in fp32
@@ -80,6 +81,33 @@ def dtype(spec: Any) -> Any:
     if name not in DTYPES:
         raise InputError(f"dtype {spec!r} is not one of {', '.join(DTYPES)}")
     return getattr(torch, name)
+
+
+def slow_on_cpu(to: Any) -> str | None:
+    """Why weights of dtype ``to`` would run slowly on this CPU, or None: bf16 and fp16
+    matrix products run several times slower than fp32 on a CPU without matrix
+    instructions for them (oneDNN's check; docs/scaling.md, "Devices and dtypes": 5.3x for
+    bf16 on an AVX2-only EPYC)."""
+    import torch
+
+    probes = {
+        torch.bfloat16: ("bfloat16", "_is_mkldnn_bf16_supported"),
+        torch.float16: ("float16", "_is_mkldnn_fp16_supported"),
+    }
+    if to not in probes:
+        return None
+    name, probe = probes[to]
+    try:
+        native = bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):  # a torch without the check: no claim
+        return None
+    if native:
+        return None
+    return (
+        f"{name} weights on a CPU without {name} matrix instructions run several times "
+        "slower than float32 (5.3x measured for bfloat16 on an AVX2-only CPU): "
+        "use float32 on this machine, or a GPU"
+    )
 
 
 def cast_parameters(model: torch.nn.Module, to: torch.dtype | None) -> None:
@@ -159,7 +187,13 @@ class Placement:
     ) -> Placement:
         """Every setting validated (one-line :class:`InputError` otherwise)."""
         budget = memory_map(max_memory)
-        return cls(device(device_), dtype(dtype_), device_map, budget, offload_folder)
+        where = cls(device(device_), dtype(dtype_), device_map, budget, offload_folder)
+        on_cpu = where.device is None or str(where.device).startswith("cpu")
+        if on_cpu and device_map is None and (why := slow_on_cpu(where.dtype)):
+            from headmech.core.checks import warn  # checks imports this module
+
+            warn(why)
+        return where
 
     def apply(self, model: torch.nn.Module) -> None:
         """Cast, then dispatch across devices/disk or move to the device."""
