@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from headmech.core import heap
 from headmech.stream import maxima as maxima_route
 from headmech.stream import tiles
 from headmech.stream.buffers import Buffers
@@ -263,7 +264,8 @@ def stats_attention(
     if module.__dict__.get(_SHARED) and _shareable(query, softcap, sinks):
         sets = module.__dict__.get(_TILED) if TILED_MAXIMA else None
         key_sets = sets() if sets is not None else None
-        return _shared(query, key, value, attention_mask, scale, causal, callback, key_sets), None
+        out = _shared(query, key, value, attention_mask, scale, causal, callback, key_sets)
+        return _released(out), None
     if softcap is None and sinks is None:
         flexed = maxima_route.flex_call(query, key, value, _allowed(attention_mask), causal, scale)
         if flexed is not None:
@@ -293,8 +295,21 @@ def stats_attention(
     callback(call)
     del call, k
     if fused is not None:
-        return fused[0], None
-    return _output(module, query, key, value, attention_mask, scale, **kwargs), None
+        return _released(fused[0]), None
+    return _released(_output(module, query, key, value, attention_mask, scale, **kwargs)), None
+
+
+# free heap bytes above which a CPU layer's end returns them to the system (None: never;
+# :mod:`headmech.core.heap`: which of two levels a long pass peaks at is otherwise the
+# allocator's draw)
+HEAP_LIMIT: int | None = heap.LIMIT
+
+
+def _released(out: Tensor) -> Tensor:
+    """``out``, after a CPU layer's statistics gave the C heap's free pages back."""
+    if out.device.type == "cpu":
+        heap.release(HEAP_LIMIT)
+    return out
 
 
 # shared scores on (:func:`_shareable`); off, a CPU pass that builds rows runs the fused
