@@ -139,8 +139,8 @@ def test_circuit_and_path_patching_run_in_bf16(tiny_models, bf16_models):
 def test_half_precision_on_a_cpu_without_its_instructions_warns(monkeypatch, dtype, probe):
     """bf16/fp16 weights on a CPU whose oneDNN has no matrix instructions for them (5.3x
     slower than fp32 measured for bf16 on an AVX2-only EPYC) warn in one line where the
-    model is placed; where it has them, or the weights are fp32, or a device map decides
-    where they go, nothing is said."""
+    model is placed; where it has them, or the weights are fp32, or a device map or memory
+    budget lets accelerate decide where they go, nothing is said."""
     from headmech.core.checks import HeadmechWarning
     from headmech.core.placement import Placement, slow_on_cpu
 
@@ -153,6 +153,7 @@ def test_half_precision_on_a_cpu_without_its_instructions_warns(monkeypatch, dty
         warnings.simplefilter("error")
         Placement.checked("cpu", "float32")
         Placement.checked("cpu", dtype, device_map="auto")
+        Placement.checked(None, dtype, max_memory="cpu=2GiB")
         monkeypatch.setattr(torch.ops.mkldnn, probe, lambda: True)
         Placement.checked("cpu", dtype)
 

@@ -189,7 +189,8 @@ class Placement:
         budget = memory_map(max_memory)
         where = cls(device(device_), dtype(dtype_), device_map, budget, offload_folder)
         on_cpu = where.device is None or str(where.device).startswith("cpu")
-        if on_cpu and device_map is None and (why := slow_on_cpu(where.dtype)):
+        spread = where.device_map is not None or where.max_memory is not None  # accelerate's
+        if on_cpu and not spread and (why := slow_on_cpu(where.dtype)):
             from headmech.core.checks import warn  # checks imports this module
 
             warn(why)
