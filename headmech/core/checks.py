@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from headmech.core.errors import ArgumentError, HeadIndexError, InputError
+from headmech.core.errors import ArgumentError, HeadIndexError, HeadmechWarning, InputError
 from headmech.core.errors import suggestion as suggestion  # re-exported (the command line)
 from headmech.core.placement import DTYPES, device, dtype
 
@@ -47,10 +47,6 @@ PROSE_PROBES = frozenset({"prose", "needle", "ordinal", "ioi", "icl"})  # built 
 WORD_PROBES = PROSE_PROBES | {"domains", "repeated_words"}
 TMP_PREFIX = ".headmech-tmp-"
 _PROSE = ("The cat sat on the mat because it was warm.", "She opened the window and smiled.")
-
-
-class HeadmechWarning(UserWarning):
-    """Input that is legal but makes the result meaningless (printed as one line)."""
 
 
 def warn(message: str) -> None:

@@ -12,6 +12,11 @@ import difflib
 from collections.abc import Iterable
 
 
+class HeadmechWarning(UserWarning):
+    """Input that is legal but makes the result meaningless or slow (printed as one line;
+    :func:`headmech.core.checks.warn`)."""
+
+
 class HeadmechError(Exception):
     """A problem with the user's input, explained in one line."""
 

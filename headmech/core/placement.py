@@ -8,11 +8,12 @@ captures, losses) is fp32 whatever the weights' dtype: see ``headmech.stream.eng
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from headmech.core.errors import InputError
+from headmech.core.errors import HeadmechWarning, InputError
 from headmech.core.scratch import scratch_folder
 
 if TYPE_CHECKING:
@@ -191,9 +192,7 @@ class Placement:
         on_cpu = where.device is None or str(where.device).startswith("cpu")
         spread = where.device_map is not None or where.max_memory is not None  # accelerate's
         if on_cpu and not spread and (why := slow_on_cpu(where.dtype)):
-            from headmech.core.checks import warn  # checks imports this module
-
-            warn(why)
+            warnings.warn(why, HeadmechWarning, stacklevel=2)
         return where
 
     def apply(self, model: torch.nn.Module) -> None:
