@@ -65,7 +65,7 @@ def test_release_gives_a_fragmented_heaps_pages_back():
 
 
 def test_each_cpu_layer_of_a_pass_gives_the_heap_back(tiny_models, monkeypatch):
-    """Inside the attention call, each layer's end asks for the heap back with
+    """Inside the attention call, each layer's end of a long sequence asks for the heap back with
     ``attention_call.HEAP_LIMIT`` (the kernel's route and the shared scores' alike); the
     statistics are the same with it off (None)."""
     from headmech.attribution.confidence import confidence_reducer
@@ -79,6 +79,9 @@ def test_each_cpu_layer_of_a_pass_gives_the_heap_back(tiny_models, monkeypatch):
     points = [target_reducer("prev", lambda b: torch.arange(24).expand_as(b.input_ids) - 1)]
     asked = []
     monkeypatch.setattr(heap, "release", lambda limit: asked.append(limit) or False)
+    stream_statistics(model, [batch], points, attention="blocks")
+    assert asked == []  # 24 tokens: below HEAP_MIN_TOKENS, no trim
+    monkeypatch.setattr(attention_call, "HEAP_MIN_TOKENS", 24)
     for reducers in (points, [confidence_reducer()]):  # the kernel's route; shared scores
         asked.clear()
         on = stream_statistics(model, [batch], reducers, attention="blocks")

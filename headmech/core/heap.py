@@ -12,7 +12,8 @@ bare forward 724-725 or 903-1,056 MB above the model, every statistic 778-785 or
 
 :func:`release` asks glibc to return the heap's free pages (``malloc_trim(0)``) when
 ``mallinfo2`` counts more than ``limit`` bytes of them; the statistics inside the
-attention call (:mod:`headmech.stream.attention_call`) do so after every CPU layer. Where
+attention call (:mod:`headmech.stream.attention_call`) do so after every CPU layer of a
+long sequence. Where
 the C library is not glibc 2.33 or newer, it does nothing.
 """
 
